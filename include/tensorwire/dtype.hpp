@@ -1,0 +1,102 @@
+// tensorwire/dtype.hpp — element types, as DLPack encodes them (code, bits, lanes).
+// Names follow NumPy / PyTorch / ml_dtypes spelling ("float32", "bfloat16", "float8_e4m3fn", "bool").
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "tensorwire/dlpack.hpp"
+
+namespace tw {
+
+/// An element type. A plain value: (code, bits, lanes) exactly as in DLDataType.
+/// Construct named types with the static functions; construct from foreign input with `from_dlpack` or
+/// `from_name`, which validate.
+struct DType {
+  uint8_t code = kDLFloat;
+  uint8_t bits = 32;
+  uint16_t lanes = 1;
+
+  static constexpr DType make(DLDataTypeCode c, int b) noexcept {
+    return DType{static_cast<uint8_t>(c), static_cast<uint8_t>(b), 1};
+  }
+  static constexpr DType int8() noexcept { return make(kDLInt, 8); }
+  static constexpr DType int16() noexcept { return make(kDLInt, 16); }
+  static constexpr DType int32() noexcept { return make(kDLInt, 32); }
+  static constexpr DType int64() noexcept { return make(kDLInt, 64); }
+  static constexpr DType uint8() noexcept { return make(kDLUInt, 8); }
+  static constexpr DType uint16() noexcept { return make(kDLUInt, 16); }
+  static constexpr DType uint32() noexcept { return make(kDLUInt, 32); }
+  static constexpr DType uint64() noexcept { return make(kDLUInt, 64); }
+  static constexpr DType float16() noexcept { return make(kDLFloat, 16); }
+  static constexpr DType float32() noexcept { return make(kDLFloat, 32); }
+  static constexpr DType float64() noexcept { return make(kDLFloat, 64); }
+  static constexpr DType bfloat16() noexcept { return make(kDLBfloat, 16); }
+  static constexpr DType complex64() noexcept { return make(kDLComplex, 64); }
+  static constexpr DType complex128() noexcept { return make(kDLComplex, 128); }
+  static constexpr DType boolean() noexcept { return make(kDLBool, 8); }
+  static constexpr DType float8_e3m4() noexcept { return make(kDLFloat8_e3m4, 8); }
+  static constexpr DType float8_e4m3() noexcept { return make(kDLFloat8_e4m3, 8); }
+  static constexpr DType float8_e4m3b11fnuz() noexcept { return make(kDLFloat8_e4m3b11fnuz, 8); }
+  static constexpr DType float8_e4m3fn() noexcept { return make(kDLFloat8_e4m3fn, 8); }
+  static constexpr DType float8_e4m3fnuz() noexcept { return make(kDLFloat8_e4m3fnuz, 8); }
+  static constexpr DType float8_e5m2() noexcept { return make(kDLFloat8_e5m2, 8); }
+  static constexpr DType float8_e5m2fnuz() noexcept { return make(kDLFloat8_e5m2fnuz, 8); }
+  static constexpr DType float8_e8m0fnu() noexcept { return make(kDLFloat8_e8m0fnu, 8); }
+  static constexpr DType float6_e2m3fn() noexcept { return make(kDLFloat6_e2m3fn, 6); }
+  static constexpr DType float6_e3m2fn() noexcept { return make(kDLFloat6_e3m2fn, 6); }
+  static constexpr DType float4_e2m1fn() noexcept { return make(kDLFloat4_e2m1fn, 4); }
+  static constexpr DType int4() noexcept { return make(kDLInt, 4); }
+  static constexpr DType uint4() noexcept { return make(kDLUInt, 4); }
+  static constexpr DType int2() noexcept { return make(kDLInt, 2); }
+  static constexpr DType uint2() noexcept { return make(kDLUInt, 2); }
+
+  /// The element type of C++ type T (arithmetic types, bool, std::complex<float/double>).
+  template <class T>
+  static constexpr DType of() noexcept;
+
+  /// Validates a DLPack (code, bits, lanes) triple; throws Error(unsupported) naming the triple otherwise.
+  static DType from_dlpack(DLDataType dt);
+  /// Parses a name such as "float32", "bfloat16", "float8_e4m3fn", "bool", "complex64", "int4", "float32x4".
+  /// Throws Error(invalid_argument) listing the accepted names.
+  static DType from_name(std::string_view name);
+
+  constexpr DLDataType to_dlpack() const noexcept { return DLDataType{code, bits, lanes}; }
+  /// Bits one element occupies when packed: bits * lanes.
+  constexpr unsigned total_bits() const noexcept { return unsigned(bits) * lanes; }
+  /// True for types narrower than a byte (int4, float4_e2m1fn, float6_*...). Packed two-or-more per byte
+  /// unless a tensor says it is padded (DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED).
+  constexpr bool is_subbyte() const noexcept { return total_bits() < 8; }
+  /// Bytes one element occupies when stored one per byte or wider: ceil(bits * lanes / 8).
+  constexpr size_t itemsize() const noexcept { return (size_t(total_bits()) + 7) / 8; }
+  /// The canonical name ("float32"); "float32x4" for vector lanes.
+  std::string name() const;
+
+  friend constexpr bool operator==(DType a, DType b) noexcept {
+    return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
+  }
+};
+
+namespace detail {
+template <class T> struct dtype_of;
+template <> struct dtype_of<bool> { static constexpr DType v = DType::boolean(); };
+template <> struct dtype_of<int8_t> { static constexpr DType v = DType::int8(); };
+template <> struct dtype_of<int16_t> { static constexpr DType v = DType::int16(); };
+template <> struct dtype_of<int32_t> { static constexpr DType v = DType::int32(); };
+template <> struct dtype_of<int64_t> { static constexpr DType v = DType::int64(); };
+template <> struct dtype_of<uint8_t> { static constexpr DType v = DType::uint8(); };
+template <> struct dtype_of<uint16_t> { static constexpr DType v = DType::uint16(); };
+template <> struct dtype_of<uint32_t> { static constexpr DType v = DType::uint32(); };
+template <> struct dtype_of<uint64_t> { static constexpr DType v = DType::uint64(); };
+template <> struct dtype_of<float> { static constexpr DType v = DType::float32(); };
+template <> struct dtype_of<double> { static constexpr DType v = DType::float64(); };
+}  // namespace detail
+
+template <class T>
+constexpr DType DType::of() noexcept {
+  return detail::dtype_of<T>::v;
+}
+
+}  // namespace tw

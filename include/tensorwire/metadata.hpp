@@ -1,0 +1,108 @@
+// tensorwire/metadata.hpp — user metadata that travels with a tensor (e.g. a bounding-box format, a timestamp).
+// A Value is JSON-like plus bytes and tuples, so Python values round-trip with their exact types. Metadata is an
+// insertion-ordered map from string keys to Values. Both are plain value types: copying deep-copies.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace tw {
+
+/// One metadata value: none, bool, int64, float64, string, bytes, list, tuple or dict (string keys, ordered).
+class Value {
+ public:
+  enum class Kind : uint8_t { none, boolean, integer, floating, string, bytes, list, tuple, dict };
+
+  Value() noexcept = default;
+  Value(std::nullptr_t) noexcept {}
+  Value(bool b) noexcept : kind_(Kind::boolean), int_(b) {}
+  Value(int v) noexcept : kind_(Kind::integer), int_(v) {}
+  Value(long v) noexcept : kind_(Kind::integer), int_(v) {}
+  Value(long long v) noexcept : kind_(Kind::integer), int_(v) {}
+  Value(double v) noexcept : kind_(Kind::floating), float_(v) {}
+  Value(const char* s) : kind_(Kind::string), str_(s) {}
+  Value(std::string s) noexcept : kind_(Kind::string), str_(std::move(s)) {}
+  Value(std::string_view s) : kind_(Kind::string), str_(s) {}
+
+  static Value bytes(std::string data) { Value v; v.kind_ = Kind::bytes; v.str_ = std::move(data); return v; }
+  static Value list(std::vector<Value> items = {}) { Value v; v.kind_ = Kind::list; v.items_ = std::move(items); return v; }
+  static Value tuple(std::vector<Value> items = {}) { Value v; v.kind_ = Kind::tuple; v.items_ = std::move(items); return v; }
+  static Value dict() { Value v; v.kind_ = Kind::dict; return v; }
+
+  Kind kind() const noexcept { return kind_; }
+  bool is_none() const noexcept { return kind_ == Kind::none; }
+
+  /// Typed accessors: throw Error(type_mismatch) naming both kinds when the kind differs.
+  bool as_bool() const;
+  int64_t as_int() const;
+  double as_float() const;
+  const std::string& as_string() const;  ///< kind string
+  const std::string& as_bytes() const;   ///< kind bytes
+  const std::vector<Value>& items() const;  ///< kind list or tuple
+  std::vector<Value>& items();
+  /// Dict access (kind dict): keys in insertion order, values parallel to them.
+  const std::vector<std::string>& keys() const;
+  const std::vector<Value>& values() const;
+  /// Inserts or replaces `key` in a dict, keeping the first insertion's position.
+  void set(std::string key, Value value);
+  /// The value under `key` in a dict, or nullptr.
+  const Value* find(std::string_view key) const;
+  Value* find(std::string_view key);
+  /// Removes `key` from a dict; returns whether it was there.
+  bool erase(std::string_view key);
+
+  friend bool operator==(const Value& a, const Value& b) noexcept;
+
+ private:
+  Kind kind_ = Kind::none;
+  int64_t int_ = 0;
+  double float_ = 0.0;
+  std::string str_;
+  std::vector<Value> items_;      // list / tuple elements, or dict values
+  std::vector<std::string> keys_; // dict keys
+  void expect(Kind k) const;
+};
+
+/// Returns "none", "bool", "int", "float", "str", "bytes", "list", "tuple" or "dict".
+const char* value_kind_name(Value::Kind k) noexcept;
+
+/// A tensor's metadata: insertion-ordered string keys to Values.
+class Metadata {
+ public:
+  Metadata() : root_(Value::dict()) {}
+  Metadata(std::initializer_list<std::pair<std::string, Value>> init) : root_(Value::dict()) {
+    for (auto& kv : init) root_.set(kv.first, kv.second);
+  }
+
+  size_t size() const noexcept { return root_.keys().size(); }
+  bool empty() const noexcept { return size() == 0; }
+  void set(std::string key, Value value) { root_.set(std::move(key), std::move(value)); }
+  const Value* find(std::string_view key) const { return root_.find(key); }
+  Value* find(std::string_view key) { return root_.find(key); }
+  /// The value under `key`; throws Error(out_of_range) naming the key when absent.
+  const Value& at(std::string_view key) const;
+  bool contains(std::string_view key) const { return find(key) != nullptr; }
+  bool erase(std::string_view key) { return root_.erase(key); }
+  void clear() { root_ = Value::dict(); }
+  const std::vector<std::string>& keys() const { return root_.keys(); }
+  const std::vector<Value>& values() const { return root_.values(); }
+  /// The whole map as a dict Value.
+  const Value& as_value() const noexcept { return root_; }
+
+  friend bool operator==(const Metadata& a, const Metadata& b) noexcept { return a.root_ == b.root_; }
+
+ private:
+  Value root_;
+};
+
+/// Encodes metadata to a self-describing, versioned binary form (used by pickling and inter-process transports).
+std::string encode_metadata(const Metadata& m);
+/// Decodes what encode_metadata wrote. Hostile input is safe: throws Error(invalid_argument) on any malformation,
+/// and nesting deeper than 64 levels is refused.
+Metadata decode_metadata(std::string_view bytes);
+
+}  // namespace tw

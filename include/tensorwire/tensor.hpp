@@ -1,0 +1,167 @@
+// tensorwire/tensor.hpp — a strided view of memory, the owner that keeps the memory alive, and metadata.
+//
+// Cost is in the name: `from_blob` and `adopt` never copy; `copy_of`, `copy` and (when needed) `contiguous` and
+// `reshape` copy once. Views (slice, select, permute, transpose, view, expand) share the buffer and carry a deep
+// copy of the metadata. A Tensor is a cheap value type: copying one shares the buffer and copies the metadata.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+#include "tensorwire/buffer.hpp"
+#include "tensorwire/device.hpp"
+#include "tensorwire/dtype.hpp"
+#include "tensorwire/error.hpp"
+#include "tensorwire/layout.hpp"
+#include "tensorwire/metadata.hpp"
+
+namespace tw {
+
+class Tensor {
+ public:
+  /// An undefined tensor (defined() is false); every accessor but defined() throws on it.
+  Tensor() = default;
+
+  /// Zero-copy view of memory owned by someone else. `data` is the address of element (0, ..., 0);
+  /// `keep_alive` is held until the last view is gone. Strides default to C-contiguous.
+  /// Throws Error on invalid shapes/strides or a null `data` with nonzero size.
+  static Tensor from_blob(void* data, Shape shape, DType dtype, Device device,
+                          std::shared_ptr<const void> keep_alive, Strides strides = {}, bool readonly = false);
+
+  /// Zero-copy: takes ownership of the vector's storage (moved, never copied); C-contiguous.
+  /// Throws Error(invalid_argument) when the shape's element count differs from v.size().
+  template <class T, class A>
+  static Tensor adopt(std::vector<T, A>&& v, Shape shape);
+
+  /// Copies `data` into a new C-contiguous tensor of `shape`.
+  template <class T>
+  static Tensor copy_of(std::span<const T> data, Shape shape);
+  template <class T>
+  static Tensor copy_of(std::span<T> data, Shape shape) { return copy_of(std::span<const T>(data), std::move(shape)); }
+
+  /// A new uninitialised host tensor in `order` (C or F).
+  static Tensor empty(Shape shape, DType dtype, MemoryOrder order = MemoryOrder::C);
+  /// A new zero-filled host tensor.
+  static Tensor zeros(Shape shape, DType dtype, MemoryOrder order = MemoryOrder::C);
+
+  /// The general factory: a view of `buffer` with `layout`. Validates the layout and that every element lies
+  /// inside the buffer.
+  static Tensor make(std::shared_ptr<Buffer> buffer, Layout layout, bool readonly = false);
+
+  bool defined() const noexcept { return buffer_ != nullptr; }
+  const Layout& layout() const;
+  DType dtype() const { return layout().dtype; }
+  const Shape& shape() const { return layout().shape; }
+  const Strides& strides() const { return layout().strides; }
+  /// Strides in bytes (element strides times itemsize; for packed sub-byte types, only when exact).
+  std::vector<int64_t> byte_strides() const;
+  int64_t byte_offset() const { return layout().byte_offset; }
+  size_t ndim() const { return layout().ndim(); }
+  int64_t numel() const { return layout().numel(); }
+  int64_t nbytes() const { return layout().nbytes(); }
+  int64_t size(int64_t dim) const;
+  Device device() const { return buffer().device(); }
+  bool readonly() const noexcept { return readonly_; }
+  bool subbyte_padded() const { return layout().subbyte_padded; }
+  const Buffer& buffer() const;
+  const std::shared_ptr<Buffer>& buffer_ptr() const noexcept { return buffer_; }
+
+  /// Address of element (0, ..., 0): buffer base + byte_offset.
+  void* data_ptr() const { return static_cast<char*>(buffer().base()) + byte_offset(); }
+  /// Typed pointer; throws Error(type_mismatch) when T is not the tensor's dtype, Error(read_only) for a
+  /// mutable pointer into a read-only tensor.
+  template <class T>
+  T* data() const;
+
+  Metadata& metadata() noexcept { return metadata_; }
+  const Metadata& metadata() const noexcept { return metadata_; }
+
+  /// CUDA stream the data is ordered on, when the producer said so (CUDA Array Interface v3 / DLPack).
+  std::optional<intptr_t> stream() const noexcept { return stream_; }
+  void set_stream(std::optional<intptr_t> s) noexcept { stream_ = s; }
+
+  bool is_contiguous(MemoryOrder order = MemoryOrder::C) const { return layout().is_contiguous(order); }
+  bool is_dense() const { return layout().is_dense(); }
+  bool has_broadcast() const { return layout().has_broadcast(); }
+
+  /// This tensor when already C-contiguous (same buffer, no copy); otherwise one copy.
+  Tensor contiguous() const;
+  /// Always a new tensor, contiguous in `order` (C, F, or Any = keep the dimension order of a dense source).
+  Tensor copy(MemoryOrder order = MemoryOrder::C) const;
+
+  /// Python-style slice of dimension `dim`: start/stop are clamped like Python's; step != 0, negative allowed.
+  Tensor slice(int64_t dim, std::optional<int64_t> start, std::optional<int64_t> stop, int64_t step = 1) const;
+  /// Drops dimension `dim`, taking index `index` (negative counts from the end).
+  Tensor select(int64_t dim, int64_t index) const;
+  /// Reorders dimensions: result dim i is source dim dims[i].
+  Tensor permute(const Dims& dims) const;
+  Tensor transpose(int64_t dim0, int64_t dim1) const;
+  /// A view with a new shape; throws Error(copy_required) when no strides can express it. One -1 is inferred.
+  Tensor view(const Shape& shape) const;
+  /// view() when possible, else a C-contiguous copy reshaped.
+  Tensor reshape(const Shape& shape) const;
+  /// Broadcasts size-1 (or new leading) dimensions to `shape` with stride 0; -1 keeps a size.
+  Tensor expand(const Shape& shape) const;
+  /// The same view, read-only.
+  Tensor as_readonly() const;
+
+ private:
+  Tensor(std::shared_ptr<Buffer> b, Layout l, bool ro) : buffer_(std::move(b)), layout_(std::move(l)), readonly_(ro) {}
+  Tensor derive(Layout l) const;  // a view sharing buffer, metadata copied
+
+  std::shared_ptr<Buffer> buffer_;
+  Layout layout_;
+  Metadata metadata_;
+  bool readonly_ = false;
+  std::optional<intptr_t> stream_;
+};
+
+template <class T, class A>
+Tensor Tensor::adopt(std::vector<T, A>&& v, Shape shape) {
+  static_assert(std::is_trivially_copyable_v<T>, "adopt needs trivially copyable elements");
+  auto holder = std::make_shared<std::vector<T, A>>(std::move(v));  // moves the storage: no element is copied
+  void* data = holder->data();
+  size_t n = holder->size();
+  Layout l{DType::of<T>(), std::move(shape), {}, 0, false};
+  l.strides = Layout::contiguous_strides(l.shape);
+  l.validate();
+  if (l.numel() != static_cast<int64_t>(n))
+    throw Error(ErrorCode::invalid_argument, "Tensor::adopt: shape " + l.shape.str() + " holds " +
+                                                 std::to_string(l.numel()) + " elements but the vector has " +
+                                                 std::to_string(n));
+  auto buf = std::make_shared<Buffer>(data, n * sizeof(T), Device::cpu(), std::move(holder));
+  return make(std::move(buf), std::move(l), false);
+}
+
+template <class T>
+Tensor Tensor::copy_of(std::span<const T> data, Shape shape) {
+  static_assert(std::is_trivially_copyable_v<T>, "copy_of needs trivially copyable elements");
+  Tensor t = empty(std::move(shape), DType::of<T>());
+  if (t.numel() != static_cast<int64_t>(data.size()))
+    throw Error(ErrorCode::invalid_argument, "Tensor::copy_of: shape " + t.shape().str() + " holds " +
+                                                 std::to_string(t.numel()) + " elements but the span has " +
+                                                 std::to_string(data.size()));
+  if (!data.empty()) std::memcpy(t.data_ptr(), data.data(), data.size_bytes());
+  return t;
+}
+
+template <class T>
+T* Tensor::data() const {
+  using U = std::remove_const_t<T>;
+  if (!(DType::of<U>() == dtype()))
+    throw Error(ErrorCode::type_mismatch, "Tensor::data<T>: T is " + DType::of<U>().name() + " but the tensor is " +
+                                              dtype().name());
+  if constexpr (!std::is_const_v<T>) {
+    if (readonly_) throw Error(ErrorCode::read_only, "Tensor::data<T>: the tensor is read-only; use data<const T>()");
+  }
+  if (!device().is_host_accessible())
+    throw Error(ErrorCode::unsupported, "Tensor::data<T>: memory on " + device().str() + " is not host-accessible");
+  return static_cast<T*>(data_ptr());
+}
+
+}  // namespace tw

@@ -1,0 +1,15 @@
+// tensorwire/tensorwire.hpp — the whole public C++ API of tensorwire.
+// Move a tensor across framework, process and device boundaries without losing its dtype, layout or metadata.
+#pragma once
+
+#include "tensorwire/buffer.hpp"
+#include "tensorwire/copy.hpp"
+#include "tensorwire/device.hpp"
+#include "tensorwire/dlpack.hpp"
+#include "tensorwire/dtype.hpp"
+#include "tensorwire/error.hpp"
+#include "tensorwire/interop.hpp"
+#include "tensorwire/layout.hpp"
+#include "tensorwire/metadata.hpp"
+#include "tensorwire/tensor.hpp"
+#include "tensorwire/version.hpp"
