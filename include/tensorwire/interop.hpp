@@ -66,6 +66,10 @@ struct InterfaceDesc {
   std::string protocol = "__array_interface__";  ///< named in error messages
   int version = 3;
   std::string typestr;
+  /// When set, the element type, overriding the typestr's kind; the typestr's size must equal its itemsize.
+  /// (NumPy describes ml_dtypes' bfloat16 / float8 / int4 as void '<V2', '|V1'; the binding reads the real type
+  /// from the array's dtype name.) Sub-byte types given this way are stored one per byte (padded).
+  std::optional<DType> dtype;
   std::vector<int64_t> shape;
   std::optional<std::vector<int64_t>> byte_strides;  ///< absent/None: C-contiguous
   uintptr_t data = 0;            ///< address of element 0 (offset already applied when it came from a buffer)

@@ -4,6 +4,7 @@
 
 #include "tensorwire/buffer.hpp"
 #include "tensorwire/copy.hpp"
+#include "tensorwire/cuda.hpp"
 #include "tensorwire/device.hpp"
 #include "tensorwire/dlpack.hpp"
 #include "tensorwire/dtype.hpp"

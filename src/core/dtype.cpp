@@ -98,7 +98,9 @@ DType DType::from_dlpack(DLDataType dt) {
 DType DType::from_name(std::string_view name) {
   std::string_view base = name;
   uint16_t lanes = 1;
-  if (auto x = name.rfind('x'); x != std::string_view::npos && x + 1 < name.size() && x > 0) {
+  bool exact = name == "bool_" || name == "boolean";
+  for (const auto& n : kNamed) exact = exact || name == n.name;
+  if (auto x = name.rfind('x'); !exact && x != std::string_view::npos && x + 1 < name.size() && x > 0) {
     std::string_view tail = name.substr(x + 1);
     bool digits = true;
     for (char c : tail) digits = digits && c >= '0' && c <= '9';

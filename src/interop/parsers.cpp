@@ -120,13 +120,27 @@ InterfaceLayout validate_interface(const InterfaceDesc& desc) {
                                                  (cai ? std::string("2 and 3 are") : std::string("3 is")) + ")");
   if (desc.has_mask)
     return fail(ErrorCode::unsupported, "a mask is present; masked arrays cannot be imported (fill or compress them first)");
-  ParsedType pt = parse_typestr(desc.typestr);
+  ParsedType pt;
+  if (desc.dtype) {
+    int size = 0;
+    std::string_view ts = desc.typestr;
+    auto [p, ec] = ts.size() > 2 ? std::from_chars(ts.data() + 2, ts.data() + ts.size(), size)
+                                 : std::from_chars_result{ts.data(), std::errc::invalid_argument};
+    if (ec != std::errc() || p != ts.data() + ts.size() || static_cast<size_t>(size) != desc.dtype->itemsize())
+      return fail(ErrorCode::invalid_argument, "typestr '" + desc.typestr + "' does not describe " +
+                                                   std::to_string(desc.dtype->itemsize()) + "-byte " +
+                                                   desc.dtype->name() + " items");
+    pt = ParsedType{*desc.dtype, desc.dtype->itemsize(), false};
+  } else {
+    pt = parse_typestr(desc.typestr);
+  }
   if (desc.shape.size() > kMaxRank)
     return fail(ErrorCode::invalid_argument, "rank " + std::to_string(desc.shape.size()) + " exceeds " + std::to_string(kMaxRank));
   InterfaceLayout out;
   out.byteswap = pt.byteswap;
   Layout& l = out.layout;
   l.dtype = pt.dtype;
+  l.subbyte_padded = pt.dtype.is_subbyte();  // interface arrays never pack: one element per item
   l.shape = Shape(desc.shape);
   for (size_t i = 0; i < desc.shape.size(); ++i)
     if (desc.shape[i] < 0)

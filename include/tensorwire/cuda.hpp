@@ -1,0 +1,23 @@
+// tensorwire/cuda.hpp — the little of the CUDA driver that interop needs, loaded at run time.
+// No link-time dependency on libcuda: on a machine without a driver (or without a GPU) every function reports
+// that plainly instead of failing to load. Nothing here touches device memory.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace tw::cuda {
+
+/// True when libcuda could be loaded and cuInit succeeded (at least one device is usable).
+bool driver_available() noexcept;
+/// Why the driver is unavailable ("libcuda.so.1 not found", "cuInit failed: 100 (no device)"), or "" when it is.
+std::string driver_status();
+/// The device ordinal owning `ptr` as the driver reports it, or nullopt when the driver is unavailable or the
+/// pointer is unknown to it.
+std::optional<int> device_of_pointer(uintptr_t ptr) noexcept;
+/// Blocks until all work queued on `stream` is done. 1 and 2 are the legacy and per-thread default streams.
+/// Throws Error(device_unavailable) without a driver, Error(invalid_argument) when the driver refuses the stream.
+void synchronize_stream(intptr_t stream);
+
+}  // namespace tw::cuda

@@ -1,0 +1,50 @@
+// convert.hpp — Python <-> tensorwire conversions shared by the extension's translation units.
+#pragma once
+
+#include <Python.h>
+#include <nanobind/nanobind.h>
+
+#include <memory>
+#include <string>
+
+#include "tensorwire/tensorwire.hpp"
+
+namespace twpy {
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+/// tw.CopyError: subclass of BufferError and ValueError.
+extern PyObject* g_copy_error;
+
+/// The Python exception class a tw::ErrorCode maps to.
+PyObject* exception_for(tw::ErrorCode code) noexcept;
+
+/// A keep-alive that holds a strong reference to a Python object and drops it with the GIL held.
+std::shared_ptr<const void> keep_python_alive(PyObject* obj);
+
+/// Metadata values <-> Python objects (None, bool, int, float, str, bytes, list, tuple, dict with str keys).
+/// Throws tw::Error(type_mismatch) naming the offending type and path.
+tw::Value to_value(PyObject* obj, const std::string& path, int depth = 0);
+nb::object from_value(const tw::Value& v);
+
+/// Parses the `device=` argument: None, "cpu", "cuda:1", a tw.Device, or a (device_type, id) tuple.
+std::optional<tw::Device> parse_device(nb::handle h);
+
+/// The tw.Tensor Python type, and wrapping/unwrapping.
+nb::object wrap(tw::Tensor t);
+bool is_tensor(nb::handle h);
+tw::Tensor& unwrap(nb::handle h);
+
+/// Registers asarray/from_dlpack and friends (import.cpp) and the exporters (export.cpp).
+void register_import(nb::module_& m);
+void register_export(nb::class_<tw::Tensor>& cls, nb::module_& m);
+
+/// Buffer-protocol slots of tw.Tensor (export.cpp).
+extern PyType_Slot tensor_slots[];
+
+/// Copy modes of the Python API's copy= argument.
+enum class CopyMode { if_needed, always, never };
+CopyMode parse_copy(nb::handle h);
+
+}  // namespace twpy

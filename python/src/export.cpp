@@ -1,0 +1,281 @@
+// export.cpp — tw.Tensor as a producer: __dlpack__, __dlpack_device__, __array_interface__,
+// __cuda_array_interface__ and the buffer protocol.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+
+#include "convert.hpp"
+
+namespace twpy {
+namespace {
+
+constexpr const char* kVersionedName = "dltensor_versioned";
+constexpr const char* kLegacyName = "dltensor";
+
+// PEP 3118 format of a dtype, or nullptr when the struct module has no code for it.
+const char* buffer_format(tw::DType d) {
+  if (d.lanes != 1) return nullptr;
+  if (d == tw::DType::boolean()) return "?";
+  if (d == tw::DType::int8()) return "b";
+  if (d == tw::DType::uint8()) return "B";
+  if (d == tw::DType::int16()) return "h";
+  if (d == tw::DType::uint16()) return "H";
+  if (d == tw::DType::int32()) return "i";
+  if (d == tw::DType::uint32()) return "I";
+  if (d == tw::DType::int64()) return "q";
+  if (d == tw::DType::uint64()) return "Q";
+  if (d == tw::DType::float16()) return "e";
+  if (d == tw::DType::float32()) return "f";
+  if (d == tw::DType::float64()) return "d";
+  if (d == tw::DType::complex64()) return "Zf";
+  if (d == tw::DType::complex128()) return "Zd";
+  return nullptr;
+}
+
+// NumPy array-interface typestr of a dtype NumPy knows natively, or "" otherwise.
+std::string numpy_typestr(tw::DType d) {
+  if (d.lanes != 1) return "";
+  const char order = std::endian::native == std::endian::little ? '<' : '>';
+  auto sized = [&](char kind) { return std::string(1, d.bits == 8 ? '|' : order) + kind + std::to_string(d.bits / 8); };
+  switch (d.code) {
+    case kDLBool: return "|b1";
+    case kDLInt: return d.bits >= 8 ? sized('i') : "";
+    case kDLUInt: return d.bits >= 8 ? sized('u') : "";
+    case kDLFloat: return sized('f');
+    case kDLComplex: return sized('c');
+    default: return "";
+  }
+}
+
+struct BufferInfo {
+  std::vector<Py_ssize_t> shape, strides;
+};
+
+int tensor_getbuffer(PyObject* self, Py_buffer* view, int flags) {
+  view->obj = nullptr;
+  const tw::Tensor& t = unwrap(self);
+  auto refuse = [&](const std::string& why) {
+    PyErr_SetString(PyExc_BufferError, ("tensorwire.Tensor buffer export: " + why).c_str());
+    return -1;
+  };
+  if (!t.device().is_host_accessible()) return refuse("memory on " + t.device().str() + " is not host-accessible");
+  const char* fmt = buffer_format(t.dtype());
+  if (!fmt)
+    return refuse(t.dtype().name() + " has no PEP 3118 format; use np.asarray(t) (ml_dtypes) or __dlpack__ instead");
+  if ((flags & PyBUF_WRITABLE) == PyBUF_WRITABLE && t.readonly()) return refuse("the tensor is read-only");
+  const bool c = t.is_contiguous(tw::MemoryOrder::C), f = t.is_contiguous(tw::MemoryOrder::F);
+  if ((flags & PyBUF_C_CONTIGUOUS) == PyBUF_C_CONTIGUOUS && !c) return refuse("a C-contiguous buffer was requested");
+  if ((flags & PyBUF_F_CONTIGUOUS) == PyBUF_F_CONTIGUOUS && !f) return refuse("a Fortran-contiguous buffer was requested");
+  if ((flags & PyBUF_ANY_CONTIGUOUS) == PyBUF_ANY_CONTIGUOUS && !c && !f) return refuse("a contiguous buffer was requested");
+  if ((flags & PyBUF_STRIDES) != PyBUF_STRIDES && !c)
+    return refuse("the consumer did not ask for strides and the tensor is not C-contiguous");
+  auto* info = new BufferInfo();
+  const int64_t isz = static_cast<int64_t>(t.dtype().itemsize());
+  for (size_t i = 0; i < t.ndim(); ++i) {
+    info->shape.push_back(static_cast<Py_ssize_t>(t.shape()[i]));
+    info->strides.push_back(static_cast<Py_ssize_t>(t.strides()[i] * isz));
+  }
+  view->buf = t.data_ptr();
+  view->obj = Py_NewRef(self);
+  view->len = static_cast<Py_ssize_t>(t.numel() * isz);
+  view->itemsize = static_cast<Py_ssize_t>(isz);
+  view->readonly = t.readonly() ? 1 : 0;
+  view->ndim = static_cast<int>(t.ndim());
+  view->format = (flags & PyBUF_FORMAT) == PyBUF_FORMAT ? const_cast<char*>(fmt) : nullptr;
+  view->shape = (flags & PyBUF_ND) == PyBUF_ND ? info->shape.data() : nullptr;
+  view->strides = (flags & PyBUF_STRIDES) == PyBUF_STRIDES ? info->strides.data() : nullptr;
+  view->suboffsets = nullptr;
+  view->internal = info;
+  return 0;
+}
+
+void tensor_releasebuffer(PyObject*, Py_buffer* view) { delete static_cast<BufferInfo*>(view->internal); }
+
+// Capsule destructors: an unconsumed capsule still owns its struct and must call the deleter.
+void versioned_capsule_destructor(PyObject* cap) {
+  if (!PyCapsule_IsValid(cap, kVersionedName)) return;  // consumed (renamed) or invalid: not ours to free
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  auto* m = static_cast<DLManagedTensorVersioned*>(PyCapsule_GetPointer(cap, kVersionedName));
+  if (m && m->deleter) m->deleter(m);
+  PyErr_Restore(type, value, tb);
+}
+
+void legacy_capsule_destructor(PyObject* cap) {
+  if (!PyCapsule_IsValid(cap, kLegacyName)) return;
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap, kLegacyName));
+  if (m && m->deleter) m->deleter(m);
+  PyErr_Restore(type, value, tb);
+}
+
+std::optional<intptr_t> parse_stream(nb::handle stream, const tw::Tensor& t, const char* who) {
+  if (stream.is_none()) return std::nullopt;
+  if (PyBool_Check(stream.ptr()) || !PyLong_Check(stream.ptr()))
+    throw tw::Error(tw::ErrorCode::type_mismatch, std::string(who) + ": stream must be None or an int, not " +
+                                                      Py_TYPE(stream.ptr())->tp_name);
+  const intptr_t s = nb::cast<intptr_t>(stream);
+  const DLDeviceType dt = t.device().type;
+  if (dt == kDLCUDA || dt == kDLCUDAManaged || dt == kDLROCM) {
+    if (s == 0)
+      throw tw::Error(tw::ErrorCode::invalid_argument, std::string(who) + ": stream 0 is disallowed by DLPack for " +
+                                                           t.device().type_name() + " (ambiguous); use 1 for the "
+                                                           "legacy default stream, 2 for per-thread, -1 for no sync");
+    if (s < -1)
+      throw tw::Error(tw::ErrorCode::invalid_argument, std::string(who) + ": stream " + std::to_string(s) + " is not valid");
+    return s;
+  }
+  if (s != -1)
+    throw tw::Error(tw::ErrorCode::invalid_argument, std::string(who) + ": a " + t.device().str() +
+                                                         " tensor takes stream=None (or -1), not " + std::to_string(s));
+  return s;
+}
+
+nb::object dlpack(nb::handle self, nb::handle stream, nb::handle max_version, nb::handle dl_device, nb::handle copy) {
+  const tw::Tensor& t = unwrap(self);
+  const CopyMode cm = parse_copy(copy);
+  parse_stream(stream, t, "__dlpack__");
+  tw::Tensor e = t;
+  bool copied = false;
+  if (!dl_device.is_none()) {
+    auto want = parse_device(dl_device);
+    if (want && !(*want == t.device())) {
+      if (cm == CopyMode::never)
+        throw tw::Error(tw::ErrorCode::copy_required, "__dlpack__: the tensor is on " + t.device().str() + ", " +
+                                                          want->str() + " was requested, and copy=False");
+      if (!(want->type == kDLCPU && t.device().is_host_accessible()))
+        throw tw::Error(tw::ErrorCode::unsupported, "__dlpack__: cannot copy from " + t.device().str() + " to " + want->str());
+      nb::gil_scoped_release nogil;
+      e = t.copy();
+      copied = true;
+    }
+  }
+  if (cm == CopyMode::always && !copied) {
+    nb::gil_scoped_release nogil;
+    e = t.copy();
+    copied = true;
+  }
+  // DLPack allows negative strides, but consumers differ: PyTorch aborts the whole process on them (c10::Error
+  // thrown from its importer). A consumer-independent export must not hand them out: copy when allowed.
+  bool negative = false;
+  for (size_t i = 0; i < e.ndim(); ++i) negative = negative || (e.shape()[i] > 1 && e.strides()[i] < 0);
+  if (negative) {
+    if (cm == CopyMode::never)
+      throw tw::Error(tw::ErrorCode::copy_required,
+                      "__dlpack__: strides " + e.strides().str() + " are negative; PyTorch and other DLPack consumers "
+                      "cannot take them, and copy=False forbids the copy (np.asarray(t) views them without one)");
+    if (!e.device().is_host_accessible())
+      throw tw::Error(tw::ErrorCode::unsupported, "__dlpack__: negative strides on " + e.device().str() +
+                                                      " cannot be exported and the host cannot copy them");
+    tw::Tensor src = e;
+    nb::gil_scoped_release nogil;
+    e = src.copy();
+    copied = true;
+  }
+  bool versioned = false;
+  DLPackVersion v{DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION};
+  if (!max_version.is_none()) {
+    if (!PyTuple_Check(max_version.ptr()) || nb::len(max_version) != 2)
+      throw tw::Error(tw::ErrorCode::type_mismatch, "__dlpack__: max_version must be None or a (major, minor) tuple");
+    const int64_t major = nb::cast<int64_t>(max_version[0]), minor = nb::cast<int64_t>(max_version[1]);
+    if (major >= 1) {
+      versioned = true;
+      if (major == 1) v.minor = static_cast<uint32_t>(std::clamp<int64_t>(minor, 0, DLPACK_MINOR_VERSION));
+    }
+  }
+  if (versioned) {
+    tw::DLPackExportOptions opt;
+    opt.max_version = v;
+    opt.is_copied = copied;
+    DLManagedTensorVersioned* m = tw::to_dlpack(e, opt);
+    PyObject* cap = PyCapsule_New(m, kVersionedName, versioned_capsule_destructor);
+    if (!cap) {
+      m->deleter(m);
+      throw nb::python_error();
+    }
+    return nb::steal(cap);
+  }
+  if (e.readonly())
+    throw tw::Error(tw::ErrorCode::unsupported, "__dlpack__: the tensor is read-only and the consumer asked for a "
+                                                "legacy (unversioned) capsule, which cannot mark it read-only; "
+                                                "pass max_version=(1, 0) or newer, or copy=True");
+  DLManagedTensor* m = tw::to_dlpack_unversioned(e);
+  PyObject* cap = PyCapsule_New(m, kLegacyName, legacy_capsule_destructor);
+  if (!cap) {
+    m->deleter(m);
+    throw nb::python_error();
+  }
+  return nb::steal(cap);
+}
+
+nb::object byte_strides_or_none(const tw::Tensor& t) {
+  if (t.is_contiguous()) return nb::none();
+  nb::list l;
+  for (int64_t s : t.byte_strides()) l.append(s);
+  return nb::tuple(l);
+}
+
+nb::tuple shape_tuple(const tw::Tensor& t) {
+  nb::list l;
+  for (int64_t s : t.shape()) l.append(s);
+  return nb::tuple(l);
+}
+
+}  // namespace
+
+PyType_Slot tensor_slots[] = {
+    {Py_bf_getbuffer, reinterpret_cast<void*>(tensor_getbuffer)},
+    {Py_bf_releasebuffer, reinterpret_cast<void*>(tensor_releasebuffer)},
+    {0, nullptr},
+};
+
+void register_export(nb::class_<tw::Tensor>& cls, nb::module_&) {
+  cls.def("__dlpack__", &dlpack, nb::kw_only(), "stream"_a = nb::none(), "max_version"_a = nb::none(),
+          "dl_device"_a = nb::none(), "copy"_a = nb::none(),
+          "Export as a DLPack capsule ('dltensor_versioned' when max_version >= (1, 0), else legacy 'dltensor'). "
+          "Any strided layout is exported as is; copy=True exports a copy (flagged IS_COPIED).");
+  cls.def("__dlpack_device__", [](const tw::Tensor& t) {
+    return nb::make_tuple(static_cast<int>(t.device().type), t.device().id);
+  });
+  cls.def_prop_ro("__array_interface__", [](const tw::Tensor& t) -> nb::dict {
+    if (!t.device().is_host_accessible())
+      throw nb::attribute_error("__array_interface__: the tensor is not in host memory");
+    std::string ts = numpy_typestr(t.dtype());
+    if (ts.empty() || t.layout().is_packed_subbyte())
+      throw nb::attribute_error(("__array_interface__: NumPy has no built-in type for " + t.dtype().name() +
+                                 "; np.asarray() uses __array__ and returns an ml_dtypes array")
+                                    .c_str());
+    nb::dict d;
+    d["version"] = 3;
+    d["shape"] = shape_tuple(t);
+    d["typestr"] = ts;
+    d["descr"] = nb::make_tuple(nb::make_tuple("", ts));
+    d["data"] = nb::make_tuple(reinterpret_cast<uintptr_t>(t.data_ptr()), t.readonly());
+    d["strides"] = byte_strides_or_none(t);
+    return d;
+  });
+  cls.def_prop_ro("__cuda_array_interface__", [](const tw::Tensor& t) -> nb::dict {
+    const DLDeviceType dt = t.device().type;
+    if (dt != kDLCUDA && dt != kDLCUDAManaged)
+      throw nb::attribute_error("__cuda_array_interface__: the tensor is not in CUDA device memory");
+    std::string ts = numpy_typestr(t.dtype());
+    if (ts.empty() || t.layout().is_packed_subbyte())
+      throw nb::attribute_error(("__cuda_array_interface__ has no typestr for " + t.dtype().name() + "; use __dlpack__").c_str());
+    nb::dict d;
+    d["version"] = 3;
+    d["shape"] = shape_tuple(t);
+    d["typestr"] = ts;
+    d["descr"] = nb::make_tuple(nb::make_tuple("", ts));
+    d["data"] = nb::make_tuple(t.numel() ? reinterpret_cast<uintptr_t>(t.data_ptr()) : 0, t.readonly());
+    d["strides"] = byte_strides_or_none(t);
+    if (t.stream()) d["stream"] = *t.stream();
+    else d["stream"] = nb::none();
+    return d;
+  });
+}
+
+}  // namespace twpy

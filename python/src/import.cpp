@@ -1,0 +1,613 @@
+// import.cpp — tw.asarray / tw.from_dlpack: any array-like to a tw.Tensor, zero-copy whenever a view exists.
+//
+// Protocols are tried in this order; one that refuses (raises, or describes something we cannot take without a
+// forbidden copy) falls through to the next, and the final error lists every refusal:
+//  1. __dlpack__ (versioned capsule first, legacy fallback for producers that reject max_version)
+//  2. __cuda_array_interface__ (v2/v3)
+//  3. __array_interface__ (v3)
+//  4. the buffer protocol (PEP 3118)
+//  5. Arrow PyCapsules (__arrow_c_array__) — through the Python package's hook, when present
+//  6. a raw DLPack PyCapsule
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+
+#include "convert.hpp"
+
+namespace twpy {
+namespace {
+
+constexpr const char* kVersionedName = "dltensor_versioned";
+constexpr const char* kLegacyName = "dltensor";
+
+struct Refusal {
+  std::string protocol;
+  std::string reason;
+  PyObject* type;  // the exception class that reason belongs to
+};
+
+// A refusal to record and fall through from: carries the exception class to use if it is the only one.
+struct Refused {
+  PyObject* type;
+  std::string reason;
+};
+
+struct Request {
+  std::optional<tw::Device> device;
+  CopyMode copy = CopyMode::if_needed;
+  nb::handle stream;
+};
+
+// Imports a DLPack capsule; takes ownership (renames the capsule to used_*). Throws on malformed capsules.
+tw::Tensor import_capsule(nb::handle cap) {
+  if (PyCapsule_IsValid(cap.ptr(), kVersionedName)) {
+    auto* m = static_cast<DLManagedTensorVersioned*>(PyCapsule_GetPointer(cap.ptr(), kVersionedName));
+    if (PyCapsule_SetName(cap.ptr(), "used_dltensor_versioned") != 0) throw nb::python_error();
+    return tw::from_dlpack(m);
+  }
+  if (PyCapsule_IsValid(cap.ptr(), kLegacyName)) {
+    auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap.ptr(), kLegacyName));
+    if (PyCapsule_SetName(cap.ptr(), "used_dltensor") != 0) throw nb::python_error();
+    return tw::from_dlpack(m);
+  }
+  if (PyCapsule_CheckExact(cap.ptr())) {
+    const char* name = PyCapsule_GetName(cap.ptr());
+    PyErr_Clear();
+    std::string n = name ? name : "<unnamed>";
+    if (n.rfind("used_", 0) == 0)
+      throw tw::Error(tw::ErrorCode::invalid_argument, "the DLPack capsule was already consumed ('" + n + "')");
+    throw tw::Error(tw::ErrorCode::type_mismatch,
+                    "capsule named '" + n + "' is not a DLPack capsule ('dltensor_versioned' or 'dltensor')");
+  }
+  throw tw::Error(tw::ErrorCode::type_mismatch, std::string("__dlpack__ returned a ") + Py_TYPE(cap.ptr())->tp_name +
+                                                    ", not a PyCapsule");
+}
+
+// Interned strings and the constant max_version tuple, made once.
+struct Names {
+  PyObject* dlpack;
+  PyObject* dlpack_device;
+  PyObject* cai;
+  PyObject* ai;
+  PyObject* max_version;
+  PyObject* copy;
+  PyObject* dl_device;
+  PyObject* stream;
+  PyObject* version_tuple;
+};
+Names* g_names = nullptr;
+
+const Names& names() {
+  if (!g_names) {
+    g_names = new Names{PyUnicode_InternFromString("__dlpack__"),
+                        PyUnicode_InternFromString("__dlpack_device__"),
+                        PyUnicode_InternFromString("__cuda_array_interface__"),
+                        PyUnicode_InternFromString("__array_interface__"),
+                        PyUnicode_InternFromString("max_version"),
+                        PyUnicode_InternFromString("copy"),
+                        PyUnicode_InternFromString("dl_device"),
+                        PyUnicode_InternFromString("stream"),
+                        Py_BuildValue("(ii)", DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION)};
+  }
+  return *g_names;
+}
+
+bool has_attr_on_type(nb::handle obj, PyObject* name) {
+  PyObject* r = _PyType_Lookup(Py_TYPE(obj.ptr()), name);
+  return r != nullptr;
+}
+
+// Calls obj.__dlpack__(**kwargs) with the given keyword names/values (vectorcall, no dict).
+nb::object call_dlpack(nb::handle obj, std::initializer_list<std::pair<PyObject*, PyObject*>> kwargs) {
+  PyObject* args[8];
+  args[0] = obj.ptr();
+  size_t n = 0;
+  PyObject* kwnames = PyTuple_New(static_cast<Py_ssize_t>(kwargs.size()));
+  for (auto& kv : kwargs) {
+    Py_INCREF(kv.first);
+    PyTuple_SET_ITEM(kwnames, static_cast<Py_ssize_t>(n), kv.first);
+    args[1 + n] = kv.second;
+    ++n;
+  }
+  PyObject* r = PyObject_VectorcallMethod(names().dlpack, args, 1, kwnames);
+  Py_DECREF(kwnames);
+  if (!r) throw nb::python_error();
+  return nb::steal(r);
+}
+
+
+tw::Tensor via_dlpack(nb::handle obj, const Request& req, bool& made_copy) {
+  std::optional<tw::Device> src_dev;
+  if (has_attr_on_type(obj, names().dlpack_device)) {
+    nb::object d = nb::steal(PyObject_CallMethodNoArgs(obj.ptr(), names().dlpack_device));
+    if (!d.is_valid()) throw nb::python_error();
+    src_dev = parse_device(d);
+  }
+  const bool host = !src_dev || src_dev->type == kDLCPU;
+  // Keyword arguments for the versioned call.
+  std::vector<std::pair<PyObject*, PyObject*>> kw;
+  kw.emplace_back(names().max_version, names().version_tuple);
+  nb::object dl_dev;
+  if (req.device && src_dev && !(*req.device == *src_dev)) {
+    dl_dev = nb::make_tuple(static_cast<int>(req.device->type), req.device->id);
+    kw.emplace_back(names().dl_device, dl_dev.ptr());
+  }
+  if (req.copy != CopyMode::if_needed) kw.emplace_back(names().copy, req.copy == CopyMode::always ? Py_True : Py_False);
+  if (!req.stream.is_none() && !host) kw.emplace_back(names().stream, req.stream.ptr());
+  nb::object cap;
+  bool producer_copied_on_request = false;
+  try {
+    switch (kw.size()) {
+      case 1: cap = call_dlpack(obj, {kw[0]}); break;
+      case 2: cap = call_dlpack(obj, {kw[0], kw[1]}); break;
+      case 3: cap = call_dlpack(obj, {kw[0], kw[1], kw[2]}); break;
+      default: cap = call_dlpack(obj, {kw[0], kw[1], kw[2], kw[3]}); break;
+    }
+    producer_copied_on_request = req.copy == CopyMode::always;
+  } catch (nb::python_error& e) {
+    if (!e.matches(PyExc_TypeError)) throw;
+    // A producer from before DLPack 1.0 rejects the keywords: ask for a legacy capsule the old way.
+    if (!req.stream.is_none() && !host) {
+      PyObject* args[2] = {obj.ptr(), req.stream.ptr()};
+      PyObject* kwn = Py_BuildValue("(O)", names().stream);
+      PyObject* r = PyObject_VectorcallMethod(names().dlpack, args, 1, kwn);
+      Py_DECREF(kwn);
+      if (!r) throw nb::python_error();
+      cap = nb::steal(r);
+    } else {
+      PyObject* r = PyObject_CallMethodNoArgs(obj.ptr(), names().dlpack);
+      if (!r) throw nb::python_error();
+      cap = nb::steal(r);
+    }
+  }
+  bool flagged_copy = false;
+  if (PyCapsule_IsValid(cap.ptr(), kVersionedName)) {
+    auto* m = static_cast<DLManagedTensorVersioned*>(PyCapsule_GetPointer(cap.ptr(), kVersionedName));
+    flagged_copy = m && m->version.major == DLPACK_MAJOR_VERSION && (m->flags & DLPACK_FLAG_BITMASK_IS_COPIED);
+  }
+  tw::Tensor t = import_capsule(cap);
+  made_copy = flagged_copy || producer_copied_on_request;
+  return t;
+}
+
+// ---- dict helpers with precise type errors ------------------------------------------------------------------
+[[noreturn]] void dict_type_error(const std::string& proto, const char* key, const std::string& want, nb::handle got) {
+  throw Refused{PyExc_TypeError, "'" + std::string(key) + "' must be " + want + ", not " +
+                                     std::string(Py_TYPE(got.ptr())->tp_name)};
+  (void)proto;
+}
+
+int64_t dict_int(const std::string& proto, const char* key, nb::handle v) {
+  if (PyBool_Check(v.ptr()) || !PyLong_Check(v.ptr())) dict_type_error(proto, key, "an int", v);
+  int overflow = 0;
+  long long x = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+  if (overflow) throw Refused{PyExc_ValueError, "'" + std::string(key) + "' does not fit in 64 bits"};
+  return x;
+}
+
+std::vector<int64_t> dict_ints(const std::string& proto, const char* key, nb::handle v) {
+  if (!PyTuple_Check(v.ptr()) && !PyList_Check(v.ptr())) dict_type_error(proto, key, "a tuple of ints", v);
+  std::vector<int64_t> out;
+  for (nb::handle x : v) {
+    if (PyBool_Check(x.ptr()) || !PyLong_Check(x.ptr()))
+      throw Refused{PyExc_TypeError, "'" + std::string(key) + "' must hold ints, found " + Py_TYPE(x.ptr())->tp_name};
+    int overflow = 0;
+    long long y = PyLong_AsLongLongAndOverflow(x.ptr(), &overflow);
+    if (overflow) throw Refused{PyExc_ValueError, "'" + std::string(key) + "' holds a value that does not fit in 64 bits"};
+    out.push_back(y);
+  }
+  return out;
+}
+
+nb::handle dict_get(nb::handle d, const char* key) {
+  PyObject* v = PyDict_GetItemString(d.ptr(), key);  // borrowed
+  return nb::handle(v);
+}
+
+// Reads (ptr, readonly) from a 'data' tuple.
+void read_data_tuple(const std::string& proto, nb::handle data, tw::InterfaceDesc& desc) {
+  if (!PyTuple_Check(data.ptr()) || PyTuple_GET_SIZE(data.ptr()) != 2)
+    dict_type_error(proto, "data", "a (pointer, read_only) tuple", data);
+  nb::handle p = nb::handle(PyTuple_GET_ITEM(data.ptr(), 0)), ro = nb::handle(PyTuple_GET_ITEM(data.ptr(), 1));
+  if (PyBool_Check(p.ptr()) || !PyLong_Check(p.ptr())) dict_type_error(proto, "data[0]", "an int address", p);
+  if (!PyBool_Check(ro.ptr())) dict_type_error(proto, "data[1]", "a bool", ro);
+  unsigned long long addr = PyLong_AsUnsignedLongLong(p.ptr());
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
+    throw Refused{PyExc_ValueError, "'data' address is negative or does not fit in 64 bits"};
+  }
+  desc.data = static_cast<uintptr_t>(addr);
+  desc.readonly = ro.ptr() == Py_True;
+}
+
+// Validated layout + memory -> tensor. `keep` keeps the exporter alive.
+tw::Tensor tensor_from_desc(const tw::InterfaceDesc& desc, std::shared_ptr<const void> keep, bool& byteswap) {
+  tw::InterfaceLayout il = tw::validate_interface(desc);
+  byteswap = il.byteswap;
+  char* base = reinterpret_cast<char*>(desc.data) + il.span.begin;
+  auto buf = std::make_shared<tw::Buffer>(il.layout.numel() ? base : reinterpret_cast<char*>(desc.data),
+                                          static_cast<size_t>(il.span.size()), desc.device, std::move(keep));
+  return tw::Tensor::make(std::move(buf), il.layout, desc.readonly);
+}
+
+// ml_dtypes arrays describe bfloat16/float8/int4 as void typestrs; their dtype's name says what they are.
+std::optional<tw::DType> dtype_from_name_attr(nb::handle obj) {
+  PyObject* dt = PyObject_GetAttrString(obj.ptr(), "dtype");
+  if (!dt) {
+    PyErr_Clear();
+    return std::nullopt;
+  }
+  nb::object dto = nb::steal(dt);
+  PyObject* nm = PyObject_GetAttrString(dt, "name");
+  if (!nm) {
+    PyErr_Clear();
+    return std::nullopt;
+  }
+  nb::object n = nb::steal(nm);
+  if (!PyUnicode_Check(nm)) return std::nullopt;
+  try {
+    return tw::DType::from_name(nb::cast<std::string>(n));
+  } catch (const tw::Error&) {
+    return std::nullopt;
+  }
+}
+
+tw::Tensor via_cuda_interface(nb::handle obj, const Request& req) {
+  const std::string proto = "__cuda_array_interface__";
+  PyObject* raw = PyObject_GetAttr(obj.ptr(), names().cai);
+  if (!raw) throw nb::python_error();
+  nb::object d = nb::steal(raw);
+  if (!PyDict_Check(d.ptr())) dict_type_error(proto, "__cuda_array_interface__", "a dict", d);
+  tw::InterfaceDesc desc;
+  desc.protocol = proto;
+  nb::handle v;
+  if (!(v = dict_get(d, "version")).is_valid()) throw Refused{PyExc_TypeError, "'version' is missing"};
+  desc.version = static_cast<int>(dict_int(proto, "version", v));
+  if (!(v = dict_get(d, "shape")).is_valid()) throw Refused{PyExc_TypeError, "'shape' is missing"};
+  desc.shape = dict_ints(proto, "shape", v);
+  if (!(v = dict_get(d, "typestr")).is_valid()) throw Refused{PyExc_TypeError, "'typestr' is missing"};
+  if (!PyUnicode_Check(v.ptr())) dict_type_error(proto, "typestr", "a str", v);
+  desc.typestr = nb::cast<std::string>(v);
+  if (!(v = dict_get(d, "data")).is_valid()) throw Refused{PyExc_TypeError, "'data' is missing"};
+  read_data_tuple(proto, v, desc);
+  if ((v = dict_get(d, "strides")).is_valid() && !v.is_none()) desc.byte_strides = dict_ints(proto, "strides", v);
+  if ((v = dict_get(d, "mask")).is_valid() && !v.is_none()) desc.has_mask = true;
+  // stream: absent or None = no synchronisation needed; 0 is disallowed; 1 legacy default, 2 per-thread default.
+  std::optional<intptr_t> stream;
+  if ((v = dict_get(d, "stream")).is_valid() && !v.is_none()) {
+    int64_t s = dict_int(proto, "stream", v);
+    if (s == 0)
+      throw Refused{PyExc_ValueError, "'stream' is 0, which the CUDA Array Interface v3 disallows (ambiguous "
+                                      "between the legacy and per-thread default streams); use 1, 2 or a stream handle"};
+    if (s < 0) throw Refused{PyExc_ValueError, "'stream' " + std::to_string(s) + " is not a stream"};
+    stream = static_cast<intptr_t>(s);
+  }
+  // The interface carries no device number: the driver knows it; otherwise the caller must say.
+  int64_t numel = 1;
+  for (int64_t s : desc.shape) numel *= s;
+  std::optional<int> ordinal;
+  if (desc.data) ordinal = tw::cuda::device_of_pointer(desc.data);
+  if (req.device && req.device->type != kDLCUDA && req.device->type != kDLCUDAManaged)
+    throw Refused{PyExc_BufferError, "the data is CUDA device memory but device='" + req.device->str() +
+                                         "' was requested; tensorwire does not copy between devices"};
+  if (ordinal) {
+    if (req.device && req.device->id != *ordinal)
+      throw Refused{PyExc_ValueError, "the CUDA driver places the pointer on cuda:" + std::to_string(*ordinal) +
+                                          " but device='" + req.device->str() + "' was given"};
+    desc.device = tw::Device::cuda(*ordinal);
+  } else if (req.device) {
+    desc.device = *req.device;
+  } else if (numel == 0) {
+    desc.device = tw::Device::cuda(0);  // no memory is referenced, so no device can be wrong
+  } else {
+    throw Refused{PyExc_BufferError, "the CUDA Array Interface does not say which device the pointer is on, and "
+                                     "the CUDA driver cannot tell (" + tw::cuda::driver_status() +
+                                     "); pass device='cuda:N'"};
+  }
+  if (desc.typestr.size() > 1 && desc.typestr[1] == 'V') desc.dtype = dtype_from_name_attr(obj);
+  bool byteswap = false;
+  tw::Tensor t = tensor_from_desc(desc, keep_python_alive(obj.ptr()), byteswap);
+  if (byteswap) throw Refused{PyExc_BufferError, "non-native byte order on a CUDA device cannot be swapped on the host"};
+  if (stream) {
+    t.set_stream(stream);
+    if (tw::cuda::driver_available()) tw::cuda::synchronize_stream(*stream);
+  }
+  return t;
+}
+
+struct PyBufferOwner {
+  Py_buffer view;
+  ~PyBufferOwner() {
+    if (!Py_IsInitialized()) return;
+    PyGILState_STATE s = PyGILState_Ensure();
+    PyBuffer_Release(&view);
+    PyGILState_Release(s);
+  }
+};
+
+std::shared_ptr<PyBufferOwner> get_buffer(nb::handle obj, int flags_rw, int flags_ro) {
+  auto owner = std::make_shared<PyBufferOwner>();
+  owner->view.obj = nullptr;  // PyBuffer_Release ignores a view that was never filled
+  if (PyObject_GetBuffer(obj.ptr(), &owner->view, flags_rw) != 0) {
+    PyErr_Clear();
+    if (PyObject_GetBuffer(obj.ptr(), &owner->view, flags_ro) != 0) throw nb::python_error();
+  }
+  return owner;
+}
+
+tw::Tensor via_array_interface(nb::handle obj, const Request& req, bool& byteswap) {
+  const std::string proto = "__array_interface__";
+  PyObject* raw = PyObject_GetAttr(obj.ptr(), names().ai);
+  if (!raw) throw nb::python_error();
+  nb::object d = nb::steal(raw);
+  if (!PyDict_Check(d.ptr())) dict_type_error(proto, "__array_interface__", "a dict", d);
+  tw::InterfaceDesc desc;
+  desc.protocol = proto;
+  nb::handle v;
+  if (!(v = dict_get(d, "version")).is_valid()) throw Refused{PyExc_TypeError, "'version' is missing"};
+  desc.version = static_cast<int>(dict_int(proto, "version", v));
+  if (!(v = dict_get(d, "shape")).is_valid()) throw Refused{PyExc_TypeError, "'shape' is missing"};
+  desc.shape = dict_ints(proto, "shape", v);
+  if (!(v = dict_get(d, "typestr")).is_valid()) throw Refused{PyExc_TypeError, "'typestr' is missing"};
+  if (!PyUnicode_Check(v.ptr())) dict_type_error(proto, "typestr", "a str", v);
+  desc.typestr = nb::cast<std::string>(v);
+  if ((v = dict_get(d, "strides")).is_valid() && !v.is_none()) desc.byte_strides = dict_ints(proto, "strides", v);
+  if ((v = dict_get(d, "mask")).is_valid() && !v.is_none()) desc.has_mask = true;
+  int64_t offset = 0;
+  if ((v = dict_get(d, "offset")).is_valid() && !v.is_none()) offset = dict_int(proto, "offset", v);
+  if (desc.typestr.size() > 1 && desc.typestr[1] == 'V') {
+    desc.dtype = dtype_from_name_attr(obj);
+    if (nb::handle descr = dict_get(d, "descr"); descr.is_valid() && PyList_Check(descr.ptr()) && nb::len(descr) > 1)
+      throw Refused{PyExc_BufferError, "structured (record) arrays have no tensor dtype"};
+  }
+  if (req.device && !(req.device->type == kDLCPU))
+    throw Refused{PyExc_BufferError, "__array_interface__ data is host memory but device='" + req.device->str() +
+                                         "' was requested; tensorwire does not copy between devices"};
+  nb::handle data = dict_get(d, "data");
+  std::shared_ptr<const void> keep;
+  if (data.is_valid() && PyTuple_Check(data.ptr())) {
+    // (pointer, read_only): 'offset' does not apply.
+    read_data_tuple(proto, data, desc);
+    keep = keep_python_alive(obj.ptr());
+  } else {
+    // None: the object itself exposes a buffer; otherwise 'data' is a buffer-like object. 'offset' applies.
+    nb::handle src = (!data.is_valid() || data.is_none()) ? obj : data;
+    std::shared_ptr<PyBufferOwner> owner;
+    try {
+      owner = get_buffer(src, PyBUF_SIMPLE | PyBUF_WRITABLE, PyBUF_SIMPLE);
+    } catch (nb::python_error& e) {
+      throw Refused{PyExc_BufferError, std::string("'data' ") + (src.ptr() == obj.ptr() ? "is None and the object" : "object") +
+                                           " exposes no contiguous buffer: " + e.what()};
+    }
+    if (offset < 0 || offset > owner->view.len)
+      throw Refused{PyExc_ValueError, "'offset' " + std::to_string(offset) + " lies outside the " +
+                                          std::to_string(owner->view.len) + "-byte buffer"};
+    desc.data = reinterpret_cast<uintptr_t>(owner->view.buf) + static_cast<uintptr_t>(offset);
+    desc.readonly = owner->view.readonly != 0;
+    desc.buffer_extent = owner->view.len - offset;
+    desc.buffer_before = offset;
+    keep = owner;
+    if (desc.data == 0 && owner->view.len == 0) desc.data = 0;
+  }
+  return tensor_from_desc(desc, std::move(keep), byteswap);
+}
+
+tw::Tensor via_buffer(nb::handle obj, const Request& req, bool& byteswap) {
+  if (req.device && !(req.device->type == kDLCPU))
+    throw Refused{PyExc_BufferError, "buffer-protocol memory is host memory but device='" + req.device->str() + "' was requested"};
+  std::shared_ptr<PyBufferOwner> owner;
+  try {
+    owner = get_buffer(obj, PyBUF_RECORDS, PyBUF_RECORDS_RO);
+  } catch (nb::python_error& e) {
+    throw Refused{PyExc_BufferError, e.what()};
+  }
+  const Py_buffer& b = owner->view;
+  if (b.suboffsets)
+    for (int i = 0; i < b.ndim; ++i)
+      if (b.suboffsets[i] >= 0)
+        throw Refused{PyExc_BufferError, "the buffer uses suboffsets (PIL-style indirect arrays), which no tensor can view"};
+  tw::ParsedType pt = tw::parse_buffer_format(b.format ? b.format : "B", b.itemsize);
+  // Express as an interface description so one validator checks every protocol.
+  tw::InterfaceDesc desc;
+  desc.protocol = "buffer protocol";
+  desc.version = 3;
+  const char order = pt.byteswap ? (std::endian::native == std::endian::little ? '>' : '<') : '=';
+  char kind = 'u';
+  switch (pt.dtype.code) {
+    case kDLInt: kind = 'i'; break;
+    case kDLUInt: kind = 'u'; break;
+    case kDLFloat: kind = 'f'; break;
+    case kDLComplex: kind = 'c'; break;
+    case kDLBool: kind = 'b'; break;
+    default: break;
+  }
+  desc.typestr = std::string(1, order) + kind + std::to_string(pt.itemsize);
+  for (int i = 0; i < b.ndim; ++i) desc.shape.push_back(b.shape ? b.shape[i] : b.len / b.itemsize);
+  if (b.strides) {
+    std::vector<int64_t> st;
+    for (int i = 0; i < b.ndim; ++i) st.push_back(b.strides[i]);
+    desc.byte_strides = st;
+  }
+  desc.data = reinterpret_cast<uintptr_t>(b.buf);
+  desc.readonly = b.readonly != 0;
+  return tensor_from_desc(desc, owner, byteswap);
+}
+
+// Final error after every protocol refused: one class when all agree, else BufferError (CopyError when any
+// refusal was a forbidden copy).
+[[noreturn]] void raise_refusals(nb::handle obj, const std::vector<Refusal>& refusals) {
+  std::string msg = std::string("tensorwire.asarray: cannot import an object of type ") + Py_TYPE(obj.ptr())->tp_name;
+  if (refusals.empty()) {
+    msg += ": it supports none of __dlpack__, __cuda_array_interface__, __array_interface__, the buffer protocol, "
+           "the Arrow PyCapsule interface, or a DLPack capsule";
+    throw nb::type_error(msg.c_str());
+  }
+  PyObject* type = refusals[0].type;
+  bool any_copy = false;
+  for (const auto& r : refusals) {
+    if (r.type != type) type = PyExc_BufferError;
+    any_copy = any_copy || r.type == g_copy_error;
+  }
+  if (any_copy) type = g_copy_error;
+  msg += "; every protocol it offers refused:";
+  for (const auto& r : refusals) msg += "\n  - " + r.protocol + ": " + r.reason;
+  PyErr_SetString(type, msg.c_str());
+  throw nb::python_error();
+}
+
+nb::handle g_arrow_hook;  // tensorwire._arrow_import(obj) when the Arrow module is present
+
+// Applies the device and copy requests to an imported tensor.
+tw::Tensor finish(tw::Tensor t, const Request& req, bool already_copied, bool byteswap) {
+  if (req.device && !(*req.device == t.device()))
+    throw Refused{PyExc_BufferError, "the data is on " + t.device().str() + " but device='" + req.device->str() +
+                                         "' was requested; tensorwire does not move data between devices"};
+  if (byteswap) {
+    if (req.copy == CopyMode::never)
+      throw Refused{g_copy_error, "the data is in non-native byte order and must be byte-swapped into a copy, "
+                                  "but copy=False"};
+    if (!t.device().is_host_accessible())
+      throw Refused{PyExc_BufferError, "non-native byte order in device memory"};
+    tw::Tensor out = tw::Tensor::empty(t.shape(), t.dtype());
+    {
+      nb::gil_scoped_release nogil;
+      tw::copy(t, out, tw::CopyOptions{true});
+    }
+    return out;
+  }
+  if (req.copy == CopyMode::always && !already_copied) {
+    if (!t.device().is_host_accessible())
+      throw Refused{PyExc_BufferError, "copy=True for memory on " + t.device().str() +
+                                           ": the host copy engine cannot copy device memory"};
+    tw::Tensor src = t;
+    nb::gil_scoped_release nogil;
+    return src.copy(tw::MemoryOrder::C);
+  }
+  return t;
+}
+
+nb::object asarray(nb::handle obj, nb::handle device, nb::handle copy, nb::handle stream) {
+  Request req;
+  req.device = parse_device(device);
+  req.copy = parse_copy(copy);
+  req.stream = stream;
+  if (is_tensor(obj)) {
+    tw::Tensor& t = unwrap(obj);
+    if (req.device && !(*req.device == t.device()))
+      throw tw::Error(tw::ErrorCode::unsupported, "asarray: the tensor is on " + t.device().str() + " but device='" +
+                                                      req.device->str() + "' was requested; tensorwire does not move "
+                                                      "data between devices");
+    if (req.copy != CopyMode::always) return nb::borrow(obj);
+    tw::Tensor src = t;
+    nb::gil_scoped_release nogil;
+    tw::Tensor c = src.copy(tw::MemoryOrder::C);
+    nb::gil_scoped_acquire gil;
+    return wrap(std::move(c));
+  }
+  std::vector<Refusal> refusals;
+  auto attempt = [&](const char* proto, auto&& fn) -> std::optional<tw::Tensor> {
+    try {
+      return fn();
+    } catch (const Refused& r) {
+      refusals.push_back({proto, r.reason, r.type});
+    } catch (const tw::Error& e) {
+      refusals.push_back({proto, e.what(), exception_for(e.code())});
+    } catch (nb::python_error& e) {
+      if (!e.matches(PyExc_Exception)) throw;  // KeyboardInterrupt, SystemExit...
+      PyObject* type = e.type().ptr();
+      std::string text = e.what();
+      if (e.matches(PyExc_BufferError)) type = PyExc_BufferError;
+      else if (e.matches(PyExc_TypeError)) type = PyExc_TypeError;
+      else if (e.matches(PyExc_ValueError)) type = PyExc_ValueError;
+      else type = PyExc_BufferError;
+      refusals.push_back({proto, text, type});
+    }
+    return std::nullopt;
+  };
+
+  if (has_attr_on_type(obj, names().dlpack)) {
+    auto t = attempt("__dlpack__", [&] {
+      bool copied = false;
+      tw::Tensor r = via_dlpack(obj, req, copied);
+      return finish(std::move(r), req, copied, false);
+    });
+    if (t) return wrap(std::move(*t));
+  }
+  if (PyObject_HasAttr(obj.ptr(), names().cai)) {
+    auto t = attempt("__cuda_array_interface__", [&] { return finish(via_cuda_interface(obj, req), req, false, false); });
+    if (t) return wrap(std::move(*t));
+  }
+  if (PyObject_HasAttr(obj.ptr(), names().ai)) {
+    auto t = attempt("__array_interface__", [&] {
+      bool bs = false;
+      tw::Tensor r = via_array_interface(obj, req, bs);
+      return finish(std::move(r), req, false, bs);
+    });
+    if (t) return wrap(std::move(*t));
+  }
+  if (PyObject_CheckBuffer(obj.ptr())) {
+    auto t = attempt("buffer protocol", [&] {
+      bool bs = false;
+      tw::Tensor r = via_buffer(obj, req, bs);
+      return finish(std::move(r), req, false, bs);
+    });
+    if (t) return wrap(std::move(*t));
+  }
+  if (g_arrow_hook.is_valid() && (PyObject_HasAttrString(obj.ptr(), "__arrow_c_array__") ||
+                                  PyObject_HasAttrString(obj.ptr(), "__arrow_c_device_array__") ||
+                                  PyObject_HasAttrString(obj.ptr(), "__arrow_c_stream__"))) {
+    auto t = attempt("Arrow PyCapsule interface", [&] {
+      nb::object r = g_arrow_hook(obj, copy);
+      return finish(unwrap(r), req, req.copy == CopyMode::always, false);
+    });
+    if (t) return wrap(std::move(*t));
+  }
+  if (PyCapsule_CheckExact(obj.ptr())) {
+    auto t = attempt("DLPack capsule", [&] { return finish(import_capsule(obj), req, false, false); });
+    if (t) return wrap(std::move(*t));
+  }
+  raise_refusals(obj, refusals);
+}
+
+}  // namespace
+
+void register_import(nb::module_& m) {
+  m.def("asarray", &asarray, "obj"_a, nb::kw_only(), "device"_a = nb::none(), "copy"_a = nb::none(),
+        "stream"_a = nb::none(),
+        "Any array-like as a tensorwire.Tensor. copy=None copies only when no zero-copy view exists; copy=False "
+        "never copies (raises tensorwire.CopyError instead); copy=True always copies.");
+  m.def("from_dlpack", [](nb::handle x, nb::handle device, nb::handle copy) -> nb::object {
+    if (PyCapsule_CheckExact(x.ptr())) {
+      Request req;
+      req.device = parse_device(device);
+      req.copy = parse_copy(copy);
+      try {
+        return wrap(finish(import_capsule(x), req, false, false));
+      } catch (const Refused& r) {
+        PyErr_SetString(r.type, ("from_dlpack: " + r.reason).c_str());
+        throw nb::python_error();
+      }
+    }
+    if (!has_attr_on_type(x, names().dlpack))
+      throw nb::type_error((std::string("from_dlpack: an object of type ") + Py_TYPE(x.ptr())->tp_name +
+                            " has no __dlpack__ method (and is not a DLPack capsule)").c_str());
+    Request req;
+    req.device = parse_device(device);
+    req.copy = parse_copy(copy);
+    try {
+      bool copied = false;
+      tw::Tensor t = via_dlpack(x, req, copied);
+      return wrap(finish(std::move(t), req, copied, false));
+    } catch (const Refused& r) {
+      PyErr_SetString(r.type, ("from_dlpack: " + r.reason).c_str());
+      throw nb::python_error();
+    }
+  }, "x"_a, nb::kw_only(), "device"_a = nb::none(), "copy"_a = nb::none(),
+  "Import through DLPack only (the array API's from_dlpack).");
+  m.def("_set_arrow_hook", [](nb::object hook) { g_arrow_hook = hook.release(); });
+}
+
+}  // namespace twpy

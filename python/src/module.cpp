@@ -1,0 +1,497 @@
+// module.cpp — the tensorwire._tensorwire extension: Tensor, DType, Device, errors, metadata and views.
+// This layer only binds: every rule about layouts, copies and protocols lives in the C++ library.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "convert.hpp"
+
+namespace twpy {
+
+PyObject* g_copy_error = nullptr;
+
+PyObject* exception_for(tw::ErrorCode code) noexcept {
+  switch (code) {
+    case tw::ErrorCode::invalid_argument: return PyExc_ValueError;
+    case tw::ErrorCode::type_mismatch: return PyExc_TypeError;
+    case tw::ErrorCode::out_of_range: return PyExc_IndexError;
+    case tw::ErrorCode::overflow: return PyExc_ValueError;
+    case tw::ErrorCode::unsupported: return PyExc_BufferError;
+    case tw::ErrorCode::copy_required: return g_copy_error;
+    case tw::ErrorCode::device_unavailable: return PyExc_BufferError;
+    case tw::ErrorCode::version_mismatch: return PyExc_BufferError;
+    case tw::ErrorCode::read_only: return PyExc_ValueError;
+    case tw::ErrorCode::internal: return PyExc_RuntimeError;
+  }
+  return PyExc_RuntimeError;
+}
+
+namespace {
+
+struct PyRef {
+  explicit PyRef(PyObject* o) noexcept : obj(o) { Py_INCREF(o); }
+  PyRef(const PyRef&) = delete;
+  PyRef& operator=(const PyRef&) = delete;
+  PyObject* obj;
+  ~PyRef() {
+    if (!Py_IsInitialized()) return;  // interpreter gone: leaking is the only safe choice
+    PyGILState_STATE s = PyGILState_Ensure();
+    Py_DECREF(obj);
+    PyGILState_Release(s);
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<const void> keep_python_alive(PyObject* obj) {
+  return std::make_shared<PyRef>(obj);
+}
+
+tw::Value to_value(PyObject* o, const std::string& path, int depth) {
+  if (depth > 64) throw tw::Error(tw::ErrorCode::type_mismatch, "metadata " + path + " is nested deeper than 64 levels");
+  if (o == Py_None) return tw::Value();
+  if (PyBool_Check(o)) return tw::Value(o == Py_True);
+  if (PyLong_Check(o)) {
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow)
+      throw tw::Error(tw::ErrorCode::type_mismatch, "metadata " + path + ": int " +
+                                                        nb::cast<std::string>(nb::repr(nb::handle(o))) +
+                                                        " does not fit in 64 bits");
+    if (v == -1 && PyErr_Occurred()) throw nb::python_error();
+    return tw::Value(v);
+  }
+  if (PyFloat_Check(o)) return tw::Value(PyFloat_AsDouble(o));
+  if (PyUnicode_Check(o)) {
+    Py_ssize_t n;
+    const char* s = PyUnicode_AsUTF8AndSize(o, &n);
+    if (!s) throw nb::python_error();
+    return tw::Value(std::string(s, static_cast<size_t>(n)));
+  }
+  if (PyBytes_Check(o)) return tw::Value::bytes(std::string(PyBytes_AS_STRING(o), static_cast<size_t>(PyBytes_GET_SIZE(o))));
+  if (PyList_Check(o) || PyTuple_Check(o)) {
+    const bool list = PyList_Check(o);
+    Py_ssize_t n = list ? PyList_GET_SIZE(o) : PyTuple_GET_SIZE(o);
+    std::vector<tw::Value> items;
+    items.reserve(static_cast<size_t>(n));
+    for (Py_ssize_t i = 0; i < n; ++i)
+      items.push_back(to_value(list ? PyList_GET_ITEM(o, i) : PyTuple_GET_ITEM(o, i),
+                               path + "[" + std::to_string(i) + "]", depth + 1));
+    return list ? tw::Value::list(std::move(items)) : tw::Value::tuple(std::move(items));
+  }
+  if (PyDict_Check(o)) {
+    tw::Value d = tw::Value::dict();
+    PyObject *k, *v;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(o, &pos, &k, &v)) {
+      if (!PyUnicode_Check(k))
+        throw tw::Error(tw::ErrorCode::type_mismatch, "metadata " + path + " has a key of type " +
+                                                          std::string(Py_TYPE(k)->tp_name) + "; dict keys must be str");
+      std::string key = nb::borrow<nb::str>(k).c_str();
+      d.set(key, to_value(v, path + "[" + key + "]", depth + 1));
+    }
+    return d;
+  }
+  throw tw::Error(tw::ErrorCode::type_mismatch,
+                  "metadata " + path + " is of type " + std::string(Py_TYPE(o)->tp_name) +
+                      "; values must be None, bool, int, float, str, bytes, or lists, tuples and dicts of these");
+}
+
+nb::object from_value(const tw::Value& v) {
+  using K = tw::Value::Kind;
+  switch (v.kind()) {
+    case K::none: return nb::none();
+    case K::boolean: return nb::bool_(v.as_bool());
+    case K::integer: return nb::int_(v.as_int());
+    case K::floating: return nb::float_(v.as_float());
+    case K::string: return nb::str(v.as_string().data(), v.as_string().size());
+    case K::bytes: return nb::bytes(v.as_bytes().data(), v.as_bytes().size());
+    case K::list: {
+      nb::list l;
+      for (const auto& x : v.items()) l.append(from_value(x));
+      return l;
+    }
+    case K::tuple: {
+      nb::list l;
+      for (const auto& x : v.items()) l.append(from_value(x));
+      return nb::tuple(l);
+    }
+    case K::dict: {
+      nb::dict d;
+      for (size_t i = 0; i < v.keys().size(); ++i) d[nb::str(v.keys()[i].c_str())] = from_value(v.values()[i]);
+      return d;
+    }
+  }
+  return nb::none();
+}
+
+std::optional<tw::Device> parse_device(nb::handle h) {
+  if (h.is_none()) return std::nullopt;
+  if (nb::isinstance<tw::Device>(h)) return nb::cast<tw::Device>(h);
+  if (nb::isinstance<nb::str>(h)) return tw::Device::from_string(nb::cast<std::string>(h));
+  if (nb::isinstance<nb::tuple>(h) && nb::len(h) == 2) {
+    auto t = nb::borrow<nb::tuple>(h);
+    if (nb::isinstance<nb::int_>(t[0]) && nb::isinstance<nb::int_>(t[1]))
+      return tw::Device::from_dlpack(DLDevice{static_cast<DLDeviceType>(nb::cast<int>(t[0])), nb::cast<int32_t>(t[1])});
+  }
+  // torch.device and similar: use their string form
+  if (nb::hasattr(h, "type") && nb::hasattr(h, "index")) {
+    std::string s = nb::cast<std::string>(nb::str(h));
+    return tw::Device::from_string(s);
+  }
+  throw tw::Error(tw::ErrorCode::type_mismatch, "device must be None, a string like 'cpu' or 'cuda:0', a tw.Device or a "
+                                                "(device_type, device_id) tuple, not " + std::string(Py_TYPE(h.ptr())->tp_name));
+}
+
+CopyMode parse_copy(nb::handle h) {
+  if (h.is_none()) return CopyMode::if_needed;
+  if (h.ptr() == Py_True) return CopyMode::always;
+  if (h.ptr() == Py_False) return CopyMode::never;
+  throw tw::Error(tw::ErrorCode::type_mismatch, "copy must be None, True or False, not " + std::string(Py_TYPE(h.ptr())->tp_name));
+}
+
+namespace {
+
+nb::handle g_tensor_type;
+
+int64_t as_index(nb::handle h, const char* what) {
+  if (PyBool_Check(h.ptr()) || !PyIndex_Check(h.ptr()))
+    throw tw::Error(tw::ErrorCode::type_mismatch, std::string(what) + " must be an int, not " + Py_TYPE(h.ptr())->tp_name);
+  Py_ssize_t v = PyNumber_AsSsize_t(h.ptr(), PyExc_OverflowError);
+  if (v == -1 && PyErr_Occurred()) throw nb::python_error();
+  return v;
+}
+
+tw::Dims dims_from(nb::handle h, const char* what) {
+  tw::Dims d;
+  if (PyLong_Check(h.ptr())) {
+    d.push_back(as_index(h, what));
+    return d;
+  }
+  if (!PyTuple_Check(h.ptr()) && !PyList_Check(h.ptr()))
+    throw tw::Error(tw::ErrorCode::type_mismatch, std::string(what) + " must be a tuple of ints, not " + Py_TYPE(h.ptr())->tp_name);
+  for (nb::handle x : h) d.push_back(as_index(x, what));
+  return d;
+}
+
+nb::tuple to_tuple(const tw::Dims& d) {
+  PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(d.size()));
+  for (size_t i = 0; i < d.size(); ++i) PyTuple_SET_ITEM(t, static_cast<Py_ssize_t>(i), PyLong_FromLongLong(d[i]));
+  return nb::steal<nb::tuple>(t);
+}
+
+tw::MemoryOrder parse_order(const std::string& order) {
+  if (order == "C") return tw::MemoryOrder::C;
+  if (order == "F") return tw::MemoryOrder::F;
+  if (order == "A" || order == "any" || order == "K") return tw::MemoryOrder::Any;
+  throw tw::Error(tw::ErrorCode::invalid_argument, "order must be 'C', 'F' or 'any', not '" + order + "'");
+}
+
+// Copies at least this big release the GIL.
+constexpr int64_t kReleaseGilBytes = 1 << 16;
+
+tw::Tensor copy_released(const tw::Tensor& t, tw::MemoryOrder order) {
+  if (t.nbytes() >= kReleaseGilBytes) {
+    nb::gil_scoped_release nogil;
+    return t.copy(order);
+  }
+  return t.copy(order);
+}
+
+// t[index]: ints, slices, Ellipsis and None, alone or in a tuple (NumPy basic indexing).
+tw::Tensor index_tensor(const tw::Tensor& t, nb::handle index) {
+  std::vector<nb::handle> items;
+  if (PyTuple_Check(index.ptr())) {
+    for (nb::handle x : index) items.push_back(x);
+  } else {
+    items.push_back(index);
+  }
+  size_t consumed = 0, ellipses = 0;
+  for (auto x : items) {
+    if (x.ptr() == Py_Ellipsis) ++ellipses;
+    else if (!x.is_none()) ++consumed;
+  }
+  if (ellipses > 1) throw tw::Error(tw::ErrorCode::invalid_argument, "an index can only have a single ellipsis ('...')");
+  if (consumed > t.ndim())
+    throw tw::Error(tw::ErrorCode::out_of_range, "too many indices: " + std::to_string(consumed) + " for a tensor of rank " +
+                                                     std::to_string(t.ndim()));
+  tw::Tensor r = t;
+  int64_t dim = 0;  // current dimension of r
+  std::vector<int64_t> new_axes;
+  for (auto x : items) {
+    if (x.ptr() == Py_Ellipsis) {
+      dim += static_cast<int64_t>(t.ndim() - consumed);
+    } else if (x.is_none()) {
+      new_axes.push_back(dim);
+      tw::Shape sh = r.shape();
+      std::vector<int64_t> s(sh.begin(), sh.end()), st(r.strides().begin(), r.strides().end());
+      s.insert(s.begin() + dim, 1);
+      st.insert(st.begin() + dim, 0);
+      r = r.view(tw::Shape(s));
+      ++dim;
+    } else if (PySlice_Check(x.ptr())) {
+      Py_ssize_t start, stop, step;
+      if (PySlice_Unpack(x.ptr(), &start, &stop, &step) < 0) throw nb::python_error();
+      PySliceObject* sl = reinterpret_cast<PySliceObject*>(x.ptr());
+      std::optional<int64_t> b = sl->start == Py_None ? std::nullopt : std::optional<int64_t>(start);
+      std::optional<int64_t> e = sl->stop == Py_None ? std::nullopt : std::optional<int64_t>(stop);
+      r = r.slice(dim, b, e, step);
+      ++dim;
+    } else if (PyIndex_Check(x.ptr()) && !PyBool_Check(x.ptr())) {
+      r = r.select(dim, as_index(x, "index"));
+    } else {
+      throw tw::Error(tw::ErrorCode::type_mismatch,
+                      std::string("tensorwire supports basic indexing only (ints, slices, ..., None), not ") +
+                          Py_TYPE(x.ptr())->tp_name + "; for advanced indexing use np.asarray(t)[...] or torch");
+    }
+  }
+  return r;
+}
+
+std::string repr(const tw::Tensor& t) {
+  std::string s = "tensorwire.Tensor(shape=" + t.shape().str() + ", dtype=" + t.dtype().name() +
+                  ", device=" + t.device().str();
+  if (!t.is_contiguous()) s += ", strides=" + t.strides().str();
+  if (t.byte_offset()) s += ", byte_offset=" + std::to_string(t.byte_offset());
+  if (t.readonly()) s += ", readonly=True";
+  if (!t.metadata().empty()) s += ", metadata_keys=" + std::to_string(t.metadata().size());
+  return s + ")";
+}
+
+}  // namespace
+
+nb::object wrap(tw::Tensor t) { return nb::cast(std::move(t), nb::rv_policy::move); }
+bool is_tensor(nb::handle h) { return Py_TYPE(h.ptr()) == reinterpret_cast<PyTypeObject*>(g_tensor_type.ptr()) || nb::isinstance<tw::Tensor>(h); }
+tw::Tensor& unwrap(nb::handle h) { return *nb::inst_ptr<tw::Tensor>(h); }
+
+}  // namespace twpy
+
+using namespace twpy;
+
+NB_MODULE(_tensorwire, m) {
+  m.doc() = "tensorwire native core";
+  // Tensor gains Python-level attributes (metadata, __array__, pickling) in the package, which nanobind's
+  // shutdown leak report would misread as leaks of the type.
+  nb::set_leak_warnings(false);
+
+  nb::object bases = nb::make_tuple(nb::handle(PyExc_BufferError), nb::handle(PyExc_ValueError));
+  g_copy_error = PyErr_NewExceptionWithDoc(
+      "tensorwire.CopyError",
+      "Raised when an operation needs a copy and copy=False forbade it. A BufferError and a ValueError.",
+      bases.ptr(), nullptr);
+  m.attr("CopyError") = nb::handle(g_copy_error);
+
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const tw::Error& e) {
+      PyErr_SetString(exception_for(e.code()), e.what());
+    }
+  });
+
+  // ---- DType ------------------------------------------------------------------------------------------------
+  nb::class_<tw::DType>(m, "DType", "An element type (DLPack code, bits, lanes); str() gives its NumPy/PyTorch name.")
+      .def("__init__", [](tw::DType* self, const std::string& name) { new (self) tw::DType(tw::DType::from_name(name)); },
+           "name"_a)
+      .def_prop_ro("name", &tw::DType::name)
+      .def_prop_ro("code", [](const tw::DType& d) { return d.code; })
+      .def_prop_ro("bits", [](const tw::DType& d) { return d.bits; })
+      .def_prop_ro("lanes", [](const tw::DType& d) { return d.lanes; })
+      .def_prop_ro("itemsize", [](const tw::DType& d) { return d.itemsize(); },
+                   "Bytes per element when stored one per byte or wider (1 for sub-byte types).")
+      .def("__str__", &tw::DType::name)
+      .def("__repr__", [](const tw::DType& d) { return "tensorwire.dtype('" + d.name() + "')"; })
+      .def("__hash__", [](const tw::DType& d) { return nb::hash(nb::str(d.name().c_str())); })
+      .def("__eq__", [](const tw::DType& d, nb::handle o) {
+        if (nb::isinstance<tw::DType>(o)) return d == nb::cast<tw::DType>(o);
+        if (nb::isinstance<nb::str>(o)) return d.name() == nb::cast<std::string>(o);
+        if (nb::hasattr(o, "name") && nb::hasattr(o, "itemsize")) {  // numpy / ml_dtypes dtypes
+          try {
+            return d.name() == nb::cast<std::string>(nb::str(o.attr("name")));
+          } catch (...) {
+            return false;
+          }
+        }
+        return false;
+      })
+      .def("__ne__", [](nb::handle self, nb::handle o) { return !nb::cast<bool>(self.attr("__eq__")(o)); });
+
+  // ---- Device -----------------------------------------------------------------------------------------------
+  nb::class_<tw::Device>(m, "Device", "A DLPack device: (device_type, device_id); str() gives 'cpu' or 'cuda:0'.")
+      .def("__init__", [](tw::Device* self, nb::handle spec) {
+        auto d = parse_device(spec);
+        if (!d) throw tw::Error(tw::ErrorCode::invalid_argument, "Device(None) is not a device");
+        new (self) tw::Device(*d);
+      }, "spec"_a)
+      .def_prop_ro("type", [](const tw::Device& d) { return std::string(d.type_name()); })
+      .def_prop_ro("device_type", [](const tw::Device& d) { return static_cast<int>(d.type); })
+      .def_prop_ro("index", [](const tw::Device& d) { return d.id; })
+      .def("__str__", &tw::Device::str)
+      .def("__repr__", [](const tw::Device& d) { return "tensorwire.Device('" + d.str() + "')"; })
+      .def("__hash__", [](const tw::Device& d) { return nb::hash(nb::str(d.str().c_str())); })
+      .def("__eq__", [](const tw::Device& d, nb::handle o) {
+        try {
+          auto other = parse_device(o);
+          return other && *other == d;
+        } catch (...) {
+          return false;
+        }
+      });
+
+  // ---- Tensor -----------------------------------------------------------------------------------------------
+  nb::class_<tw::Tensor> cls(m, "Tensor", nb::type_slots(tensor_slots), nb::is_weak_referenceable(),
+                             "A strided view of memory on a device, the owner that keeps that memory alive, and "
+                             "metadata. Create one with tensorwire.asarray().");
+  g_tensor_type = cls;
+  cls.def_prop_ro("shape", [](const tw::Tensor& t) { return to_tuple(t.shape()); })
+      .def_prop_ro("strides", [](const tw::Tensor& t) { return to_tuple(t.strides()); }, "Strides in elements.")
+      .def_prop_ro("byte_strides", [](const tw::Tensor& t) { return to_tuple(tw::Dims(t.byte_strides())); })
+      .def_prop_ro("byte_offset", [](const tw::Tensor& t) { return t.byte_offset(); },
+                   "Bytes from the allocation's base to element 0.")
+      .def_prop_ro("nbytes", [](const tw::Tensor& t) { return t.nbytes(); })
+      .def_prop_ro("ndim", [](const tw::Tensor& t) { return t.ndim(); })
+      .def_prop_ro("size", [](const tw::Tensor& t) { return t.numel(); }, "Number of elements.")
+      .def_prop_ro("itemsize", [](const tw::Tensor& t) { return t.dtype().itemsize(); })
+      .def_prop_ro("readonly", [](const tw::Tensor& t) { return t.readonly(); })
+      .def_prop_ro("data_ptr", [](const tw::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()); },
+                   "Address of element (0, ..., 0): allocation base + byte_offset.")
+      .def_prop_ro("allocation", [](const tw::Tensor& t) {
+        return nb::make_tuple(reinterpret_cast<uintptr_t>(t.buffer().base()), t.buffer().size());
+      }, "(base address, byte size) of the memory block the tensor lives in.")
+      .def_prop_ro("dtype", [](const tw::Tensor& t) { return t.dtype(); })
+      .def_prop_ro("device", [](const tw::Tensor& t) { return t.device(); })
+      .def_prop_ro("stream", [](const tw::Tensor& t) { return t.stream(); })
+      .def_prop_ro("subbyte_padded", [](const tw::Tensor& t) { return t.subbyte_padded(); })
+      .def("is_contiguous", [](const tw::Tensor& t, const std::string& order) { return t.is_contiguous(parse_order(order)); },
+           "order"_a = "C", "True when dense in C order ('C'), Fortran order ('F'), or some order ('any').")
+      .def("contiguous", [](nb::handle self) -> nb::object {
+        const tw::Tensor& t = unwrap(self);
+        if (t.is_contiguous()) return nb::borrow(self);
+        return wrap(copy_released(t, tw::MemoryOrder::C));
+      }, "This tensor when already C-contiguous (the same object); otherwise a C-contiguous copy.")
+      .def("copy", [](const tw::Tensor& t, const std::string& order) { return copy_released(t, parse_order(order)); },
+           "order"_a = "C", "A new tensor with its own memory ('C', 'F', or 'any' to keep a dense layout's order).")
+      .def("permute", [](const tw::Tensor& t, nb::args dims) {
+        if (dims.size() == 1 && !PyLong_Check(dims[0].ptr())) return t.permute(dims_from(dims[0], "permute dims"));
+        return t.permute(dims_from(nb::tuple(dims), "permute dims"));
+      })
+      .def("transpose", [](const tw::Tensor& t, int64_t a, int64_t b) { return t.transpose(a, b); }, "dim0"_a, "dim1"_a)
+      .def_prop_ro("T", [](const tw::Tensor& t) {
+        std::vector<int64_t> p;
+        for (size_t i = t.ndim(); i-- > 0;) p.push_back(static_cast<int64_t>(i));
+        return t.permute(tw::Dims(p));
+      })
+      .def("view", [](const tw::Tensor& t, nb::args shape) {
+        if (shape.size() == 1 && !PyLong_Check(shape[0].ptr())) return t.view(dims_from(shape[0], "shape"));
+        return t.view(dims_from(nb::tuple(shape), "shape"));
+      }, "A view with a new shape; raises tw.CopyError when the strides cannot express it.")
+      .def("reshape", [](const tw::Tensor& t, nb::args shape) {
+        tw::Dims d = shape.size() == 1 && !PyLong_Check(shape[0].ptr()) ? dims_from(shape[0], "shape")
+                                                                         : dims_from(nb::tuple(shape), "shape");
+        return t.reshape(d);
+      })
+      .def("expand", [](const tw::Tensor& t, nb::args shape) {
+        tw::Dims d = shape.size() == 1 && !PyLong_Check(shape[0].ptr()) ? dims_from(shape[0], "shape")
+                                                                         : dims_from(nb::tuple(shape), "shape");
+        return t.expand(d);
+      }, "Broadcast size-1 dimensions with stride 0 (no copy).")
+      .def("select", [](const tw::Tensor& t, int64_t dim, int64_t index) { return t.select(dim, index); }, "dim"_a, "index"_a)
+      .def("slice", [](const tw::Tensor& t, int64_t dim, std::optional<int64_t> start, std::optional<int64_t> stop,
+                       int64_t step) { return t.slice(dim, start, stop, step); },
+           "dim"_a, "start"_a = nb::none(), "stop"_a = nb::none(), "step"_a = 1)
+      .def("as_readonly", &tw::Tensor::as_readonly)
+      .def("__getitem__", [](const tw::Tensor& t, nb::handle index) { return index_tensor(t, index); })
+      .def("__len__", [](const tw::Tensor& t) {
+        if (t.ndim() == 0) throw nb::type_error("len() of a 0-d tensor");
+        return t.shape()[0];
+      })
+      .def("__repr__", &repr)
+      // metadata primitives; the MutableMapping view lives in the Python package
+      .def("_meta_keys", [](const tw::Tensor& t) {
+        nb::list l;
+        for (const auto& k : t.metadata().keys()) l.append(nb::str(k.c_str()));
+        return l;
+      })
+      .def("_meta_get", [](const tw::Tensor& t, const std::string& k) -> nb::object {
+        const tw::Value* v = t.metadata().find(k);
+        if (!v) throw nb::key_error(k.c_str());
+        return from_value(*v);
+      })
+      .def("_meta_set", [](tw::Tensor& t, nb::handle k, nb::handle v) {
+        if (!PyUnicode_Check(k.ptr()))
+          throw tw::Error(tw::ErrorCode::type_mismatch,
+                          std::string("metadata keys must be str, not ") + Py_TYPE(k.ptr())->tp_name);
+        std::string key = nb::cast<std::string>(k);
+        t.metadata().set(key, to_value(v.ptr(), "['" + key + "']"));
+      })
+      .def("_meta_del", [](tw::Tensor& t, const std::string& k) {
+        if (!t.metadata().erase(k)) throw nb::key_error(k.c_str());
+      })
+      .def("_meta_len", [](const tw::Tensor& t) { return t.metadata().size(); })
+      .def("_meta_contains", [](const tw::Tensor& t, nb::handle k) {
+        return PyUnicode_Check(k.ptr()) && t.metadata().contains(nb::cast<std::string>(k));
+      })
+      .def("_meta_clear", [](tw::Tensor& t) { t.metadata().clear(); })
+      .def("_meta_encode", [](const tw::Tensor& t) {
+        std::string s = tw::encode_metadata(t.metadata());
+        return nb::bytes(s.data(), s.size());
+      })
+      .def("_meta_decode", [](tw::Tensor& t, nb::bytes b) {
+        t.metadata() = tw::decode_metadata(std::string_view(b.c_str(), b.size()));
+      })
+      .def("_byte_view", [](const tw::Tensor& t) {
+        // The raw bytes of a C-contiguous host tensor as a 1-D uint8 tensor over the same memory (pickling).
+        if (!t.is_contiguous()) throw tw::Error(tw::ErrorCode::invalid_argument, "_byte_view needs a C-contiguous tensor");
+        tw::Layout l{tw::DType::uint8(), tw::Shape(t.nbytes()), tw::Strides(int64_t{1}), t.byte_offset(), false};
+        return tw::Tensor::make(t.buffer_ptr(), l, t.readonly());
+      })
+      .def("_from_bytes", [](const tw::Tensor& raw, const std::string& dtype, nb::handle shape, bool padded) {
+        // Inverse of _byte_view: a C-contiguous tensor of dtype/shape over a 1-D uint8 tensor's bytes.
+        if (raw.dtype() != tw::DType::uint8() || raw.ndim() != 1 || !raw.is_contiguous())
+          throw tw::Error(tw::ErrorCode::invalid_argument, "_from_bytes needs a contiguous 1-D uint8 tensor");
+        tw::Layout l{tw::DType::from_name(dtype), dims_from(shape, "shape"), {}, raw.byte_offset(), padded};
+        l.subbyte_padded = padded && l.dtype.is_subbyte();
+        l.strides = tw::Layout::contiguous_strides(l.shape);
+        l.validate();
+        if (l.nbytes() != raw.numel())
+          throw tw::Error(tw::ErrorCode::invalid_argument, "pickled data holds " + std::to_string(raw.numel()) +
+                                                               " bytes but " + l.shape.str() + " " + l.dtype.name() +
+                                                               " needs " + std::to_string(l.nbytes()));
+        return tw::Tensor::make(raw.buffer_ptr(), l, raw.readonly());
+      }, "dtype"_a, "shape"_a, "padded"_a = false)
+      .def("_reinterpret", [](const tw::Tensor& t, const std::string& dtype, bool padded) {
+        // Same bytes, another element type of the same storage size (used by pickling and NumPy export).
+        tw::DType d = tw::DType::from_name(dtype);
+        tw::Layout l = t.layout();
+        const bool was_packed = l.is_packed_subbyte();
+        l.dtype = d;
+        l.subbyte_padded = padded && d.is_subbyte();
+        if (l.is_packed_subbyte() != was_packed || (!was_packed && l.element_bytes() != t.layout().element_bytes()) ||
+            (was_packed && d.total_bits() != t.dtype().total_bits()))
+          throw tw::Error(tw::ErrorCode::invalid_argument, "cannot reinterpret " + t.dtype().name() + " as " + d.name() +
+                                                               ": storage sizes differ");
+        tw::Tensor r = tw::Tensor::make(t.buffer_ptr(), l, t.readonly());
+        r.metadata() = t.metadata();
+        return r;
+      }, "dtype"_a, "padded"_a = false);
+
+  register_export(cls, m);
+  register_import(m);
+
+  m.def("set_num_threads", &tw::set_num_threads, "n"_a,
+        "Threads used by large copies (the caller included); n <= 0 restores the number of CPUs.");
+  m.def("get_num_threads", &tw::get_num_threads);
+  m.def("empty", [](nb::handle shape, const std::string& dtype, const std::string& order) {
+    return tw::Tensor::empty(dims_from(shape, "shape"), tw::DType::from_name(dtype), parse_order(order));
+  }, "shape"_a, "dtype"_a = "float32", "order"_a = "C");
+  m.def("zeros", [](nb::handle shape, const std::string& dtype, const std::string& order) {
+    return tw::Tensor::zeros(dims_from(shape, "shape"), tw::DType::from_name(dtype), parse_order(order));
+  }, "shape"_a, "dtype"_a = "float32", "order"_a = "C");
+  m.def("_copy_into", [](const tw::Tensor& src, const tw::Tensor& dst) {
+    nb::gil_scoped_release nogil;
+    tw::copy(src, dst);
+  }, "src"_a, "dst"_a);
+  m.def("cuda_driver_status", [] { return tw::cuda::driver_status(); });
+  m.attr("__version__") = tw::version();
+  m.attr("DLPACK_VERSION") = nb::make_tuple(DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION);
+}

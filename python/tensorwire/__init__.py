@@ -1,0 +1,97 @@
+"""tensorwire: move a tensor across any boundary without copying where no copy is needed, without corrupting it
+where one is, and without losing its dtype, layout, device, stream or metadata.
+
+    >>> import numpy as np, tensorwire as tw
+    >>> t = tw.asarray(np.arange(6.0).reshape(2, 3).T)   # zero-copy, strided
+    >>> t.shape, t.strides, t.is_contiguous()
+    ((3, 2), (1, 3), False)
+"""
+
+from __future__ import annotations
+
+from . import _tensorwire as _ext
+from ._tensorwire import (
+    DLPACK_VERSION,
+    CopyError,
+    Device,
+    DType,
+    Tensor,
+    asarray,
+    empty,
+    from_dlpack,
+    get_num_threads,
+    set_num_threads,
+    zeros,
+)
+from ._metadata import Metadata
+from . import _pickle, _numpy
+from ._exporters import to_jax, to_numpy, to_torch
+
+__version__: str = _ext.__version__
+
+CopyError.__module__ = "tensorwire"
+
+
+def _get_metadata(self: Tensor) -> Metadata:
+    return Metadata(self)
+
+
+def _set_metadata(self: Tensor, value) -> None:
+    if not hasattr(value, "keys"):
+        raise TypeError(f"metadata must be a mapping with str keys, not {type(value).__name__}")
+    items = [(k, value[k]) for k in value.keys()]
+    old = self._meta_encode()
+    self._meta_clear()
+    try:
+        for k, v in items:
+            self._meta_set(k, v)
+    except BaseException:
+        self._meta_decode(old)
+        raise
+
+
+Tensor.metadata = property(
+    _get_metadata,
+    _set_metadata,
+    doc="A live mutable mapping of str keys to JSON-like values (None, bool, int, float, str, bytes, and lists, "
+    "tuples and dicts of these). Views and copies carry a deep copy.",
+)
+Tensor.__array__ = _numpy.tensor_array
+Tensor.numpy = _numpy.tensor_numpy
+Tensor.tolist = lambda self: _numpy.tensor_numpy(self).tolist()
+Tensor.__reduce_ex__ = _pickle.reduce_ex
+Tensor.__reduce__ = lambda self: _pickle.reduce_ex(self, 2)
+
+# dtype constants: tw.float32, tw.bfloat16, ...
+_DTYPE_NAMES = (
+    "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 float16 float32 float64 bfloat16 complex64 complex128 "
+    "float8_e3m4 float8_e4m3 float8_e4m3b11fnuz float8_e4m3fn float8_e4m3fnuz float8_e5m2 float8_e5m2fnuz "
+    "float8_e8m0fnu float6_e2m3fn float6_e3m2fn float4_e2m1fn int2 int4 uint2 uint4"
+).split()
+for _n in _DTYPE_NAMES:
+    globals()["bool_" if _n == "bool" else _n] = DType(_n)
+del _n
+
+try:  # Arrow interop registers itself as an import protocol when present
+    from . import _arrow  # noqa: F401
+except ImportError:  # pragma: no cover - the module ships with the package
+    pass
+
+__all__ = [
+    "Tensor",
+    "DType",
+    "Device",
+    "Metadata",
+    "CopyError",
+    "asarray",
+    "from_dlpack",
+    "empty",
+    "zeros",
+    "set_num_threads",
+    "get_num_threads",
+    "to_numpy",
+    "to_torch",
+    "to_jax",
+    "DLPACK_VERSION",
+    "__version__",
+]

@@ -1,0 +1,57 @@
+"""The live metadata mapping of a tensor."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, MutableMapping
+from typing import Any
+
+
+class Metadata(MutableMapping):
+    """A live view of a tensor's metadata: writes go straight to the tensor.
+
+    Keys are str; values are None, bool, int (64-bit), float, str, bytes, and lists, tuples and dicts of these
+    (dict keys str). Anything else raises TypeError on assignment. Reads return fresh Python objects, so mutate
+    a nested value by assigning it back (``m["boxes"] = m["boxes"] + [b]``).
+    """
+
+    __slots__ = ("_t",)
+
+    def __init__(self, tensor) -> None:
+        self._t = tensor
+
+    def __getitem__(self, key: str) -> Any:
+        return self._t._meta_get(key) if isinstance(key, str) else self._missing(key)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._t._meta_set(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        if not isinstance(key, str):
+            raise KeyError(key)
+        self._t._meta_del(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._t._meta_keys())
+
+    def __len__(self) -> int:
+        return self._t._meta_len()
+
+    def __contains__(self, key: object) -> bool:
+        return self._t._meta_contains(key)
+
+    def clear(self) -> None:
+        self._t._meta_clear()
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Metadata):
+            return dict(self.items()) == dict(other.items())
+        if isinstance(other, dict):
+            return dict(self.items()) == other
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"tensorwire.Metadata({dict(self.items())!r})"
+
+    @staticmethod
+    def _missing(key: object):
+        raise KeyError(key)

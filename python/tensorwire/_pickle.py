@@ -1,0 +1,32 @@
+"""Pickling: protocol 5 hands CPU data out of band (PickleBuffer) so large tensors are never copied by pickle."""
+
+from __future__ import annotations
+
+import pickle
+
+
+def reduce_ex(self, protocol: int):
+    dev = self.device
+    if dev.type not in ("cpu", "cuda_host", "cuda_managed", "rocm_host"):
+        raise TypeError(f"cannot pickle a tensor on {dev}: its memory is not host-accessible")
+    c = self.contiguous()
+    raw = c._byte_view()
+    meta = c._meta_encode()
+    if protocol >= 5:
+        buf = pickle.PickleBuffer(raw)
+    else:
+        buf = bytes(memoryview(raw))
+    return (_rebuild, (buf, str(self.dtype), self.shape, self.readonly, self.subbyte_padded, meta))
+
+
+def _rebuild(buf, dtype: str, shape, readonly: bool, padded: bool, meta: bytes):
+    from . import asarray
+
+    raw = asarray(buf)
+    if raw.readonly and not readonly:
+        raw = raw.copy()  # in-band bytes are immutable; the original was writable
+    t = raw._from_bytes(dtype, shape, padded)
+    t._meta_decode(meta)
+    if readonly and not t.readonly:
+        t = t.as_readonly()
+    return t

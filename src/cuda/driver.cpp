@@ -1,0 +1,75 @@
+// The CUDA driver API, resolved with dlopen so tensorwire loads on machines without one.
+#include <dlfcn.h>
+
+#include <mutex>
+
+#include "tensorwire/cuda.hpp"
+#include "tensorwire/error.hpp"
+
+namespace tw::cuda {
+namespace {
+
+using CUresult = int;
+using CUdevice = int;
+// Values from the CUDA driver API reference: CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9.
+constexpr int kPointerAttributeDeviceOrdinal = 9;
+
+struct Driver {
+  void* lib = nullptr;
+  std::string status;
+  CUresult (*cuInit)(unsigned) = nullptr;
+  CUresult (*cuPointerGetAttribute)(void*, int, unsigned long long) = nullptr;
+  CUresult (*cuStreamSynchronize)(void*) = nullptr;
+};
+
+const Driver& driver() {
+  static Driver d;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    d.lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!d.lib) {
+      d.status = "libcuda.so.1 could not be loaded (no NVIDIA driver on this machine)";
+      return;
+    }
+    d.cuInit = reinterpret_cast<decltype(d.cuInit)>(dlsym(d.lib, "cuInit"));
+    d.cuPointerGetAttribute = reinterpret_cast<decltype(d.cuPointerGetAttribute)>(dlsym(d.lib, "cuPointerGetAttribute"));
+    d.cuStreamSynchronize = reinterpret_cast<decltype(d.cuStreamSynchronize)>(dlsym(d.lib, "cuStreamSynchronize"));
+    if (!d.cuInit || !d.cuPointerGetAttribute || !d.cuStreamSynchronize) {
+      d.status = "libcuda.so.1 lacks cuInit/cuPointerGetAttribute/cuStreamSynchronize";
+      return;
+    }
+    if (CUresult r = d.cuInit(0); r != 0) d.status = "cuInit failed with CUresult " + std::to_string(r);
+  });
+  return d;
+}
+
+}  // namespace
+
+bool driver_available() noexcept {
+  try {
+    return driver().status.empty();
+  } catch (...) {
+    return false;
+  }
+}
+
+std::string driver_status() { return driver().status; }
+
+std::optional<int> device_of_pointer(uintptr_t ptr) noexcept {
+  if (!driver_available()) return std::nullopt;
+  int ordinal = -1;
+  CUresult r = driver().cuPointerGetAttribute(&ordinal, kPointerAttributeDeviceOrdinal, ptr);
+  if (r != 0 || ordinal < 0) return std::nullopt;
+  return ordinal;
+}
+
+void synchronize_stream(intptr_t stream) {
+  if (!driver_available())
+    throw Error(ErrorCode::device_unavailable, "cannot synchronize CUDA stream: " + driver_status());
+  CUresult r = driver().cuStreamSynchronize(reinterpret_cast<void*>(stream));
+  if (r != 0)
+    throw Error(ErrorCode::invalid_argument,
+                "cuStreamSynchronize(" + std::to_string(stream) + ") failed with CUresult " + std::to_string(r));
+}
+
+}  // namespace tw::cuda
