@@ -7,11 +7,6 @@ from __future__ import annotations
 from ._tensorwire import CopyError, asarray
 
 
-def _needs(t, reason_if_bad):
-    reason = reason_if_bad(t)
-    return reason
-
-
 def _prepare(t, copy, consumer: str, reason):
     if copy is True:
         return t.copy(), True
@@ -29,9 +24,11 @@ def _negative(t):
     return None
 
 
-def _not_dense(t):
-    if not t.is_contiguous("C"):
-        return f"strides {t.strides} for shape {t.shape} are not row-major dense"
+def _jax_cannot(t):
+    if not t.is_contiguous("any"):
+        return f"strides {t.strides} for shape {t.shape} have gaps or broadcasts (XLA takes dense layouts only)"
+    if t.readonly:
+        return "the tensor is read-only and JAX asks for a legacy capsule, which cannot carry that flag"
     return None
 
 
@@ -54,9 +51,9 @@ def to_torch(x, *, copy=None):
 
 
 def to_jax(x, *, copy=None):
-    """x as a jax.Array through DLPack. XLA takes only row-major dense buffers on CPU: anything else is copied
-    (or refused with copy=False)."""
+    """x as a jax.Array through DLPack. XLA takes dense layouts in any dimension order (no gaps, no stride 0, no
+    negative strides) and asks for legacy capsules: anything else is copied (or refused with copy=False)."""
     import jax.numpy as jnp
 
-    t, _ = _prepare(asarray(x), copy, "JAX", _not_dense)
+    t, _ = _prepare(asarray(x), copy, "JAX", _jax_cannot)
     return jnp.from_dlpack(t)

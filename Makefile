@@ -1,0 +1,109 @@
+# tensorwire — two entry points on a fresh machine:
+#   make demo   set everything up, build, and run `tensorwire demo`
+#   make test   set everything up, build, and run every test (C++, Python, sanitizers, fuzz replay, install check)
+# Both are idempotent: packages, the virtualenv and builds are reused when already there (ccache across builds).
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+ROOT := $(abspath .)
+VENV ?= $(ROOT)/.venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+BUILD ?= $(ROOT)/build
+JOBS ?= $(shell nproc)
+HOST_PYTHON ?= $(shell command -v python3.11 || command -v python3)
+TORCH_VERSION := 2.13.0
+export CCACHE_DIR ?= $(ROOT)/.cache/ccache
+
+APT_PACKAGES := build-essential ninja-build ccache clang-16 libclang-rt-16-dev libgtest-dev libgmock-dev libbenchmark-dev
+PY_PACKAGES := numpy ml_dtypes pyarrow nanoarrow "jax[cpu]" hypothesis pytest pytest-timeout nanobind scikit-build-core cmake ninja matplotlib
+
+CMAKE_COMMON := -G Ninja -DPython_EXECUTABLE=$(PY) -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DTW_BUILD_TESTS=ON -DTW_BUILD_PYTHON=ON
+
+.PHONY: all demo test deps apt venv build build-asan build-tsan test-cpp test-python test-asan test-tsan test-fuzz \
+        test-install bench clean
+
+all: build
+
+# ---- set-up -------------------------------------------------------------------------------------------------------
+deps: apt venv
+
+apt: $(BUILD)/.apt-stamp
+$(BUILD)/.apt-stamp:
+	@mkdir -p $(BUILD)
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages: $$missing"; \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	@touch $@
+
+venv: $(VENV)/.deps-stamp
+$(VENV)/.deps-stamp: Makefile
+	@[ -x $(PY) ] || $(HOST_PYTHON) -m venv $(VENV)
+	@$(PIP) install -q --upgrade pip >/dev/null
+	# torch first and pinned, alone: the CPU build (never let a resolver choose a CUDA build)
+	@$(PY) -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$(TORCH_VERSION)')" 2>/dev/null || \
+	  $(PIP) install -q "torch==$(TORCH_VERSION)"
+	@$(PIP) install -q $(PY_PACKAGES) "torch==$(TORCH_VERSION)"
+	@touch $@
+
+# ---- builds -------------------------------------------------------------------------------------------------------
+build: deps
+	@cmake -S . -B $(BUILD)/release $(CMAKE_COMMON) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake --build $(BUILD)/release -j $(JOBS)
+
+build-asan: deps
+	@cmake -S . -B $(BUILD)/asan $(CMAKE_COMMON) -DCMAKE_BUILD_TYPE=Debug -DTW_SANITIZE=address,undefined >/dev/null
+	@cmake --build $(BUILD)/asan -j $(JOBS)
+
+build-tsan: deps
+	@cmake -S . -B $(BUILD)/tsan -G Ninja -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DTW_BUILD_TESTS=ON \
+	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTW_SANITIZE=thread >/dev/null
+	@cmake --build $(BUILD)/tsan -j $(JOBS)
+
+# ---- the main job -------------------------------------------------------------------------------------------------
+demo: deps
+	@$(PIP) install -q --no-build-isolation $(ROOT)
+	@$(VENV)/bin/tensorwire demo
+
+# ---- tests --------------------------------------------------------------------------------------------------------
+test: test-cpp test-python test-asan test-tsan test-fuzz test-install
+	@echo "make test: all suites passed"
+
+test-cpp: build
+	@cd $(BUILD)/release && ctest --output-on-failure -j $(JOBS)
+
+test-python: build
+	@PYTHONPATH=$(BUILD)/release/pkg HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(PY) -m pytest -q tests/python
+
+# ASan+UBSan over the C++ suite and the Python suite (libasan preloaded into the real interpreter; CPython's own
+# allocations are not leak-checked).
+test-asan: build-asan
+	@cd $(BUILD)/asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j $(JOBS)
+	@real_py=$$($(PY) -c "import sys, os; print(os.path.realpath(sys.executable))"); \
+	 LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-name=libubsan.so)" \
+	 ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	 PYTHONPATH=$(BUILD)/asan/pkg:$$($(PY) -c "import site; print(site.getsitepackages()[0])") \
+	 HYPOTHESIS_PROFILE=asan TW_UNDER_ASAN=1 $$real_py -m pytest -q -p no:cacheprovider tests/python
+
+test-tsan: build-tsan
+	@cd $(BUILD)/tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS) -R "Thread|Parallel|Pool|Concurr"
+
+test-fuzz: apt
+	@FUZZ_SECONDS=$${FUZZ_SECONDS:-15} bash fuzz/run.sh $(BUILD)/fuzz
+
+test-install: build
+	@rm -rf $(BUILD)/install $(BUILD)/consumer
+	@cmake --install $(BUILD)/release --prefix $(BUILD)/install >/dev/null
+	@cmake -S examples/consumer -B $(BUILD)/consumer -G Ninja -DCMAKE_PREFIX_PATH=$(BUILD)/install >/dev/null
+	@cmake --build $(BUILD)/consumer >/dev/null
+	@$(BUILD)/consumer/consumer
+
+bench: build
+	@PYTHONPATH=$(BUILD)/release/pkg $(PY) bench/bench_contiguous.py --quick
+	@PYTHONPATH=$(BUILD)/release/pkg $(PY) bench/bench_roundtrip.py
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,38 @@
+"""The tensorwire command line: `tensorwire demo`, `tensorwire bench`, `tensorwire version`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tensorwire", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("demo", help="show each tensor-crossing hazard tensorwire removes, and whether it came out right")
+    d.add_argument("--size", type=int, default=100_000_000, help="elements in the large-buffer adoption row")
+    b = sub.add_parser("bench", help="inter-process transfer benchmark (see bench/RESULTS.md)")
+    b.add_argument("rest", nargs=argparse.REMAINDER)
+    sub.add_parser("version", help="print versions")
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        from ._demo import main as demo_main
+
+        return demo_main(size=args.size)
+    if args.command == "bench":
+        try:
+            from ._bench_ipc import main as bench_main
+        except ImportError as e:
+            print(f"tensorwire bench is unavailable: {e}", file=sys.stderr)
+            return 2
+        return bench_main(args.rest)
+    if args.command == "version":
+        import tensorwire
+
+        print(f"tensorwire {tensorwire.__version__} (DLPack {tensorwire.DLPACK_VERSION[0]}.{tensorwire.DLPACK_VERSION[1]})")
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
