@@ -1,7 +1,8 @@
 # tensorwire — two entry points on a fresh machine:
 #   make demo   set everything up, build, and run `tensorwire demo`
 #   make test   set everything up, build, and run every test (C++, Python, sanitizers, fuzz replay, install check)
-# Both are idempotent: packages, the virtualenv and builds are reused when already there (ccache across builds).
+# Both are idempotent: packages, the virtualenv and builds are reused when already there; ccache (~/.cache/ccache)
+# and pip's cache make a fresh clone cheap to rebuild.
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -13,7 +14,6 @@ BUILD ?= $(ROOT)/build
 JOBS ?= $(shell nproc)
 HOST_PYTHON ?= $(shell command -v python3.11 || command -v python3)
 TORCH_VERSION := 2.13.0
-export CCACHE_DIR ?= $(ROOT)/.cache/ccache
 
 APT_PACKAGES := build-essential ninja-build ccache clang-16 libclang-rt-16-dev libgtest-dev libgmock-dev libbenchmark-dev
 PY_PACKAGES := numpy ml_dtypes pyarrow nanoarrow "jax[cpu]" hypothesis pytest pytest-timeout nanobind scikit-build-core cmake ninja matplotlib

@@ -51,7 +51,8 @@ void gather_t(char* dst, int64_t ds, const char* src, int64_t ss, int64_t n) {
 #ifdef TW_X86
 __attribute__((target("avx2"))) void gather_f32_stride2_avx2(char* dst, const char* src, int64_t n) {
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
+  // The second load reaches the odd element after the block's last even one: only safe while element i + 8 exists.
+  for (; i + 8 < n; i += 8) {
     __m256 a = _mm256_loadu_ps(reinterpret_cast<const float*>(src + 8 * i));
     __m256 b = _mm256_loadu_ps(reinterpret_cast<const float*>(src + 8 * i + 32));
     __m256 ev = _mm256_shuffle_ps(a, b, 0x88);  // a0 a2 b0 b2 | a4 a6 b4 b6
@@ -63,7 +64,8 @@ __attribute__((target("avx2"))) void gather_f32_stride2_avx2(char* dst, const ch
 
 __attribute__((target("avx2"))) void gather_f64_stride2_avx2(char* dst, const char* src, int64_t n) {
   int64_t i = 0;
-  for (; i + 4 <= n; i += 4) {
+  // As above: the second load ends past the last element read unless element i + 4 exists.
+  for (; i + 4 < n; i += 4) {
     __m256d a = _mm256_loadu_pd(reinterpret_cast<const double*>(src + 16 * i));
     __m256d b = _mm256_loadu_pd(reinterpret_cast<const double*>(src + 16 * i + 32));
     __m256d ev = _mm256_unpacklo_pd(a, b);  // a0 b0 | a2 b2

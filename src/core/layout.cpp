@@ -121,6 +121,10 @@ void Layout::validate() const {
                   "shape " + shape.str() + " has a negative size in dimension " + std::to_string(i));
     n = mul(n, shape[i], "the element count");
   }
+  // The dense size (nbytes(), and what a copy allocates) must be expressible too, even when broadcasting makes the
+  // span tiny.
+  add(mul(n, int64_t(storage_bits()), "the element count times the element size"), 7,
+      "the element count times the element size");
   if (n == 0) return;
   int64_t lo = 0, hi = 0;
   for (size_t i = 0; i < shape.size(); ++i) {
