@@ -100,63 +100,70 @@ bool has_attr_on_type(nb::handle obj, PyObject* name) {
   return r != nullptr;
 }
 
-// Calls obj.__dlpack__(**kwargs) with the given keyword names/values (vectorcall, no dict).
-nb::object call_dlpack(nb::handle obj, std::initializer_list<std::pair<PyObject*, PyObject*>> kwargs) {
-  PyObject* args[8];
+// Calls obj.__dlpack__(**kwargs) with the given keyword names/values (vectorcall, no dict). The kwnames tuple of
+// the common call (max_version only) is built once.
+nb::object call_dlpack(nb::handle obj, const std::pair<PyObject*, PyObject*>* kw, size_t n) {
+  static PyObject* only_max_version = Py_BuildValue("(O)", names().max_version);
+  PyObject* args[5];
   args[0] = obj.ptr();
-  size_t n = 0;
-  PyObject* kwnames = PyTuple_New(static_cast<Py_ssize_t>(kwargs.size()));
-  for (auto& kv : kwargs) {
-    Py_INCREF(kv.first);
-    PyTuple_SET_ITEM(kwnames, static_cast<Py_ssize_t>(n), kv.first);
-    args[1 + n] = kv.second;
-    ++n;
+  PyObject* kwnames;
+  if (n == 1 && kw[0].first == names().max_version) {
+    kwnames = Py_NewRef(only_max_version);
+  } else {
+    kwnames = PyTuple_New(static_cast<Py_ssize_t>(n));
+    for (size_t i = 0; i < n; ++i) PyTuple_SET_ITEM(kwnames, static_cast<Py_ssize_t>(i), Py_NewRef(kw[i].first));
   }
+  for (size_t i = 0; i < n; ++i) args[1 + i] = kw[i].second;
   PyObject* r = PyObject_VectorcallMethod(names().dlpack, args, 1, kwnames);
   Py_DECREF(kwnames);
   if (!r) throw nb::python_error();
   return nb::steal(r);
 }
 
+// (device_type, device_id) from __dlpack_device__, without the generic parse_device's type dispatch.
+tw::Device dlpack_device_of(nb::handle d) {
+  if (PyTuple_CheckExact(d.ptr()) && PyTuple_GET_SIZE(d.ptr()) == 2) {
+    long type = PyLong_AsLong(PyTuple_GET_ITEM(d.ptr(), 0));
+    long id = PyLong_AsLong(PyTuple_GET_ITEM(d.ptr(), 1));
+    if (!PyErr_Occurred() && type >= INT32_MIN && type <= INT32_MAX && id >= INT32_MIN && id <= INT32_MAX)
+      return tw::Device::from_dlpack(DLDevice{static_cast<DLDeviceType>(type), static_cast<int32_t>(id)});
+    PyErr_Clear();
+  }
+  auto p = parse_device(d);
+  if (!p) throw tw::Error(tw::ErrorCode::type_mismatch, "__dlpack_device__ returned None");
+  return *p;
+}
 
 tw::Tensor via_dlpack(nb::handle obj, const Request& req, bool& made_copy) {
   std::optional<tw::Device> src_dev;
   if (has_attr_on_type(obj, names().dlpack_device)) {
     nb::object d = nb::steal(PyObject_CallMethodNoArgs(obj.ptr(), names().dlpack_device));
     if (!d.is_valid()) throw nb::python_error();
-    src_dev = parse_device(d);
+    src_dev = dlpack_device_of(d);
   }
   const bool host = !src_dev || src_dev->type == kDLCPU;
   // Keyword arguments for the versioned call.
-  std::vector<std::pair<PyObject*, PyObject*>> kw;
-  kw.emplace_back(names().max_version, names().version_tuple);
+  std::pair<PyObject*, PyObject*> kw[4];
+  size_t nkw = 0;
+  kw[nkw++] = {names().max_version, names().version_tuple};
   nb::object dl_dev;
   if (req.device && src_dev && !(*req.device == *src_dev)) {
     dl_dev = nb::make_tuple(static_cast<int>(req.device->type), req.device->id);
-    kw.emplace_back(names().dl_device, dl_dev.ptr());
+    kw[nkw++] = {names().dl_device, dl_dev.ptr()};
   }
-  if (req.copy != CopyMode::if_needed) kw.emplace_back(names().copy, req.copy == CopyMode::always ? Py_True : Py_False);
-  if (!req.stream.is_none() && !host) kw.emplace_back(names().stream, req.stream.ptr());
+  if (req.copy != CopyMode::if_needed) kw[nkw++] = {names().copy, req.copy == CopyMode::always ? Py_True : Py_False};
+  if (!req.stream.is_none() && !host) kw[nkw++] = {names().stream, req.stream.ptr()};
   nb::object cap;
   bool producer_copied_on_request = false;
   try {
-    switch (kw.size()) {
-      case 1: cap = call_dlpack(obj, {kw[0]}); break;
-      case 2: cap = call_dlpack(obj, {kw[0], kw[1]}); break;
-      case 3: cap = call_dlpack(obj, {kw[0], kw[1], kw[2]}); break;
-      default: cap = call_dlpack(obj, {kw[0], kw[1], kw[2], kw[3]}); break;
-    }
+    cap = call_dlpack(obj, kw, nkw);
     producer_copied_on_request = req.copy == CopyMode::always;
   } catch (nb::python_error& e) {
     if (!e.matches(PyExc_TypeError)) throw;
     // A producer from before DLPack 1.0 rejects the keywords: ask for a legacy capsule the old way.
     if (!req.stream.is_none() && !host) {
-      PyObject* args[2] = {obj.ptr(), req.stream.ptr()};
-      PyObject* kwn = Py_BuildValue("(O)", names().stream);
-      PyObject* r = PyObject_VectorcallMethod(names().dlpack, args, 1, kwn);
-      Py_DECREF(kwn);
-      if (!r) throw nb::python_error();
-      cap = nb::steal(r);
+      std::pair<PyObject*, PyObject*> skw[1] = {{names().stream, req.stream.ptr()}};
+      cap = call_dlpack(obj, skw, 1);
     } else {
       PyObject* r = PyObject_CallMethodNoArgs(obj.ptr(), names().dlpack);
       if (!r) throw nb::python_error();
@@ -233,7 +240,12 @@ tw::Tensor tensor_from_desc(const tw::InterfaceDesc& desc, std::shared_ptr<const
   return tw::Tensor::make(std::move(buf), il.layout, desc.readonly);
 }
 
-// ml_dtypes arrays describe bfloat16/float8/int4 as void typestrs; their dtype's name says what they are.
+// ml_dtypes arrays describe most of their types as void typestrs ('<V2' bfloat16, '<V1' float8_e4m3fn, int4...)
+// but float8_e5m2 as '<f1', a float size NumPy itself does not have. Either way the dtype's name says what it is.
+bool typestr_needs_dtype_name(const std::string& ts) {
+  return ts.size() > 2 && (ts[1] == 'V' || (ts[1] == 'f' && ts.substr(2) == "1"));
+}
+
 std::optional<tw::DType> dtype_from_name_attr(nb::handle obj) {
   PyObject* dt = PyObject_GetAttrString(obj.ptr(), "dtype");
   if (!dt) {
@@ -307,7 +319,7 @@ tw::Tensor via_cuda_interface(nb::handle obj, const Request& req) {
                                      "the CUDA driver cannot tell (" + tw::cuda::driver_status() +
                                      "); pass device='cuda:N'"};
   }
-  if (desc.typestr.size() > 1 && desc.typestr[1] == 'V') desc.dtype = dtype_from_name_attr(obj);
+  if (typestr_needs_dtype_name(desc.typestr)) desc.dtype = dtype_from_name_attr(obj);
   bool byteswap = false;
   tw::Tensor t = tensor_from_desc(desc, keep_python_alive(obj.ptr()), byteswap);
   if (byteswap) throw Refused{PyExc_BufferError, "non-native byte order on a CUDA device cannot be swapped on the host"};
@@ -358,7 +370,7 @@ tw::Tensor via_array_interface(nb::handle obj, const Request& req, bool& byteswa
   if ((v = dict_get(d, "mask")).is_valid() && !v.is_none()) desc.has_mask = true;
   int64_t offset = 0;
   if ((v = dict_get(d, "offset")).is_valid() && !v.is_none()) offset = dict_int(proto, "offset", v);
-  if (desc.typestr.size() > 1 && desc.typestr[1] == 'V') {
+  if (typestr_needs_dtype_name(desc.typestr)) {
     desc.dtype = dtype_from_name_attr(obj);
     if (nb::handle descr = dict_get(d, "descr"); descr.is_valid() && PyList_Check(descr.ptr()) && nb::len(descr) > 1)
       throw Refused{PyExc_BufferError, "structured (record) arrays have no tensor dtype"};
