@@ -1,0 +1,40 @@
+"""Helpers shared by the test modules (imported as a plain module: pytest puts this folder on sys.path)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+UNDER_ASAN = os.environ.get("TW_UNDER_ASAN") == "1" or "libasan" in os.environ.get("LD_PRELOAD", "")
+
+# A fake device pointer for CUDA Array Interface tests: nothing may ever dereference it.
+FAKE_PTR = 0xDEAD0000
+
+
+def ptr(a: np.ndarray) -> int:
+    """Address of element 0 of a NumPy array."""
+    return a.__array_interface__["data"][0]
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Same shape, same dtype, same bytes element by element (NaN payloads and -0.0 included)."""
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+def bits_view(a: np.ndarray) -> np.ndarray:
+    """A view of `a` as unsigned integers of the element's size (complex: of its real part), same strides."""
+    if a.dtype.kind == "c":
+        a = a.real
+    return a.view(np.dtype(f"u{a.dtype.itemsize}"))
+
+
+def flip_first(a: np.ndarray) -> None:
+    """Flips the lowest bit of element (0, ..., 0) in place (a valid bool stays a valid bool)."""
+    u = bits_view(a)
+    u[(0,) * a.ndim] ^= 1
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
