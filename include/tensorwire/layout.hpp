@@ -5,6 +5,7 @@
 #include <concepts>
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -17,31 +18,87 @@ namespace tw {
 /// size_t n) without narrowing errors; values are validated where they are used, not here.
 class Dims {
  public:
-  Dims() = default;
+  Dims() noexcept = default;
   template <std::integral... Ts>
-  Dims(Ts... values) : v_{static_cast<int64_t>(values)...} {}  // NOLINT(google-explicit-constructor)
-  Dims(std::vector<int64_t> v) noexcept : v_(std::move(v)) {}  // NOLINT(google-explicit-constructor)
-  Dims(std::span<const int64_t> s) : v_(s.begin(), s.end()) {}  // NOLINT(google-explicit-constructor)
-  Dims(const int64_t* p, size_t n) : v_(p, p + n) {}
+  Dims(Ts... values) {  // NOLINT(google-explicit-constructor)
+    reserve(sizeof...(Ts));
+    (push_back(static_cast<int64_t>(values)), ...);
+  }
+  Dims(const std::vector<int64_t>& v) : Dims(v.data(), v.size()) {}  // NOLINT(google-explicit-constructor)
+  Dims(std::span<const int64_t> s) : Dims(s.data(), s.size()) {}     // NOLINT(google-explicit-constructor)
+  Dims(const int64_t* p, size_t n) {
+    reserve(n);
+    for (size_t i = 0; i < n; ++i) ptr()[i] = p[i];
+    n_ = n;
+  }
+  Dims(const Dims& o) : Dims(o.data(), o.size()) {}
+  Dims(Dims&& o) noexcept { *this = std::move(o); }
+  Dims& operator=(const Dims& o) {
+    if (this != &o) {
+      n_ = 0;
+      reserve(o.n_);
+      for (size_t i = 0; i < o.n_; ++i) ptr()[i] = o.data()[i];
+      n_ = o.n_;
+    }
+    return *this;
+  }
+  Dims& operator=(Dims&& o) noexcept {
+    if (this != &o) {
+      n_ = o.n_;
+      cap_ = o.cap_;
+      heap_ = std::move(o.heap_);
+      if (!heap_)
+        for (size_t i = 0; i < n_; ++i) inline_[i] = o.inline_[i];
+      o.n_ = 0;
+      o.cap_ = kInline;
+    }
+    return *this;
+  }
 
-  size_t size() const noexcept { return v_.size(); }
-  bool empty() const noexcept { return v_.empty(); }
-  int64_t operator[](size_t i) const noexcept { return v_[i]; }
-  int64_t& operator[](size_t i) noexcept { return v_[i]; }
-  const int64_t* data() const noexcept { return v_.data(); }
-  int64_t* data() noexcept { return v_.data(); }
-  auto begin() const noexcept { return v_.begin(); }
-  auto end() const noexcept { return v_.end(); }
-  void push_back(int64_t x) { v_.push_back(x); }
-  void resize(size_t n, int64_t fill = 0) { v_.resize(n, fill); }
-  const std::vector<int64_t>& vec() const noexcept { return v_; }
+  size_t size() const noexcept { return n_; }
+  bool empty() const noexcept { return n_ == 0; }
+  int64_t operator[](size_t i) const noexcept { return data()[i]; }
+  int64_t& operator[](size_t i) noexcept { return ptr()[i]; }
+  const int64_t* data() const noexcept { return heap_ ? heap_.get() : inline_; }
+  int64_t* data() noexcept { return ptr(); }
+  const int64_t* begin() const noexcept { return data(); }
+  const int64_t* end() const noexcept { return data() + n_; }
+  void push_back(int64_t x) {
+    if (n_ == cap_) reserve(cap_ * 2);
+    ptr()[n_++] = x;
+  }
+  void resize(size_t n, int64_t fill = 0) {
+    reserve(n);
+    for (size_t i = n_; i < n; ++i) ptr()[i] = fill;
+    n_ = n;
+  }
+  std::vector<int64_t> vec() const { return std::vector<int64_t>(begin(), end()); }
   /// "(2, 3)" — for messages.
   std::string str() const;
 
-  friend bool operator==(const Dims& a, const Dims& b) noexcept { return a.v_ == b.v_; }
+  friend bool operator==(const Dims& a, const Dims& b) noexcept {
+    if (a.n_ != b.n_) return false;
+    for (size_t i = 0; i < a.n_; ++i)
+      if (a[i] != b[i]) return false;
+    return true;
+  }
 
  private:
-  std::vector<int64_t> v_;
+  // Ranks up to kInline live inside the object: no allocation for the shapes almost every tensor has.
+  static constexpr size_t kInline = 6;
+  int64_t* ptr() noexcept { return heap_ ? heap_.get() : inline_; }
+  void reserve(size_t n) {
+    if (n <= cap_) return;
+    auto grown = std::make_unique<int64_t[]>(n);
+    for (size_t i = 0; i < n_; ++i) grown[i] = data()[i];
+    heap_ = std::move(grown);
+    cap_ = n;
+  }
+
+  size_t n_ = 0;
+  size_t cap_ = kInline;
+  int64_t inline_[kInline] = {};
+  std::unique_ptr<int64_t[]> heap_;
 };
 
 using Shape = Dims;

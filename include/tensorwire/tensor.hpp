@@ -26,6 +26,11 @@ class Tensor {
  public:
   /// An undefined tensor (defined() is false); every accessor but defined() throws on it.
   Tensor() = default;
+  Tensor(const Tensor& o);
+  Tensor(Tensor&& o) noexcept = default;
+  Tensor& operator=(const Tensor& o);
+  Tensor& operator=(Tensor&& o) noexcept = default;
+  ~Tensor() = default;
 
   /// Zero-copy view of memory owned by someone else. `data` is the address of element (0, ..., 0);
   /// `keep_alive` is held until the last view is gone. Strides default to C-contiguous.
@@ -78,8 +83,13 @@ class Tensor {
   template <class T>
   T* data() const;
 
-  Metadata& metadata() noexcept { return metadata_; }
-  const Metadata& metadata() const noexcept { return metadata_; }
+  /// The tensor's own metadata (views and copies get a deep copy). Allocated on first mutable access, so
+  /// tensors without metadata cost nothing for it.
+  Metadata& metadata() {
+    if (!metadata_) metadata_ = std::make_unique<Metadata>();
+    return *metadata_;
+  }
+  const Metadata& metadata() const noexcept;
 
   /// CUDA stream the data is ordered on, when the producer said so (CUDA Array Interface v3 / DLPack).
   std::optional<intptr_t> stream() const noexcept { return stream_; }
@@ -116,7 +126,9 @@ class Tensor {
 
   std::shared_ptr<Buffer> buffer_;
   Layout layout_;
-  Metadata metadata_;
+  std::unique_ptr<Metadata> clone_metadata() const;
+
+  std::unique_ptr<Metadata> metadata_;  // null means empty
   bool readonly_ = false;
   std::optional<intptr_t> stream_;
 };

@@ -11,8 +11,8 @@ namespace tw {
 
 std::string Dims::str() const {
   std::string s = "(";
-  for (size_t i = 0; i < v_.size(); ++i) s += (i ? ", " : "") + std::to_string(v_[i]);
-  if (v_.size() == 1) s += ",";
+  for (size_t i = 0; i < n_; ++i) s += (i ? ", " : "") + std::to_string((*this)[i]);
+  if (n_ == 1) s += ",";
   return s + ")";
 }
 

@@ -13,22 +13,20 @@ namespace {
 template <class Managed>
 struct ExportCtx {
   Managed managed{};
-  Tensor tensor;
-  std::vector<int64_t> shape, strides;
+  Tensor tensor;  // its shape/strides storage is what the DLTensor points at (never mutated while exported)
 };
 
 template <class Managed>
 void fill(ExportCtx<Managed>& ctx, const Tensor& t) {
   ctx.tensor = t;
-  ctx.shape.assign(t.shape().begin(), t.shape().end());
-  ctx.strides.assign(t.strides().begin(), t.strides().end());
   DLTensor& dl = ctx.managed.dl_tensor;
   dl.data = t.numel() == 0 ? nullptr : t.data_ptr();  // the spec asks for NULL data on zero-size tensors
   dl.device = t.device().to_dlpack();
   dl.ndim = static_cast<int32_t>(t.ndim());
   dl.dtype = t.dtype().to_dlpack();
-  dl.shape = t.ndim() ? ctx.shape.data() : nullptr;
-  dl.strides = t.ndim() ? ctx.strides.data() : nullptr;
+  // DLTensor's fields are non-const by the spec's declaration; consumers only read them.
+  dl.shape = t.ndim() ? const_cast<int64_t*>(ctx.tensor.shape().data()) : nullptr;
+  dl.strides = t.ndim() ? const_cast<int64_t*>(ctx.tensor.strides().data()) : nullptr;
   dl.byte_offset = 0;
   ctx.managed.manager_ctx = &ctx;
 }
@@ -64,7 +62,8 @@ Tensor import(Managed* m, bool readonly, bool padded) {
   if (l.numel() > 0) {
     if (lo < 0 && data < static_cast<uintptr_t>(-lo))
       throw Error(ErrorCode::out_of_range, "DLPack tensor: its lowest element would lie below address 0");
-    if (lo > 0 && data > UINTPTR_MAX - static_cast<uintptr_t>(lo) - static_cast<uintptr_t>(sp.size()))
+    // Whatever the sign of lo: with negative strides element 0 can sit above the lowest address and still wrap.
+    if (static_cast<__int128>(data) + lo + sp.size() > static_cast<__int128>(UINTPTR_MAX))
       throw Error(ErrorCode::overflow, "DLPack tensor: data + byte_offset overflows the address space");
   }
   char* base = l.numel() > 0 ? static_cast<char*>(dl.data) + lo : static_cast<char*>(dl.data);
