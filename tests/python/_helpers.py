@@ -38,3 +38,13 @@ def flip_first(a: np.ndarray) -> None:
 def rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def aligned(a: np.ndarray, alignment: int = 64) -> np.ndarray:
+    """A C-contiguous copy of `a` whose data starts on an `alignment`-byte boundary (XLA copies unaligned buffers
+    instead of viewing them)."""
+    raw = np.empty(a.nbytes + alignment, dtype=np.uint8)
+    off = (-ptr(raw)) % alignment
+    out = raw[off : off + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out

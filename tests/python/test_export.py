@@ -1,0 +1,436 @@
+"""tw.Tensor as a producer: DLPack (legacy and versioned), __array__, __array_interface__, the buffer protocol and
+the consumer-aware helpers, against the real consumers (NumPy, PyTorch, JAX)."""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import warnings
+
+import numpy as np
+import pytest
+
+import tensorwire as tw
+from _helpers import aligned, ptr, same_bits
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+ml_dtypes = pytest.importorskip("ml_dtypes", reason="ml_dtypes is not installed")
+
+READ_ONLY, IS_COPIED, IS_SUBBYTE_TYPE_PADDED = 1, 2, 4
+
+_capi = ctypes.pythonapi
+_capi.PyCapsule_GetName.restype = ctypes.c_char_p
+_capi.PyCapsule_GetName.argtypes = [ctypes.py_object]
+_capi.PyCapsule_GetPointer.restype = ctypes.c_void_p
+_capi.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32), ("dtype", DLDataType),
+                ("shape", ctypes.POINTER(ctypes.c_int64)), ("strides", ctypes.POINTER(ctypes.c_int64)),
+                ("byte_offset", ctypes.c_uint64)]
+
+
+class DLManagedTensorVersioned(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", ctypes.c_void_p), ("flags", ctypes.c_uint64), ("dl_tensor", DLTensor)]
+
+
+class DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+
+def capsule_name(cap) -> str:
+    return _capi.PyCapsule_GetName(cap).decode()
+
+
+def peek(cap):
+    """The struct inside an unconsumed capsule (read only; the capsule still owns it, so the caller must keep the
+    capsule alive while it reads the struct)."""
+    name = capsule_name(cap)
+    p = _capi.PyCapsule_GetPointer(cap, name.encode())
+    cls = DLManagedTensorVersioned if name == "dltensor_versioned" else DLManagedTensor
+    return cls.from_address(p)
+
+
+def dl_layout(dl: DLTensor):
+    shape = tuple(dl.shape[i] for i in range(dl.ndim))
+    strides = tuple(dl.strides[i] for i in range(dl.ndim)) if dl.strides else None
+    return shape, strides
+
+
+@pytest.fixture
+def src():
+    return np.arange(12, dtype=np.float32).reshape(3, 4)
+
+
+# ---- zero-copy exports ------------------------------------------------------------------------------------------
+def test_numpy_from_dlpack_zero_copy(src):
+    t = tw.asarray(src)
+    n = np.from_dlpack(t)
+    assert ptr(n) == ptr(src) and n.shape == (3, 4) and n.dtype == np.float32
+    n[1, 1] = -5
+    assert src[1, 1] == -5
+    src[2, 3] = 77
+    assert n[2, 3] == 77
+
+
+def test_torch_from_dlpack_zero_copy(src):
+    t = tw.asarray(src)
+    x = torch.from_dlpack(t)
+    assert x.data_ptr() == ptr(src) and tuple(x.shape) == (3, 4) and x.dtype == torch.float32
+    x[0, 0] = 42
+    assert src[0, 0] == 42
+    src[1, 2] = -3
+    assert x[1, 2].item() == -3
+
+
+def test_torch_from_dlpack_strided_zero_copy(src):
+    t = tw.asarray(src)[:, 1::2].T
+    x = torch.from_dlpack(t)
+    assert x.data_ptr() == t.data_ptr and tuple(x.stride()) == t.strides
+    assert np.array_equal(x.numpy(), np.asarray(t))
+    x[1, 2] = 1000
+    assert src[2, 3] == 1000
+
+
+def test_jax_from_dlpack_zero_copy():
+    jax = pytest.importorskip("jax", reason="JAX is not installed")
+    jnp = jax.numpy
+    a = aligned(np.arange(64, dtype=np.float32).reshape(8, 8))  # XLA copies unaligned buffers
+    t = tw.asarray(a)
+    j = jnp.from_dlpack(t)
+    assert j.unsafe_buffer_pointer() == ptr(a)
+    assert np.array_equal(np.asarray(j), a)
+    a[0, 0] = 123.0  # JAX arrays are immutable to JAX, but the memory is shared
+    assert float(np.asarray(j)[0, 0]) == 123.0
+
+
+def test_np_asarray_and_memoryview_zero_copy(src):
+    t = tw.asarray(src)
+    n = np.asarray(t)
+    assert ptr(n) == ptr(src)
+    m = memoryview(t)
+    assert m.format == "f" and m.shape == (3, 4) and m.strides == (16, 4) and not m.readonly
+    assert m.itemsize == 4 and m.nbytes == 48
+    m[1, 0] = 9.5
+    assert src[1, 0] == 9.5
+    assert ptr(np.asarray(m)) == ptr(src)
+    c = ctypes.c_char.from_buffer(t)  # a writable buffer request
+    assert ctypes.addressof(c) == ptr(src)
+    assert io.BytesIO(np.full(12, 2.0, np.float32).tobytes()).readinto(t) == 48
+    assert (src == 2.0).all()
+
+
+def test_memoryview_of_strided_and_contiguity_requests(src):
+    t = tw.asarray(src)[::-1, ::2]
+    m = memoryview(t)
+    assert m.strides == (-16, 8) and m.shape == (3, 2)
+    assert np.array_equal(np.asarray(m), src[::-1, ::2])
+    with pytest.raises(TypeError):  # CPython turns the exporter's BufferError into a TypeError here
+        io.BytesIO(b"x" * 24).readinto(t)  # a simple (unstrided) buffer: only C-contiguous data has one
+    tb = pytest.importorskip("_testbuffer", reason="CPython's _testbuffer module is not built here")
+    for flags, word in [(tb.PyBUF_SIMPLE, "strides"), (tb.PyBUF_ND, "strides"), (tb.PyBUF_C_CONTIGUOUS, "C-contiguous"),
+                        (tb.PyBUF_F_CONTIGUOUS, "Fortran"), (tb.PyBUF_ANY_CONTIGUOUS, "contiguous")]:
+        with pytest.raises(BufferError) as ei:
+            tb.ndarray(t, getbuf=flags)
+        assert word in str(ei.value)
+    full = tb.ndarray(t, getbuf=tb.PyBUF_FULL)
+    assert full.strides == (-16, 8) and full.format == "f" and not full.readonly
+    assert memoryview(tw.asarray(src).T).f_contiguous
+
+
+def test_array_interface_on_cpu(src):
+    t = tw.asarray(src)[1:, ::-1]
+    ai = t.__array_interface__
+    assert ai["version"] == 3 and ai["typestr"] == "<f4" and ai["shape"] == (2, 4)
+    assert ai["data"] == (t.data_ptr, False) and ai["strides"] == (16, -4)
+    assert tw.asarray(src).__array_interface__["strides"] is None
+    # NumPy itself builds the same view from the dict alone
+    class Holder:
+        __array_interface__ = ai
+
+    n = np.asarray(Holder())
+    assert ptr(n) == t.data_ptr and np.array_equal(n, src[1:, ::-1])
+
+
+def test_array_dunder_dtype_and_copy(src):
+    t = tw.asarray(src)
+    assert ptr(t.__array__()) == ptr(src)
+    c = t.__array__(copy=True)
+    assert ptr(c) != ptr(src) and np.array_equal(c, src)
+    d = t.__array__(dtype=np.float64)
+    assert d.dtype == np.float64 and np.array_equal(d, src)
+    with pytest.raises(ValueError):
+        t.__array__(dtype=np.float64, copy=False)
+    assert np.array(t, copy=False).ctypes.data == ptr(src)
+    assert np.array(t).ctypes.data != ptr(src)
+    assert t.numpy().ctypes.data == ptr(src)
+    assert t.tolist() == src.tolist()
+
+
+# ---- __dlpack__ keyword arguments -------------------------------------------------------------------------------
+def test_dlpack_max_version_none_gives_legacy_capsule(src):
+    t = tw.asarray(src)
+    cap = t.__dlpack__()
+    assert capsule_name(cap) == "dltensor"
+    m = peek(cap)
+    assert m.dl_tensor.data == ptr(src) and dl_layout(m.dl_tensor) == ((3, 4), (4, 1))
+
+
+@pytest.mark.parametrize("mv, minor", [((1, 0), 0), ((1, 1), 1), ((1, 99), tw.DLPACK_VERSION[1]),
+                                       ((2, 0), tw.DLPACK_VERSION[1])])
+def test_dlpack_versioned_capsule_version_capped(src, mv, minor):
+    t = tw.asarray(src)
+    cap = t.__dlpack__(max_version=mv)
+    assert capsule_name(cap) == "dltensor_versioned"
+    m = peek(cap)
+    assert (m.major, m.minor) == (1, minor)
+    assert m.flags == 0
+    assert m.dl_tensor.data == ptr(src) and m.dl_tensor.byte_offset == 0
+    assert dl_layout(m.dl_tensor) == ((3, 4), (4, 1))  # exports always fill strides
+    assert (m.dl_tensor.device.device_type, m.dl_tensor.device.device_id) == (1, 0)
+    assert (m.dl_tensor.dtype.code, m.dl_tensor.dtype.bits, m.dl_tensor.dtype.lanes) == (2, 32, 1)
+
+
+def test_dlpack_old_max_version_gives_legacy(src):
+    assert capsule_name(tw.asarray(src).__dlpack__(max_version=(0, 8))) == "dltensor"
+
+
+def test_dlpack_copy_true_gives_new_memory_flagged_copied(src):
+    t = tw.asarray(src)
+    cap = t.__dlpack__(max_version=(1, 0), copy=True)
+    m = peek(cap)
+    assert m.dl_tensor.data != ptr(src) and m.flags & IS_COPIED
+    n = np.from_dlpack(tw.from_dlpack(cap))
+    assert np.array_equal(n, src)
+    n[0, 0] = -1
+    assert src[0, 0] == 0
+    legacy = t.__dlpack__(copy=True)
+    assert peek(legacy).dl_tensor.data != ptr(src)
+    x = torch.from_dlpack(t, copy=True)
+    assert x.data_ptr() != ptr(src) and np.array_equal(x.numpy(), src)
+
+
+def test_dlpack_copy_false_is_zero_copy(src):
+    t = tw.asarray(src)
+    cap = t.__dlpack__(max_version=(1, 0), copy=False)
+    m = peek(cap)
+    assert m.dl_tensor.data == ptr(src) and not m.flags & IS_COPIED
+
+
+def test_dlpack_readonly_flag_and_legacy_refusal(src):
+    t = tw.asarray(src).as_readonly()
+    assert t.readonly
+    cap = t.__dlpack__(max_version=(1, 0))
+    assert peek(cap).flags & READ_ONLY
+    with pytest.raises(BufferError) as ei:
+        t.__dlpack__()
+    assert "read-only" in str(ei.value)
+    # with copy=True the consumer owns a fresh writable copy, so a legacy capsule is fine
+    cap = t.__dlpack__(copy=True)
+    assert capsule_name(cap) == "dltensor" and peek(cap).dl_tensor.data != ptr(src)
+    n = np.from_dlpack(t)
+    assert not n.flags.writeable and ptr(n) == ptr(src)
+
+
+def test_readonly_refuses_writable_buffer(src):
+    t = tw.asarray(src).as_readonly()
+    assert memoryview(t).readonly
+    with pytest.raises(TypeError):  # CPython turns the exporter's BufferError into a TypeError here
+        io.BytesIO(b"x" * 48).readinto(t)  # asks for a writable buffer
+    assert src[0, 0] == 0
+    tb = pytest.importorskip("_testbuffer", reason="CPython's _testbuffer module is not built here")
+    with pytest.raises(BufferError) as ei:
+        tb.ndarray(t, getbuf=tb.PyBUF_FULL)  # PyBUF_FULL includes PyBUF_WRITABLE
+    assert "read-only" in str(ei.value)
+    assert tb.ndarray(t, getbuf=tb.PyBUF_FULL_RO).readonly
+    assert not np.asarray(t).flags.writeable
+    with pytest.raises(ValueError):
+        np.asarray(t)[0, 0] = 1
+    assert src[0, 0] == 0
+
+
+def test_dlpack_dl_device(src):
+    t = tw.asarray(src)
+    assert t.__dlpack_device__() == (1, 0)
+    cap = t.__dlpack__(max_version=(1, 0), dl_device=(1, 0))
+    assert peek(cap).dl_tensor.data == ptr(src)
+    cap = t.__dlpack__(max_version=(1, 0), dl_device=(1, 0), copy=False)
+    assert peek(cap).dl_tensor.data == ptr(src)
+    with pytest.raises(BufferError):
+        t.__dlpack__(max_version=(1, 0), dl_device=(2, 0))
+    with pytest.raises(tw.CopyError):
+        t.__dlpack__(max_version=(1, 0), dl_device=(2, 0), copy=False)
+
+
+def test_dlpack_stream_rules_on_cpu(src):
+    t = tw.asarray(src)
+    assert capsule_name(t.__dlpack__(stream=None)) == "dltensor"
+    assert capsule_name(t.__dlpack__(stream=-1)) == "dltensor"
+    for bad in (0, 1, 2, 12345):
+        with pytest.raises(ValueError) as ei:
+            t.__dlpack__(stream=bad)
+        assert "stream" in str(ei.value)
+    with pytest.raises(TypeError):
+        t.__dlpack__(stream="1")
+    with pytest.raises(TypeError):
+        t.__dlpack__(max_version=1)
+
+
+def test_dlpack_capsule_consumed_once(src):
+    t = tw.asarray(src)
+    cap = t.__dlpack__(max_version=(1, 0))
+    u = tw.from_dlpack(cap)
+    assert u.data_ptr == ptr(src)
+    assert capsule_name(cap) == "used_dltensor_versioned"
+    with pytest.raises(ValueError):
+        tw.from_dlpack(cap)
+    legacy = t.__dlpack__()
+    x = torch.utils.dlpack.from_dlpack(legacy)
+    assert x.data_ptr() == ptr(src)
+    assert capsule_name(legacy) == "used_dltensor"
+
+
+# ---- dtypes NumPy lacks ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "int4"])
+def test_ml_dtypes_out_to_numpy_never_void(name):
+    dt = np.dtype(getattr(ml_dtypes, name))
+    a = np.arange(-4, 8).astype(dt).reshape(3, 4)
+    t = tw.asarray(a)
+    for out in (np.asarray(t), t.numpy(), tw.to_numpy(t), np.array(t, copy=False)):
+        assert out.dtype == dt and out.dtype.type is not np.void  # an ml_dtypes type, not raw bytes
+        assert ptr(out) == ptr(a) and same_bits(out, a)
+    v = np.asarray(t[::-1, ::2])
+    assert v.dtype == dt and same_bits(v, a[::-1, ::2])
+    c = np.asarray(t, dtype=np.float32)
+    assert np.array_equal(c, a.astype(np.float32))
+    with pytest.raises(BufferError):
+        memoryview(t)  # no PEP 3118 format exists for these types
+    assert not hasattr(t, "__array_interface__")
+
+
+def test_bfloat16_to_torch():
+    a = np.arange(6).astype(ml_dtypes.bfloat16)
+    t = tw.asarray(a)
+    x = torch.from_dlpack(t)
+    assert x.dtype == torch.bfloat16 and x.data_ptr() == ptr(a)
+    assert x.float().tolist() == a.astype(np.float32).tolist()
+
+
+def test_float8_to_torch_follows_dlpack_versions():
+    """float8 codes exist from DLPack 1.1; PyTorch 2.13 asks for at most 1.0, so the export is refused clearly
+    (never handed out with a code the consumer does not claim to know). A 1.1 consumer gets it."""
+    a = np.arange(6).astype(ml_dtypes.float8_e4m3fn)
+    t = tw.asarray(a)
+    cap = t.__dlpack__(max_version=(1, 1))
+    m = peek(cap)
+    assert (m.major, m.minor) == (1, 1) and m.dl_tensor.data == ptr(a)
+    with pytest.raises(BufferError) as ei:
+        t.__dlpack__(max_version=(1, 0))
+    assert "1.1" in str(ei.value)
+    u = tw.from_dlpack(t.__dlpack__(max_version=(1, 1)))
+    assert str(u.dtype) == "float8_e4m3fn" and u.data_ptr == ptr(a)
+
+
+# ---- layouts consumers cannot take ------------------------------------------------------------------------------
+def test_negative_strides_torch_gets_a_correct_copy(src):
+    t = tw.asarray(src)[::-1, ::-1]
+    x = torch.from_dlpack(t)
+    assert np.array_equal(x.numpy(), src[::-1, ::-1])
+    assert x.data_ptr() != t.data_ptr  # a copy: PyTorch cannot take negative strides
+    x[0, 0] = -100
+    assert src[2, 3] == 11  # the copy is independent
+    cap = t.__dlpack__(max_version=(1, 0))
+    m = peek(cap)
+    assert m.flags & IS_COPIED and all(s >= 0 for s in dl_layout(m.dl_tensor)[1])
+
+
+def test_negative_strides_copy_false_refused(src):
+    t = tw.asarray(src)[:, ::-1]
+    with pytest.raises(BufferError) as ei:
+        t.__dlpack__(max_version=(1, 0), copy=False)
+    assert isinstance(ei.value, tw.CopyError) and "negative" in str(ei.value)
+    with pytest.raises(BufferError):
+        t.__dlpack__(copy=False)
+    # a size-1 dimension's stride is never used: not a reason to copy
+    one = tw.asarray(src)[:1, :][::-1]
+    cap = one.__dlpack__(copy=False)
+    assert peek(cap).dl_tensor.data == one.data_ptr
+
+
+def test_negative_strides_numpy_views_without_copy(src):
+    t = tw.asarray(src)[::-1, ::-2]
+    n = np.asarray(t)
+    assert ptr(n) == t.data_ptr and n.strides == (-16, -8)
+    assert np.array_equal(n, src[::-1, ::-2])
+    n2 = np.from_dlpack(t)  # DLPack export copies (negative strides), still correct
+    assert np.array_equal(n2, src[::-1, ::-2])
+
+
+def test_broadcast_stride0_exported_as_is():
+    a = np.arange(4, dtype=np.int32)
+    t = tw.asarray(a).expand((3, 4))
+    assert t.strides == (0, 1)
+    x = torch.from_dlpack(t)
+    assert tuple(x.stride()) == (0, 1) and x.data_ptr() == ptr(a)
+    assert np.array_equal(x.numpy(), np.broadcast_to(a, (3, 4)))
+    n = np.asarray(t)
+    assert n.strides == (0, 4) and ptr(n) == ptr(a)
+
+
+# ---- helpers ----------------------------------------------------------------------------------------------------
+def test_to_numpy(src):
+    t = tw.asarray(src)[:, ::-1]
+    n = tw.to_numpy(t)
+    assert ptr(n) == t.data_ptr and np.array_equal(n, src[:, ::-1])
+    c = tw.to_numpy(t, copy=True)
+    assert ptr(c) != t.data_ptr and np.array_equal(c, src[:, ::-1])
+    assert ptr(tw.to_numpy(src)) == ptr(src)
+    assert ptr(tw.to_numpy(torch.from_numpy(src))) == ptr(src)
+
+
+def test_to_torch(src):
+    x = tw.to_torch(src)
+    assert isinstance(x, torch.Tensor) and x.data_ptr() == ptr(src)
+    y = tw.to_torch(tw.asarray(src)[::-1])
+    assert np.array_equal(y.numpy(), src[::-1]) and y.data_ptr() != ptr(src)
+    with pytest.raises(tw.CopyError):
+        tw.to_torch(tw.asarray(src)[::-1], copy=False)
+    z = tw.to_torch(src, copy=True)
+    assert z.data_ptr() != ptr(src) and np.array_equal(z.numpy(), src)
+    assert tw.to_torch(src, copy=False).data_ptr() == ptr(src)
+
+
+def test_to_jax(src):
+    jnp = pytest.importorskip("jax.numpy", reason="JAX is not installed")
+    a = aligned(np.arange(64, dtype=np.float32).reshape(8, 8))
+    j = tw.to_jax(a)
+    assert j.unsafe_buffer_pointer() == ptr(a) and np.array_equal(np.asarray(j), a)
+    gappy = tw.asarray(a)[:, ::2]
+    with pytest.raises(tw.CopyError):
+        tw.to_jax(gappy, copy=False)
+    jg = tw.to_jax(gappy)
+    assert np.array_equal(np.asarray(jg), a[:, ::2])
+    jn = tw.to_jax(tw.asarray(a)[::-1])
+    assert np.array_equal(np.asarray(jn), a[::-1])
+    jc = tw.to_jax(a, copy=True)
+    assert jc.unsafe_buffer_pointer() != ptr(a) and np.array_equal(np.asarray(jc), a)
+    assert isinstance(j, type(jnp.zeros(1)))
+
+
+def test_roundtrip_torch_to_tw_to_numpy_keeps_identity():
+    x = torch.arange(24.0).reshape(2, 3, 4).permute(2, 0, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        n = np.from_dlpack(tw.asarray(x))
+    assert ptr(n) == x.data_ptr() and n.strides == tuple(4 * s for s in x.stride())
+    assert np.array_equal(n, x.numpy())
