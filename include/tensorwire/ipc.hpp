@@ -1,0 +1,180 @@
+// tensorwire/ipc.hpp — publish/subscribe of tensors between processes on one machine, through shared memory.
+// For dataflow pipelines, data loaders and model servers: a tensor in a loaned pool buffer crosses with no copy,
+// any other tensor with exactly one (the copy engine packs it), and dtype, layout and metadata arrive as sent.
+//
+// The protocol, step by step (see src/ipc/ipc_internal.hpp for the wire format):
+//  1. A Publisher listens on the abstract Unix socket "tw/<uid>/<name>" (SOCK_SEQPACKET; nothing is created in the
+//     file system or in /dev/shm) and, when created, also connects to every Subscriber of that name already waiting
+//     (each waits on its own abstract socket "tw/<uid>/<name>#s<pid>.<n>"). A Subscriber created later connects to
+//     the Publisher. Both sides check the peer's credentials (SO_PEERCRED): same user only, by default.
+//  2. For each subscriber the publisher creates a channel — one memfd holding a ring of fixed-size message
+//     descriptors and a lease counter per pool buffer — and an eventfd, and sends both with SCM_RIGHTS (WELCOME).
+//     Each pool segment (a sealed, pre-faulted memfd) crosses once, before the first message that names it
+//     (SEGMENT); a segment leaving the pool is announced (RETIRE) so subscribers drop their cached mapping.
+//  3. send(): the tensor lives in a pool buffer (loaned, or packed there with one tw::copy). A descriptor — segment
+//     id, allocation offset, dtype, shape, strides, byte offset, metadata — goes into every subscriber's ring, and
+//     the buffer's lease count for that subscriber goes up. A full ring follows the publisher's OnFull policy.
+//  4. recv(): the subscriber spins briefly, then sleeps on a futex. It maps a segment read-only once and caches the
+//     mapping, and returns a read-only Tensor whose owner is the lease: when the last view is gone, the lease is
+//     released and the buffer can return to the pool.
+//  5. A buffer is reused when the publisher holds no loan of it and every live subscriber released it. A subscriber
+//     whose socket closes (exit, crash, SIGKILL) loses its leases at once. When the publisher closes or dies, its
+//     subscribers drain their ring, keep every tensor they hold valid, and then see end-of-stream.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "tensorwire/error.hpp"
+#include "tensorwire/metadata.hpp"
+#include "tensorwire/tensor.hpp"
+
+namespace tw {
+
+/// What send() and loan() do when a subscriber's ring is full or the buffer pool is exhausted.
+enum class OnFull : uint8_t {
+  block,        ///< Wait until the subscriber makes room (a dead subscriber is dropped, never waited for).
+  drop_oldest,  ///< Drop the subscriber's oldest unread message (counted in dropped()) and enqueue the new one.
+  raise,        ///< Throw WouldBlockError; no subscriber receives the message.
+};
+
+/// Parses "block", "drop_oldest" or "raise"; throws Error(invalid_argument) otherwise.
+OnFull on_full_from_string(std::string_view s);
+const char* on_full_name(OnFull f) noexcept;
+
+/// Thrown by Publisher::send / loan under OnFull::raise when a ring is full or the pool is exhausted.
+/// Python maps it to BlockingIOError.
+class WouldBlockError : public Error {
+ public:
+  explicit WouldBlockError(const std::string& message) : Error(ErrorCode::unsupported, message) {}
+};
+
+struct PublisherOptions {
+  /// Messages each subscriber's ring holds (>= 1).
+  size_t depth = 8;
+  OnFull on_full = OnFull::block;
+  /// Largest metadata a message carries, in encoded bytes (see encode_metadata).
+  size_t max_metadata_bytes = 64 * 1024;
+  /// Pool buffers at most (each buffer is one memfd segment).
+  size_t max_buffers = 64;
+  /// Bytes of shared memory the pool may hold at once (a single buffer larger than this is still allowed).
+  size_t pool_bytes = size_t{2} << 30;
+  /// Accept subscribers of other users (the default accepts the publisher's own uid only).
+  bool allow_other_users = false;
+};
+
+struct SubscriberOptions {
+  /// Accept a publisher of another user (the default accepts the subscriber's own uid only).
+  bool allow_other_users = false;
+};
+
+namespace ipc_detail {
+class PublisherImpl;
+class SubscriberImpl;
+}  // namespace ipc_detail
+
+/// Topic names: 1 to 64 characters from [A-Za-z0-9_.:/-], not starting with '/'. Throws Error(invalid_argument)
+/// naming the problem.
+void validate_topic_name(std::string_view name);
+
+/// The sending end of a topic. One publisher per name at a time (a second one throws Error(invalid_argument));
+/// a new one may take the name once the old one is closed or dead. Thread-safe: send and loan may be called from
+/// several threads (messages are ordered by the publisher's internal lock). Not usable in a fork()ed child.
+class Publisher {
+ public:
+  /// Binds the topic and connects to waiting subscribers. Throws Error on a bad name or a name in use.
+  explicit Publisher(std::string_view name, PublisherOptions options = {});
+  ~Publisher();
+  Publisher(Publisher&&) noexcept;
+  Publisher& operator=(Publisher&&) noexcept;
+  Publisher(const Publisher&) = delete;
+  Publisher& operator=(const Publisher&) = delete;
+
+  /// A writable, C-contiguous, uninitialised host tensor in a shared-memory pool buffer. Fill it, then send() it:
+  /// it crosses with no copy. Write nothing into it after send() (subscribers read the same memory); the buffer
+  /// returns to the pool once this tensor (and all its views) and every subscriber's copy of it are gone.
+  /// An exhausted pool follows the OnFull policy (drop_oldest waits like block when nothing can be dropped).
+  Tensor loan(const Shape& shape, DType dtype);
+
+  /// Delivers `t` to every current subscriber, with t.metadata() merged with `extra` (extra wins). A tensor that is
+  /// a view of a pool buffer (from loan()) crosses with no copy, keeping its strides and offset; any other host
+  /// tensor is packed into a pool buffer with one tw::copy. Returns the number of subscribers that got it.
+  /// Throws Error(invalid_argument) when closed, Error(unsupported) for non-host memory, Error(invalid_argument)
+  /// for oversized metadata, WouldBlockError under OnFull::raise.
+  size_t send(const Tensor& t, const Metadata& extra = {});
+
+  /// Ends the stream: subscribers drain what is queued, then see end-of-stream. Loaned tensors stay valid.
+  /// Idempotent.
+  void close() noexcept;
+  bool closed() const noexcept;
+
+  const std::string& name() const noexcept;
+  /// Subscribers currently connected.
+  size_t subscriber_count() const;
+  /// Messages dropped so far (OnFull::drop_oldest), summed over subscribers.
+  uint64_t dropped() const;
+  /// Segments (pool buffers) currently allocated.
+  size_t pool_buffers() const;
+
+  /// True when `t` views one of this publisher's pool buffers (a loan): send() passes it with no copy.
+  bool owns(const Tensor& t) const;
+
+  /// Internal (bindings): called about every 50 ms while send()/loan() wait; may throw to abandon the wait.
+  void set_wait_hook(std::function<void()> hook);
+
+ private:
+  std::unique_ptr<ipc_detail::PublisherImpl> impl_;
+};
+
+/// The receiving end of a topic. It may be created before or after the publisher; it receives every message sent
+/// after both exist (subject to the publisher's OnFull policy). Not thread-safe for concurrent recv calls on one
+/// object (calls are serialised internally); received tensors may be used and dropped on any thread.
+class Subscriber {
+ public:
+  explicit Subscriber(std::string_view name, SubscriberOptions options = {});
+  ~Subscriber();
+  Subscriber(Subscriber&&) noexcept;
+  Subscriber& operator=(Subscriber&&) noexcept;
+  Subscriber(const Subscriber&) = delete;
+  Subscriber& operator=(const Subscriber&) = delete;
+
+  /// The next message as a read-only tensor (zero-copy; it holds a lease on the publisher's buffer), or an empty
+  /// optional when `timeout` passes or at end-of-stream — tell them apart with closed().
+  std::optional<Tensor> recv(std::chrono::nanoseconds timeout);
+  template <class Rep, class Period>
+  std::optional<Tensor> recv(std::chrono::duration<Rep, Period> timeout) {
+    return recv(std::chrono::duration_cast<std::chrono::nanoseconds>(timeout));
+  }
+  /// Blocks until a message arrives or the stream ends.
+  std::optional<Tensor> recv();
+  /// recv with a zero timeout.
+  std::optional<Tensor> try_recv() { return recv(std::chrono::nanoseconds(0)); }
+
+  /// True once the stream has ended (the publisher closed or died and every queued message was received) or after
+  /// close().
+  bool closed() const noexcept;
+  /// True while connected to a live publisher.
+  bool connected() const noexcept;
+  /// A descriptor that polls readable while a message (or end-of-stream) waits: for select/poll/epoll/asyncio.
+  /// Owned by the Subscriber.
+  int fileno();
+  /// Messages the publisher dropped for this subscriber (OnFull::drop_oldest).
+  uint64_t dropped() const noexcept;
+  /// Disconnects and releases the channel; tensors already received stay valid. Idempotent.
+  void close() noexcept;
+  const std::string& name() const noexcept;
+
+  /// Internal (bindings): like recv(timeout), but returns early (empty) when a wait is interrupted by a signal.
+  std::optional<Tensor> recv_interruptible(std::chrono::nanoseconds timeout, bool& interrupted);
+
+ private:
+  std::unique_ptr<ipc_detail::SubscriberImpl> impl_;
+};
+
+}  // namespace tw

@@ -1,0 +1,222 @@
+// os.cpp — the Linux pieces of IPC: fds, mappings, sealed memfds, abstract SOCK_SEQPACKET sockets with SCM_RIGHTS,
+// peer credentials, futexes.
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "ipc_internal.hpp"
+
+namespace tw::ipc_detail {
+
+void throw_errno(const std::string& what) {
+  const int e = errno;
+  throw Error(ErrorCode::internal, "tensorwire ipc: " + what + " failed: " + std::strerror(e));
+}
+
+void Fd::reset(int fd) noexcept {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = fd;
+}
+
+Mapping Mapping::map(int fd, size_t size, bool writable, bool prefault) {
+  int flags = MAP_SHARED;
+  if (prefault) flags |= MAP_POPULATE;
+  void* p = ::mmap(nullptr, size, writable ? PROT_READ | PROT_WRITE : PROT_READ, flags, fd, 0);
+  if (p == MAP_FAILED) throw_errno("mmap of " + std::to_string(size) + " bytes");
+  return Mapping(p, size);
+}
+
+void Mapping::reset() noexcept {
+  if (p_) ::munmap(p_, n_);
+  p_ = nullptr;
+  n_ = 0;
+}
+
+Fd make_memfd(const std::string& debug_name, size_t size) {
+  Fd fd(static_cast<int>(::syscall(SYS_memfd_create, debug_name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING)));
+  if (!fd) throw_errno("memfd_create");
+  if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) throw_errno("ftruncate of a memfd to " + std::to_string(size));
+  add_seals(fd.get(), F_SEAL_SHRINK | F_SEAL_GROW);
+  return fd;
+}
+
+void add_seals(int fd, int seals) {
+  if (::fcntl(fd, F_ADD_SEALS, seals) != 0) throw_errno("F_ADD_SEALS");
+}
+
+void check_sealed(int fd, uint64_t size) {
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || !(seals & F_SEAL_SHRINK))
+    throw Error(ErrorCode::invalid_argument, "tensorwire ipc: a peer sent a memory fd that is not sealed against "
+                                             "shrinking; refusing to map it (it could SIGBUS a reader)");
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw_errno("fstat");
+  if (st.st_size < 0 || static_cast<uint64_t>(st.st_size) < size)
+    throw Error(ErrorCode::invalid_argument, "tensorwire ipc: a peer sent a memory fd of " + std::to_string(st.st_size) +
+                                                 " bytes but announced " + std::to_string(size));
+}
+
+// ---- sockets ----------------------------------------------------------------------------------------------------
+
+std::string publisher_address(std::string_view name) {
+  return "tw/" + std::to_string(::getuid()) + "/" + std::string(name);
+}
+
+std::string subscriber_address_prefix(std::string_view name) { return publisher_address(name) + "#s"; }
+
+namespace {
+
+socklen_t fill_address(sockaddr_un& a, const std::string& address) {
+  std::memset(&a, 0, sizeof a);
+  a.sun_family = AF_UNIX;
+  if (address.size() + 1 > sizeof a.sun_path)
+    throw Error(ErrorCode::invalid_argument, "tensorwire ipc: socket address '" + address + "' is too long");
+  std::memcpy(a.sun_path + 1, address.data(), address.size());  // sun_path[0] == 0: abstract namespace
+  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + address.size());
+}
+
+}  // namespace
+
+Fd listen_abstract(const std::string& address) {
+  sockaddr_un a;
+  const socklen_t len = fill_address(a, address);
+  Fd s(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!s) throw_errno("socket");
+  if (::bind(s.get(), reinterpret_cast<sockaddr*>(&a), len) != 0) {
+    if (errno == EADDRINUSE) return Fd();
+    throw_errno("bind to @" + address);
+  }
+  if (::listen(s.get(), 64) != 0) throw_errno("listen");
+  return s;
+}
+
+Fd connect_abstract(const std::string& address) {
+  sockaddr_un a;
+  const socklen_t len = fill_address(a, address);
+  Fd s(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!s) throw_errno("socket");
+  int r;
+  do r = ::connect(s.get(), reinterpret_cast<sockaddr*>(&a), len);
+  while (r != 0 && errno == EINTR);
+  if (r != 0) {
+    if (errno == ECONNREFUSED || errno == ENOENT || errno == EAGAIN) return Fd();
+    throw_errno("connect to @" + address);
+  }
+  return s;
+}
+
+std::vector<std::string> find_listening(const std::string& prefix) {
+  // Lines: "Num RefCount Protocol Flags Type St Inode Path"; listening sockets have __SO_ACCEPTCON (0x10000) in
+  // Flags; abstract names are printed with a leading '@'.
+  std::ifstream f("/proc/net/unix");
+  std::set<std::string> found;
+  std::string line;
+  std::getline(f, line);  // header
+  while (std::getline(f, line)) {
+    std::istringstream in(line);
+    std::string num, refs, proto, flags, type, st, inode, path;
+    if (!(in >> num >> refs >> proto >> flags >> type >> st >> inode >> path)) continue;
+    if (path.size() < 2 || path[0] != '@') continue;
+    unsigned long fl = std::strtoul(flags.c_str(), nullptr, 16);
+    if (!(fl & 0x10000UL)) continue;
+    std::string addr = path.substr(1);
+    if (addr.compare(0, prefix.size(), prefix) == 0) found.insert(addr);
+  }
+  return {found.begin(), found.end()};
+}
+
+PeerCred peer_credentials(int sock) {
+  ucred c{};
+  socklen_t n = sizeof c;
+  if (::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &c, &n) != 0) throw_errno("getsockopt(SO_PEERCRED)");
+  return PeerCred{c.uid, c.pid};
+}
+
+bool send_packet(int sock, const void* data, size_t n, std::span<const int> fds, int timeout_ms) {
+  iovec iov{const_cast<void*>(data), n};
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
+  if (!fds.empty()) {
+    if (fds.size() > 4) throw Error(ErrorCode::internal, "send_packet: too many fds");
+    std::memset(control, 0, sizeof control);
+    m.msg_control = control;
+    m.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+    cmsghdr* c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+  }
+  for (;;) {
+    ssize_t r = ::sendmsg(sock, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (r == static_cast<ssize_t>(n)) return true;
+    if (r >= 0) return false;  // SOCK_SEQPACKET sends whole packets; a short write means trouble
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN) return false;
+    pollfd p{sock, POLLOUT, 0};
+    int pr = ::poll(&p, 1, timeout_ms);
+    if (pr == 0) return false;
+    if (pr < 0 && errno != EINTR) return false;
+    if (p.revents & (POLLHUP | POLLERR)) return false;
+  }
+}
+
+long recv_packet(int sock, void* buf, size_t cap, std::vector<Fd>& fds) {
+  iovec iov{buf, cap};
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 16)];
+  m.msg_control = control;
+  m.msg_controllen = sizeof control;
+  ssize_t r;
+  do r = ::recvmsg(sock, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  while (r < 0 && errno == EINTR);
+  if (r < 0) {
+    if (errno == EAGAIN) return -1;
+    return 0;  // ECONNRESET and friends: the peer is gone
+  }
+  for (cmsghdr* c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < n; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+      fds.emplace_back(fd);
+    }
+  }
+  if (m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
+    return -2;  // an oversized packet or too many fds: malformed (the fds that did arrive are owned and closed)
+  }
+  if (r == 0) return 0;
+  return static_cast<long>(r);
+}
+
+// ---- futex ------------------------------------------------------------------------------------------------------
+
+bool futex_wait(uint32_t* word, uint32_t expected, int64_t timeout_ns) noexcept {
+  if (timeout_ns < 0) timeout_ns = 0;
+  timespec ts{static_cast<time_t>(timeout_ns / 1000000000), static_cast<long>(timeout_ns % 1000000000)};
+  // Shared (not FUTEX_PRIVATE_FLAG): the word lives in memory mapped by two processes.
+  long r = ::syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);
+  return !(r != 0 && errno == EINTR);
+}
+
+void futex_wake_all(uint32_t* word) noexcept { ::syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0); }
+
+}  // namespace tw::ipc_detail

@@ -1,0 +1,406 @@
+// subscriber.cpp — the receiving end: connection (or waiting for a publisher), the channel, cached segment
+// mappings, leases, and the wait strategy (bounded spin, then a futex sleep in slices that also watch the socket).
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <unordered_map>
+
+#include "ipc_internal.hpp"
+
+namespace tw {
+namespace ipc_detail {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr auto kSpin = std::chrono::microseconds(50);          // busy hand-off window before sleeping
+constexpr int64_t kSliceNs = 50'000'000;                        // futex sleeps in slices that check the socket
+constexpr size_t kMaxSegments = 1 << 16;                        // mappings a publisher may make us cache
+
+// The channel and the connection, shared by the subscriber and every lease: the socket stays open (so the
+// publisher keeps our leases) until the subscriber is closed *and* the last received tensor is gone.
+struct Channel {
+  Fd conn;
+  Mapping map;
+  Ring ring;
+  uint32_t lease_slots = 0;
+};
+
+// Owner of a received tensor's Buffer.
+struct Lease {
+  Lease(std::shared_ptr<Channel> c, std::shared_ptr<Mapping> s, uint32_t sl)
+      : chan(std::move(c)), segment(std::move(s)), slot(sl) {}
+  Lease(const Lease&) = delete;
+  Lease& operator=(const Lease&) = delete;
+  ~Lease() { aref(chan->ring.released(slot)).fetch_add(1, std::memory_order_release); }
+  std::shared_ptr<Channel> chan;
+  std::shared_ptr<Mapping> segment;
+  uint32_t slot;
+};
+
+std::atomic<uint32_t> g_listener_counter{0};
+
+}  // namespace
+
+class SubscriberImpl {
+ public:
+  SubscriberImpl(std::string_view name, SubscriberOptions opt) : name_(name), opt_(opt) {
+    validate_topic_name(name);
+    epfd_ = Fd(::epoll_create1(EPOLL_CLOEXEC));
+    if (!epfd_) throw_errno("epoll_create1");
+    // Listen first, then try the publisher: a publisher starting in between finds our socket (no lost race).
+    const std::string prefix = subscriber_address_prefix(name_);
+    for (int attempt = 0; !listener_ && attempt < 100; ++attempt) {
+      char tail[32];
+      std::snprintf(tail, sizeof tail, "%x.%x", static_cast<unsigned>(::getpid()), g_listener_counter.fetch_add(1));
+      listener_ = listen_abstract(prefix + tail);
+    }
+    if (!listener_) throw Error(ErrorCode::internal, "Subscriber: no free socket address for topic '" + name_ + "'");
+    watch(listener_.get(), EPOLLIN);
+    std::lock_guard lock(mu_);
+    if (Fd c = connect_abstract(publisher_address(name_))) {
+      adopt_connection(std::move(c));
+      // Wait for the publisher's welcome so every message sent after this constructor returns reaches us.
+      const auto deadline = Clock::now() + std::chrono::seconds(2);
+      while (!welcomed_ && !peer_gone_ && Clock::now() < deadline) {
+        pollfd p{chan_->conn.get(), POLLIN, 0};
+        ::poll(&p, 1, 20);
+        process_control();
+      }
+    }
+  }
+
+  ~SubscriberImpl() { close(); }
+
+  const std::string& name() const noexcept { return name_; }
+
+  void close() noexcept {
+    std::lock_guard lock(mu_);
+    if (user_closed_) return;
+    user_closed_ = true;
+    if (chan_ && welcomed_) {
+      // Tell the publisher to deliver nothing more; release what is queued. Leases of tensors still alive keep the
+      // socket (and with it our claim on their buffers) open until they are gone.
+      aref(chan_->ring.header().detached).store(1, std::memory_order_seq_cst);
+      while (chan_->ring.try_pop([&](CellHeader& c) { release_slot(c.msg.lease_slot); })) {
+      }
+    }
+    chan_.reset();
+    segments_.clear();
+    listener_.reset();
+    efd_.reset();
+    epfd_.reset();
+  }
+
+  bool closed() const noexcept {
+    std::lock_guard lock(mu_);
+    return closed_locked();
+  }
+
+  bool connected() const noexcept {
+    std::lock_guard lock(mu_);
+    return !user_closed_ && welcomed_ && !peer_gone_ && !chan_->ring.closed();
+  }
+
+  uint64_t dropped() const noexcept {
+    std::lock_guard lock(mu_);
+    if (!chan_ || !welcomed_) return 0;
+    return aref(chan_->ring.header().dropped).load(std::memory_order_relaxed);
+  }
+
+  int fileno() {
+    std::lock_guard lock(mu_);
+    if (user_closed_) throw Error(ErrorCode::invalid_argument, "Subscriber::fileno: the subscriber is closed");
+    if (!fd_mode_) {
+      fd_mode_ = true;
+      if (welcomed_) arm_eventfd();
+    }
+    return epfd_.get();
+  }
+
+  std::optional<Tensor> recv(Clock::time_point deadline, bool interruptible, bool& interrupted) {
+    std::lock_guard lock(mu_);
+    interrupted = false;
+    if (user_closed_) return std::nullopt;
+    bool spun = false;
+    for (;;) {
+      if (!welcomed_ && !peer_gone_) wait_for_publisher(0);  // accept / read the welcome without blocking
+      if (welcomed_) {
+        if (auto t = try_take()) return t;
+        if (peer_gone_ || chan_->ring.closed()) {
+          if (chan_->ring.empty()) {
+            eos_ = true;
+            if (fd_mode_) settle_eventfd();
+            return std::nullopt;
+          }
+          continue;
+        }
+      } else if (peer_gone_) {
+        eos_ = true;
+        return std::nullopt;
+      }
+      const auto now = Clock::now();
+      if (now >= deadline) {
+        if (chan_) process_control();
+        if (fd_mode_ && welcomed_) settle_eventfd();
+        if (welcomed_ && !chan_->ring.empty()) continue;
+        return std::nullopt;
+      }
+      if (!welcomed_) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();
+        wait_for_publisher(static_cast<int>(std::clamp<int64_t>(left, 1, 50)));
+        continue;
+      }
+      if (!spun) {  // busy hand-off: poll the ring for a short while before sleeping
+        spun = true;
+        const auto spin_end = std::min(deadline, now + kSpin);
+        for (unsigned i = 0;; ++i) {
+          if (!chan_->ring.empty() || chan_->ring.closed()) break;
+          __builtin_ia32_pause();
+          if ((i & 63) == 63 && Clock::now() >= spin_end) break;
+        }
+        continue;
+      }
+      // Sleep on the futex: announce ourselves, re-check, then wait while the word is unchanged.
+      ChannelHeader& h = chan_->ring.header();
+      const uint32_t seen = aref(h.futex_word).load(std::memory_order_seq_cst);
+      aref(h.waiters).fetch_add(1, std::memory_order_seq_cst);
+      bool ok = true;
+      if (chan_->ring.empty() && !chan_->ring.closed()) {
+        const int64_t left = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - Clock::now()).count();
+        ok = futex_wait(&h.futex_word, seen, std::min(left, kSliceNs));
+      }
+      aref(h.waiters).fetch_sub(1, std::memory_order_seq_cst);
+      if (!ok && interruptible) {
+        interrupted = true;
+        return std::nullopt;
+      }
+      if (chan_->ring.empty()) check_peer();
+    }
+  }
+
+ private:
+  bool closed_locked() const noexcept {
+    if (user_closed_ || eos_) return true;
+    if (!peer_gone_ && !(welcomed_ && chan_->ring.closed())) return false;
+    return !welcomed_ || chan_->ring.empty();
+  }
+
+  void watch(int fd, uint32_t events) {
+    epoll_event ev{};
+    ev.events = events;
+    ev.data.fd = fd;
+    if (::epoll_ctl(epfd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) throw_errno("epoll_ctl");
+  }
+
+  void adopt_connection(Fd c) {
+    const PeerCred cred = peer_credentials(c.get());
+    if (!opt_.allow_other_users && cred.uid != ::getuid())
+      throw Error(ErrorCode::invalid_argument, "Subscriber: the publisher of '" + name_ + "' runs as uid " +
+                                                   std::to_string(cred.uid) + ", not this user's; refused");
+    chan_ = std::make_shared<Channel>();
+    chan_->conn = std::move(c);
+    watch(chan_->conn.get(), EPOLLIN | EPOLLRDHUP);
+    if (listener_) {
+      ::epoll_ctl(epfd_.get(), EPOLL_CTL_DEL, listener_.get(), nullptr);
+      listener_.reset();
+    }
+  }
+
+  // Not yet connected, or connected and waiting for the welcome: wait on the sockets.
+  void wait_for_publisher(int timeout_ms) {
+    const int fd = chan_ ? chan_->conn.get() : listener_.get();
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, timeout_ms) <= 0) return;
+    if (!chan_) {
+      Fd c(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+      if (!c) return;
+      try {
+        adopt_connection(std::move(c));
+      } catch (const Error&) {
+        chan_.reset();  // a publisher of another user: ignore it, keep waiting
+        return;
+      }
+    }
+    process_control();
+  }
+
+  // Whether the publisher hung up (checked when the ring is empty after a sleep slice).
+  void check_peer() {
+    pollfd p{chan_->conn.get(), POLLIN | POLLRDHUP, 0};
+    if (::poll(&p, 1, 0) > 0) process_control();
+  }
+
+  // Reads every control packet waiting on the connection.
+  void process_control() {
+    if (!chan_ || peer_gone_) return;
+    for (;;) {
+      alignas(8) uint8_t buf[sizeof(ControlWire) + 8];
+      std::vector<Fd> fds;
+      const long n = recv_packet(chan_->conn.get(), buf, sizeof buf, fds);
+      if (n == -1) return;
+      if (n == 0) {
+        peer_gone_ = true;
+        return;
+      }
+      try {
+        if (n < 0) throw Error(ErrorCode::invalid_argument, "tensorwire ipc: oversized control packet from the publisher");
+        handle(decode_control(std::span<const uint8_t>(buf, static_cast<size_t>(n)), fds.size()), fds);
+      } catch (const Error&) {
+        // A hostile or broken publisher: stop listening to it (end-of-stream) and report the error once.
+        peer_gone_ = true;
+        throw;
+      }
+    }
+  }
+
+  void handle(const ControlMessage& m, std::vector<Fd>& fds) {
+    switch (m.type) {
+      case ControlType::welcome: {
+        if (welcomed_) throw Error(ErrorCode::invalid_argument, "tensorwire ipc: a second welcome from the publisher");
+        check_sealed(fds[0].get(), m.size);
+        Mapping map = Mapping::map(fds[0].get(), m.size, true, true);
+        ChannelHeader h;
+        std::memcpy(&h, map.data(), sizeof h);
+        validate_channel(h, m.size);
+        chan_->map = std::move(map);
+        chan_->ring = Ring(chan_->map.data());
+        chan_->lease_slots = h.lease_slots;
+        max_metadata_ = h.max_metadata_bytes;
+        efd_ = std::move(fds[1]);
+        watch(efd_.get(), EPOLLIN);
+        welcomed_ = true;
+        if (fd_mode_) arm_eventfd();
+        break;
+      }
+      case ControlType::segment: {
+        if (segments_.size() >= kMaxSegments)
+          throw Error(ErrorCode::invalid_argument, "tensorwire ipc: the publisher announced too many segments");
+        check_sealed(fds[0].get(), m.size);
+        segments_[m.id] = std::make_shared<Mapping>(Mapping::map(fds[0].get(), m.size, false, true));
+        break;
+      }
+      case ControlType::retire: segments_.erase(m.id); break;
+      case ControlType::bye: peer_gone_ = true; break;
+    }
+  }
+
+  void release_slot(uint32_t slot) noexcept {
+    if (slot < chan_->lease_slots) aref(chan_->ring.released(slot)).fetch_add(1, std::memory_order_release);
+  }
+
+  std::optional<Tensor> try_take() {
+    MessageDescriptor d;
+    std::string meta;
+    const bool got = chan_->ring.try_pop([&](CellHeader& c) {
+      std::memcpy(&d, &c.msg, sizeof d);
+      const size_t n = std::min<size_t>(d.metadata_bytes, max_metadata_);
+      if (n) meta.assign(chan_->ring.cell_metadata(c), n);
+    });
+    if (!got) return std::nullopt;
+    if (fd_mode_) settle_eventfd();
+    std::shared_ptr<Mapping> seg;
+    auto it = segments_.find(d.segment_id);
+    if (it == segments_.end()) {  // announced just before the message: read the socket
+      process_control();
+      it = segments_.find(d.segment_id);
+    }
+    if (it != segments_.end()) seg = it->second;
+    DecodedMessage m;
+    try {
+      m = decode_message(d, meta, seg ? seg->size() : 0, chan_->lease_slots, max_metadata_);
+    } catch (...) {
+      release_slot(d.lease_slot);
+      throw;
+    }
+    char* base = seg->data() + m.alloc_offset;
+    auto lease = std::make_shared<Lease>(chan_, std::move(seg), m.lease_slot);
+    auto buf = std::make_shared<Buffer>(base, static_cast<size_t>(m.alloc_bytes), Device::cpu(), std::move(lease));
+    Tensor t = Tensor::make(std::move(buf), std::move(m.layout), true);
+    t.metadata() = std::move(m.metadata);
+    return t;
+  }
+
+  // fileno() mode: the eventfd reads as set exactly while a message (or end-of-stream) waits.
+  void arm_eventfd() {
+    aref(chan_->ring.header().want_eventfd).store(1, std::memory_order_seq_cst);
+    settle_eventfd();
+  }
+
+  void settle_eventfd() {
+    if (!efd_) return;
+    const bool pending = !chan_->ring.empty() || chan_->ring.closed() || peer_gone_;
+    if (pending) {
+      uint64_t one = 1;
+      [[maybe_unused]] ssize_t r = ::write(efd_.get(), &one, sizeof one);
+      return;
+    }
+    uint64_t v;
+    [[maybe_unused]] ssize_t r = ::read(efd_.get(), &v, sizeof v);
+    // A push between our check and the read was consumed by the read: look again.
+    if (!chan_->ring.empty() || chan_->ring.closed()) {
+      uint64_t one = 1;
+      r = ::write(efd_.get(), &one, sizeof one);
+    }
+  }
+
+  std::string name_;
+  SubscriberOptions opt_;
+  mutable std::mutex mu_;
+  Fd listener_, efd_, epfd_;
+  std::shared_ptr<Channel> chan_;
+  std::unordered_map<uint64_t, std::shared_ptr<Mapping>> segments_;
+  uint32_t max_metadata_ = 0;
+  bool welcomed_ = false, peer_gone_ = false, user_closed_ = false, eos_ = false, fd_mode_ = false;
+};
+
+}  // namespace ipc_detail
+
+namespace {
+ipc_detail::SubscriberImpl& get(const std::unique_ptr<ipc_detail::SubscriberImpl>& p, const char* what) {
+  if (!p) throw Error(ErrorCode::invalid_argument, std::string("Subscriber::") + what + ": moved-from subscriber");
+  return *p;
+}
+std::chrono::steady_clock::time_point deadline_after(std::chrono::nanoseconds timeout) {
+  const auto now = std::chrono::steady_clock::now();
+  if (timeout > std::chrono::hours(24 * 365 * 100)) return std::chrono::steady_clock::time_point::max();
+  return now + std::max(timeout, std::chrono::nanoseconds(0));
+}
+}  // namespace
+
+Subscriber::Subscriber(std::string_view name, SubscriberOptions options)
+    : impl_(std::make_unique<ipc_detail::SubscriberImpl>(name, options)) {}
+Subscriber::~Subscriber() = default;
+Subscriber::Subscriber(Subscriber&&) noexcept = default;
+Subscriber& Subscriber::operator=(Subscriber&&) noexcept = default;
+
+std::optional<Tensor> Subscriber::recv(std::chrono::nanoseconds timeout) {
+  bool interrupted;
+  return get(impl_, "recv").recv(deadline_after(timeout), false, interrupted);
+}
+std::optional<Tensor> Subscriber::recv() {
+  bool interrupted;
+  return get(impl_, "recv").recv(std::chrono::steady_clock::time_point::max(), false, interrupted);
+}
+std::optional<Tensor> Subscriber::recv_interruptible(std::chrono::nanoseconds timeout, bool& interrupted) {
+  return get(impl_, "recv").recv(deadline_after(timeout), true, interrupted);
+}
+bool Subscriber::closed() const noexcept { return !impl_ || impl_->closed(); }
+bool Subscriber::connected() const noexcept { return impl_ && impl_->connected(); }
+int Subscriber::fileno() { return get(impl_, "fileno").fileno(); }
+uint64_t Subscriber::dropped() const noexcept { return impl_ ? impl_->dropped() : 0; }
+void Subscriber::close() noexcept {
+  if (impl_) impl_->close();
+}
+const std::string& Subscriber::name() const noexcept {
+  static const std::string empty;
+  return impl_ ? impl_->name() : empty;
+}
+
+}  // namespace tw

@@ -1,0 +1,709 @@
+// IPC publish/subscribe: the wire format frozen, hostile input refused, the ring under threads (TSan: names with
+// "Concurr" / "Thread"), and real processes (fork): every layout and dtype, metadata, fan-out, on_full policies,
+// subscriber and publisher SIGKILL, leaks of fds and mappings.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <dirent.h>
+#include <fstream>
+#include <functional>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../../src/ipc/ipc_internal.hpp"
+#include "tensorwire/ipc.hpp"
+#include "tw_test_util.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using tw::DType;
+using tw::Metadata;
+using tw::Publisher;
+using tw::PublisherOptions;
+using tw::Shape;
+using tw::Subscriber;
+using tw::Tensor;
+using tw::Value;
+namespace ipc = tw::ipc_detail;
+
+std::string topic(const char* what) {
+  static std::atomic<int> n{0};
+  return "test/ipc/" + std::to_string(::getpid()) + "/" + what + "/" + std::to_string(n++);
+}
+
+// Runs fn in a child process; its return value is the exit status (exceptions and gtest failures give 99).
+pid_t spawn(const std::function<int()>& fn) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int rc = 99;
+    try {
+      rc = fn();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "child: %s\n", e.what());
+    }
+    std::fflush(stderr);
+    ::_exit(rc);
+  }
+  return pid;
+}
+
+int wait_exit(pid_t pid) {
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  return 128 + WTERMSIG(status);
+}
+
+size_t count_fds() {
+  size_t n = 0;
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    while (::readdir(d)) ++n;
+    ::closedir(d);
+  }
+  return n;
+}
+
+size_t count_tw_mappings() {
+  std::ifstream f("/proc/self/maps");
+  std::string line;
+  size_t n = 0;
+  while (std::getline(f, line)) n += line.find("memfd:tensorwire") != std::string::npos ? 1u : 0u;
+  return n;
+}
+
+// A deterministic tensor of each test case, the same in every process.
+Tensor fill(Tensor t) {  // t contiguous and writable
+  auto* p = static_cast<uint8_t*>(t.data_ptr());
+  for (int64_t i = 0; i < t.nbytes(); ++i) p[i] = static_cast<uint8_t>((i * 37 + 11) & 0xff);
+  if (t.dtype() == DType::boolean())
+    for (int64_t i = 0; i < t.nbytes(); ++i) p[i] &= 1;
+  return t;
+}
+
+Tensor make_case(int c) {
+  switch (c) {
+    case 0: return fill(Tensor::empty({2, 3}, DType::float32()));
+    case 1: return fill(Tensor::empty({4, 5}, DType::int32())).transpose(0, 1);
+    case 2: return fill(Tensor::empty({6, 7}, DType::float64())).slice(0, std::nullopt, std::nullopt, -1);
+    case 3: return fill(Tensor::empty({1, 5}, DType::int16())).expand({4, 5});
+    case 4: return fill(Tensor::empty({5, 8}, DType::uint8())).slice(1, 2, 7, 2).select(0, 3);
+    case 5: return fill(Tensor::empty({3, 4, 5}, DType::int64())).permute({2, 0, 1}).slice(0, 1, std::nullopt, 2);
+    case 6: return fill(Tensor::empty({0, 3}, DType::float32()));
+    case 7: return fill(Tensor::empty({}, DType::float64()));
+    case 8: return fill(Tensor::empty({3, 3}, DType::boolean())).transpose(0, 1);
+    case 9: return fill(Tensor::empty({4, 2}, DType::complex64())).slice(0, std::nullopt, std::nullopt, -2);
+    case 10: return fill(Tensor::empty({7}, DType::bfloat16()));
+    case 11: return fill(Tensor::empty({2, 2, 2}, DType::float16())).permute({1, 2, 0});
+    case 12: return fill(Tensor::empty({9}, DType::uint64())).slice(0, 8, std::nullopt, -3);
+    case 13: return fill(Tensor::empty({1000, 33}, DType::float32())).slice(1, 1, 30);
+    default: return {};
+  }
+}
+constexpr int kCases = 14;
+
+std::string bytes_of(const Tensor& t) {
+  Tensor c = t.copy();
+  return std::string(static_cast<const char*>(c.data_ptr()), static_cast<size_t>(c.nbytes()));
+}
+
+bool same_values(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() && bytes_of(a) == bytes_of(b);
+}
+
+// ---- wire format ----------------------------------------------------------------------------------------------
+
+TEST(IpcWire, LayoutIsFrozen) {
+  EXPECT_EQ(offsetof(ipc::MessageDescriptor, magic), 0u);
+  EXPECT_EQ(offsetof(ipc::MessageDescriptor, sequence), 8u);
+  EXPECT_EQ(offsetof(ipc::MessageDescriptor, segment_id), 16u);
+  EXPECT_EQ(offsetof(ipc::MessageDescriptor, alloc_offset), 24u);
+  EXPECT_EQ(offsetof(ipc::MessageDescriptor, alloc_bytes), 32u);
+  EXPECT_EQ(offsetof(ipc::MessageDescriptor, byte_offset), 40u);
+  EXPECT_EQ(offsetof(ipc::MessageDescriptor, ndim), 52u);
+  EXPECT_EQ(offsetof(ipc::MessageDescriptor, strides), 72u + 8 * tw::kMaxRank);
+  EXPECT_EQ(offsetof(ipc::ChannelHeader, tail), 64u);
+  EXPECT_EQ(offsetof(ipc::ChannelHeader, head), 128u);
+  EXPECT_EQ(offsetof(ipc::ChannelHeader, detached), 144u);
+  EXPECT_EQ(sizeof(ipc::ControlWire), 32u);
+  EXPECT_TRUE(std::is_trivially_copyable_v<ipc::MessageDescriptor>);
+  EXPECT_TRUE(std::is_trivially_copyable_v<ipc::ChannelHeader>);
+  EXPECT_TRUE(std::atomic_ref<uint64_t>::is_always_lock_free);
+  EXPECT_TRUE(std::atomic_ref<uint32_t>::is_always_lock_free);
+}
+
+TEST(IpcWire, TopicNames) {
+  tw::validate_topic_name("camera/front");
+  tw::validate_topic_name("a.b-c_d:1");
+  TW_EXPECT_ERROR(tw::validate_topic_name(""), tw::ErrorCode::invalid_argument);
+  TW_EXPECT_ERROR_MSG(tw::validate_topic_name(std::string(65, 'a')), tw::ErrorCode::invalid_argument, "at most 64");
+  TW_EXPECT_ERROR(tw::validate_topic_name("/abs"), tw::ErrorCode::invalid_argument);
+  TW_EXPECT_ERROR(tw::validate_topic_name("sp ace"), tw::ErrorCode::invalid_argument);
+  TW_EXPECT_ERROR(tw::validate_topic_name(std::string("nul\0x", 5)), tw::ErrorCode::invalid_argument);
+  TW_EXPECT_ERROR(Publisher("bad#name"), tw::ErrorCode::invalid_argument);
+  TW_EXPECT_ERROR(Subscriber(std::string(100, 'x')), tw::ErrorCode::invalid_argument);
+  EXPECT_EQ(tw::on_full_from_string("drop_oldest"), tw::OnFull::drop_oldest);
+  TW_EXPECT_ERROR(tw::on_full_from_string("sometimes"), tw::ErrorCode::invalid_argument);
+}
+
+ipc::MessageDescriptor good_descriptor() {
+  ipc::MessageDescriptor d{};
+  tw::Layout l{DType::float32(), {2, 3}, {3, 1}, 8, false};
+  ipc::encode_message(d, l, 1, 5, 0, 4096, 2, 0);
+  return d;
+}
+
+TEST(IpcWire, DecodeAcceptsAGoodMessage) {
+  auto m = ipc::decode_message(good_descriptor(), {}, 4096, 8, 1024);
+  EXPECT_EQ(m.layout.shape, Shape(2, 3));
+  EXPECT_EQ(m.layout.byte_offset, 8);
+  EXPECT_EQ(m.lease_slot, 2u);
+  std::string meta = tw::encode_metadata(Metadata{{"ts", 1.5}});
+  auto d = good_descriptor();
+  d.metadata_bytes = static_cast<uint32_t>(meta.size());
+  EXPECT_EQ(ipc::decode_message(d, meta, 4096, 8, 1024).metadata.at("ts"), Value(1.5));
+}
+
+TEST(IpcWire, DecodeRefusesHostileMessages) {
+  using tw::ErrorCode;
+  auto expect_bad = [](ipc::MessageDescriptor d, std::string_view meta = {}, uint64_t seg = 4096) {
+    EXPECT_THROW(ipc::decode_message(d, meta, seg, 8, 1024), tw::Error);
+  };
+  auto d = good_descriptor();
+  d.magic = 0;
+  expect_bad(d);
+  d = good_descriptor();
+  d.version = 99;
+  expect_bad(d);
+  d = good_descriptor();
+  d.ndim = 65;
+  expect_bad(d);
+  d = good_descriptor();
+  d.lease_slot = 8;
+  expect_bad(d);
+  d = good_descriptor();
+  expect_bad(d, {}, 0);  // segment never announced
+  d = good_descriptor();
+  d.alloc_bytes = 8192;  // allocation beyond the segment
+  expect_bad(d);
+  d = good_descriptor();
+  d.alloc_offset = ~uint64_t{0} - 10;
+  expect_bad(d);
+  d = good_descriptor();
+  d.byte_offset = 4090;  // span past the allocation
+  expect_bad(d);
+  d = good_descriptor();
+  d.byte_offset = -4;  // span before the allocation
+  expect_bad(d);
+  d = good_descriptor();
+  d.strides[0] = INT64_MAX / 2;  // overflow
+  expect_bad(d);
+  d = good_descriptor();
+  d.shape[1] = -1;
+  expect_bad(d);
+  d = good_descriptor();
+  d.dtype_code = 200;
+  expect_bad(d);
+  d = good_descriptor();
+  d.metadata_bytes = 3;  // lies about its metadata
+  expect_bad(d, "ab");
+  d = good_descriptor();
+  d.metadata_bytes = 4;
+  expect_bad(d, "junk");
+  d = good_descriptor();
+  d.metadata_bytes = 5000;  // over capacity
+  expect_bad(d, std::string(5000, 'x'));
+}
+
+TEST(IpcWire, DecodeControlRefusesHostilePackets) {
+  auto w = ipc::encode_control(ipc::ControlType::segment, 3, 4096);
+  auto bytes = [](const ipc::ControlWire& x) {
+    return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(&x), sizeof x);
+  };
+  EXPECT_EQ(ipc::decode_control(bytes(w), 1).id, 3u);
+  EXPECT_THROW(ipc::decode_control(bytes(w), 0), tw::Error);  // a segment without its fd
+  EXPECT_THROW(ipc::decode_control(bytes(w).first(10), 1), tw::Error);
+  auto bad = w;
+  bad.type = 77;
+  EXPECT_THROW(ipc::decode_control(bytes(bad), 1), tw::Error);
+  bad = w;
+  bad.id = 0;
+  EXPECT_THROW(ipc::decode_control(bytes(bad), 1), tw::Error);
+  auto wel = ipc::encode_control(ipc::ControlType::welcome, 0, 8);  // a channel smaller than its header
+  EXPECT_THROW(ipc::decode_control(bytes(wel), 2), tw::Error);
+}
+
+TEST(IpcWire, ValidateChannelRefusesInconsistentHeaders) {
+  auto h = ipc::make_channel_header(8, 1024, 64, 1);
+  ipc::validate_channel(h, h.total_bytes);
+  EXPECT_THROW(ipc::validate_channel(h, h.total_bytes - 1), tw::Error);
+  auto b = h;
+  b.cells = 1;
+  EXPECT_THROW(ipc::validate_channel(b, h.total_bytes), tw::Error);
+  b = h;
+  b.cell_bytes = 64;
+  EXPECT_THROW(ipc::validate_channel(b, h.total_bytes), tw::Error);
+  b = h;
+  b.leases_offset = 0;
+  EXPECT_THROW(ipc::validate_channel(b, h.total_bytes), tw::Error);
+  b = h;
+  b.version = 2;
+  EXPECT_THROW(ipc::validate_channel(b, h.total_bytes), tw::Error);
+}
+
+// ---- the ring under threads (TSan) -----------------------------------------------------------------------------
+
+struct LocalChannel {
+  explicit LocalChannel(size_t depth) : h(ipc::make_channel_header(depth, 64, 4, 1)), mem(h.total_bytes) {
+    std::memcpy(mem.data(), &h, sizeof h);
+    ring = ipc::Ring(mem.data());
+    ring.init_cells();
+  }
+  ipc::ChannelHeader h;
+  std::vector<char> mem;
+  ipc::Ring ring;
+};
+
+TEST(IpcRingConcurrent, OrderedAndNothingLostWithProducerDrops) {
+  for (size_t depth : {size_t{1}, size_t{2}, size_t{3}, size_t{8}}) {
+    LocalChannel ch(depth);
+    constexpr uint64_t kN = 200000;
+    std::atomic<bool> done{false};
+    uint64_t dropped = 0, received = 0;
+    std::thread consumer([&] {
+      uint64_t last = 0;
+      for (;;) {
+        bool finished = done.load();
+        uint64_t seq = 0;
+        if (ch.ring.try_pop([&](ipc::CellHeader& c) { seq = c.msg.sequence; })) {
+          EXPECT_GT(seq, last);
+          last = seq;
+          ++received;
+        } else if (finished) {
+          break;
+        }
+      }
+    });
+    for (uint64_t i = 1; i <= kN; ++i) {
+      for (;;) {
+        if (ipc::CellHeader* c = ch.ring.begin_push()) {
+          c->msg.sequence = i;
+          ch.ring.commit_push();
+          break;
+        }
+        if (ch.ring.full() && ch.ring.try_pop([](ipc::CellHeader&) {})) ++dropped;  // drop_oldest
+      }
+    }
+    done.store(true);
+    consumer.join();
+    EXPECT_EQ(received + dropped, kN) << "depth " << depth;
+  }
+}
+
+TEST(IpcThreadPubSub, SameProcessThreadsChecksums) {
+  const std::string name = topic("threads");
+  Publisher pub(name, PublisherOptions{.depth = 4});
+  Subscriber sub(name);
+  ASSERT_TRUE(sub.connected());
+  constexpr int kN = 5000;
+  std::thread producer([&] {
+    for (int i = 0; i < kN; ++i) {
+      Tensor t = pub.loan({16}, DType::int32());
+      int32_t* p = t.data<int32_t>();
+      for (int j = 0; j < 16; ++j) p[j] = i * 16 + j;
+      pub.send(t, Metadata{{"i", i}});
+    }
+    pub.close();
+  });
+  int got = 0;
+  while (auto t = sub.recv(5s)) {
+    const int32_t* p = t->data<const int32_t>();
+    const int i = static_cast<int>(t->metadata().at("i").as_int());
+    ASSERT_EQ(i, got);
+    for (int j = 0; j < 16; ++j) ASSERT_EQ(p[j], i * 16 + j);
+    ++got;
+  }
+  producer.join();
+  EXPECT_TRUE(sub.closed());
+  EXPECT_EQ(got, kN);
+  EXPECT_LE(pub.pool_buffers(), 8u);
+}
+
+TEST(IpcThreadPubSub, ConcurrentSendersAndLoanReleaseOnOtherThreads) {
+  const std::string name = topic("senders");
+  Publisher pub(name, PublisherOptions{.depth = 16});
+  Subscriber sub(name);
+  constexpr int kPer = 2000;
+  std::vector<std::thread> ts;
+  for (int w = 0; w < 3; ++w)
+    ts.emplace_back([&, w] {
+      for (int i = 0; i < kPer; ++i) {
+        Tensor t = Tensor::copy_of(std::span<const int32_t>(std::vector<int32_t>{w, i}), {2});
+        pub.send(t);
+      }
+    });
+  std::vector<int> next(3, 0);
+  std::vector<Tensor> held;
+  for (int n = 0; n < 3 * kPer; ++n) {
+    auto t = sub.recv(5s);
+    ASSERT_TRUE(t);
+    const int32_t* p = t->data<const int32_t>();
+    ASSERT_EQ(p[1], next[static_cast<size_t>(p[0])]++);  // per-sender order
+    held.push_back(*t);
+    if (held.size() > 4) {  // drop leases on another thread
+      std::thread([h = std::move(held)]() mutable { h.clear(); }).join();
+      held.clear();
+    }
+  }
+  for (auto& t : ts) t.join();
+}
+
+// ---- processes ------------------------------------------------------------------------------------------------
+
+TEST(IpcProcess, EveryLayoutAndDtypeArrivesIdentical) {
+  const std::string name = topic("layouts");
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  pid_t child = spawn([&] {
+    Subscriber sub(name);
+    char c = 1;
+    if (::write(ready[1], &c, 1) != 1) return 2;
+    for (int k = 0; k < kCases; ++k) {
+      auto t = sub.recv(10s);
+      if (!t) return 10 + k;
+      Tensor want = make_case(k);
+      if (!same_values(*t, want)) return 40 + k;
+      if (!t->readonly()) return 70;
+      if (t->metadata().at("case").as_int() != k) return 71;
+    }
+    // a loaned buffer's permuted view keeps its strides and offset
+    auto t = sub.recv(10s);
+    if (!t || t->strides() != tw::Strides(1, 4) || t->byte_offset() != 4) return 80;
+    if (t->data<const float>()[0] != 1.0f) return 81;
+    auto meta = sub.recv(10s);
+    if (!meta) return 82;
+    const Metadata& m = meta->metadata();
+    if (m.at("s") != Value("x") || m.at("b") != Value::bytes(std::string("\0\1", 2)) ||
+        m.at("t") != Value::tuple({1, 2.5}) || m.at("own") != Value(true))
+      return 83;
+    if (sub.recv(10s) || !sub.closed()) return 84;
+    return 0;
+  });
+  char c;
+  Publisher pub(name);
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  for (int k = 0; k < kCases; ++k) pub.send(make_case(k), Metadata{{"case", k}});
+  Tensor loaned = pub.loan({3, 4}, DType::float32());
+  float* p = loaned.data<float>();
+  std::iota(p, p + 12, 0.0f);
+  pub.send(loaned.transpose(0, 1).slice(0, 1, std::nullopt));
+  Tensor withmeta = Tensor::zeros({2}, DType::uint8());
+  withmeta.metadata().set("own", true);
+  withmeta.metadata().set("s", "overwritten");
+  Value d = Value::dict();
+  pub.send(withmeta, Metadata{{"s", "x"}, {"b", Value::bytes(std::string("\0\1", 2))}, {"t", Value::tuple({1, 2.5})}});
+  pub.close();
+  EXPECT_EQ(wait_exit(child), 0);
+  ::close(ready[0]);
+  ::close(ready[1]);
+}
+
+TEST(IpcProcess, SubscriberStartedBeforePublisherGetsEverything) {
+  const std::string name = topic("early");
+  pid_t child = spawn([&] {
+    Subscriber sub(name);
+    int n = 0;
+    while (auto t = sub.recv(10s)) {
+      if (t->data<const int64_t>()[0] != n) return 3;
+      ++n;
+    }
+    return n == 100 && sub.closed() ? 0 : 4;
+  });
+  // Wait until the child's subscriber listens.
+  for (int i = 0; i < 500 && ipc::find_listening(ipc::subscriber_address_prefix(name)).empty(); ++i)
+    std::this_thread::sleep_for(10ms);
+  Publisher pub(name, PublisherOptions{.depth = 4});
+  EXPECT_EQ(pub.subscriber_count(), 1u);
+  for (int64_t i = 0; i < 100; ++i) pub.send(Tensor::copy_of(std::span<const int64_t>(&i, 1), {1}));
+  pub.close();
+  EXPECT_EQ(wait_exit(child), 0);
+}
+
+TEST(IpcProcess, FanOutToFourSubscribers) {
+  const std::string name = topic("fanout");
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  std::vector<pid_t> kids;
+  for (int s = 0; s < 4; ++s)
+    kids.push_back(spawn([&] {
+      Subscriber sub(name);
+      char c = 1;
+      if (::write(ready[1], &c, 1) != 1) return 2;
+      uint64_t sum = 0;
+      int n = 0;
+      while (auto t = sub.recv(10s)) {
+        const uint32_t* p = t->data<const uint32_t>();
+        for (int64_t i = 0; i < t->numel(); ++i) sum += p[i];
+        ++n;
+      }
+      return (n == 300 && sum == 300ull * 1023 * 1024 / 2) ? 0 : 5;
+    }));
+  Publisher pub(name);
+  for (int s = 0; s < 4; ++s) {
+    char c;
+    ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  }
+  // subscribers that connected to us before we listened would be missed: they connect in their constructors
+  for (int i = 0; i < 200 && pub.subscriber_count() < 4; ++i) std::this_thread::sleep_for(5ms);
+  ASSERT_EQ(pub.subscriber_count(), 4u);
+  for (int m = 0; m < 300; ++m) {
+    Tensor t = pub.loan({1024}, DType::uint32());
+    std::iota(t.data<uint32_t>(), t.data<uint32_t>() + 1024, 0u);
+    EXPECT_EQ(pub.send(t), 4u);
+  }
+  pub.close();
+  for (pid_t k : kids) EXPECT_EQ(wait_exit(k), 0);
+  ::close(ready[0]);
+  ::close(ready[1]);
+}
+
+TEST(IpcProcess, OnFullPolicies) {
+  for (tw::OnFull policy : {tw::OnFull::raise, tw::OnFull::drop_oldest}) {
+    const std::string name = topic("onfull");
+    Publisher pub(name, PublisherOptions{.depth = 2, .on_full = policy});
+    Subscriber sub(name);  // never reads until the end
+    Tensor x = Tensor::zeros({4}, DType::float32());
+    pub.send(x);
+    pub.send(x);
+    if (policy == tw::OnFull::raise) {
+      EXPECT_THROW(pub.send(x), tw::WouldBlockError);
+      EXPECT_EQ(pub.dropped(), 0u);
+    } else {
+      for (int i = 0; i < 5; ++i) pub.send(x);
+      EXPECT_EQ(pub.dropped(), 5u);
+      EXPECT_EQ(sub.dropped(), 5u);
+    }
+    EXPECT_TRUE(sub.recv(1s));
+    EXPECT_TRUE(sub.recv(1s));
+    EXPECT_FALSE(sub.recv(10ms));
+    EXPECT_FALSE(sub.closed());
+  }
+}
+
+TEST(IpcProcess, BlockWaitsForTheSlowSubscriber) {
+  const std::string name = topic("block");
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  pid_t child = spawn([&] {
+    Subscriber sub(name);
+    char c = 1;
+    if (::write(ready[1], &c, 1) != 1) return 2;
+    int n = 0;
+    while (auto t = sub.recv(10s)) {
+      if (t->data<const int32_t>()[0] != n++) return 3;
+      if (n % 10 == 0) std::this_thread::sleep_for(1ms);
+    }
+    return n == 500 ? 0 : 4;
+  });
+  Publisher pub(name, PublisherOptions{.depth = 2});
+  char c;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  for (int32_t i = 0; i < 500; ++i) pub.send(Tensor::copy_of(std::span<const int32_t>(&i, 1), {1}));
+  pub.close();
+  EXPECT_EQ(wait_exit(child), 0);
+}
+
+TEST(IpcProcess, KilledSubscriberLeasesAreReclaimed) {
+  const std::string name = topic("killsub");
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  pid_t child = spawn([&] {
+    Subscriber sub(name);
+    std::vector<Tensor> hoard;
+    char c = 1;
+    if (::write(ready[1], &c, 1) != 1) return 2;
+    while (auto t = sub.recv(10s)) {
+      hoard.push_back(*t);  // holds every buffer it gets
+      if (hoard.size() == 3 && ::write(ready[1], &c, 1) != 1) return 2;
+    }
+    return 0;
+  });
+  Publisher pub(name, PublisherOptions{.depth = 8, .max_buffers = 4});
+  char c;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  for (int i = 0; i < 3; ++i) {
+    Tensor t = pub.loan({256}, DType::uint8());
+    pub.send(t);
+  }
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);  // the child holds three buffers
+  ::kill(child, SIGKILL);
+  EXPECT_EQ(wait_exit(child), 128 + SIGKILL);
+  // With four buffers and the dead child's three reclaimed, sending many more never blocks.
+  Subscriber other(name);
+  for (int i = 0; i < 100; ++i) {
+    Tensor t = pub.loan({256}, DType::uint8());
+    pub.send(t);
+    ASSERT_TRUE(other.recv(5s));
+  }
+  EXPECT_EQ(pub.subscriber_count(), 1u);
+  EXPECT_LE(pub.pool_buffers(), 4u);
+  ::close(ready[0]);
+  ::close(ready[1]);
+}
+
+TEST(IpcProcess, KilledPublisherLeavesDataValidThenEndOfStream) {
+  const std::string name = topic("killpub");
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  Subscriber sub(name);
+  pid_t child = spawn([&] {
+    Publisher pub(name);
+    for (int i = 0; i < 3; ++i) {
+      Tensor t = pub.loan({1000}, DType::int32());
+      std::fill(t.data<int32_t>(), t.data<int32_t>() + 1000, i + 7);
+      pub.send(t);
+    }
+    char c = 1;
+    if (::write(ready[1], &c, 1) != 1) return 2;
+    for (;;) ::pause();
+  });
+  char c;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  auto first = sub.recv(5s);
+  ASSERT_TRUE(first);
+  ::kill(child, SIGKILL);
+  EXPECT_EQ(wait_exit(child), 128 + SIGKILL);
+  auto second = sub.recv(5s);  // queued before the kill: still delivered
+  ASSERT_TRUE(second);
+  ASSERT_TRUE(sub.recv(5s));
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(sub.recv(5s));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+  EXPECT_TRUE(sub.closed());
+  EXPECT_EQ(first->data<const int32_t>()[999], 7);  // still mapped and intact
+  EXPECT_EQ(second->data<const int32_t>()[0], 8);
+  // The name is free again.
+  Publisher again(name);
+  Subscriber fresh(name);
+  again.send(Tensor::zeros({1}, DType::int8()));
+  EXPECT_TRUE(fresh.recv(5s));
+  ::close(ready[0]);
+  ::close(ready[1]);
+}
+
+TEST(IpcProcess, SecondPublisherOfANameIsRefused) {
+  const std::string name = topic("dup");
+  Publisher a(name);
+  TW_EXPECT_ERROR_MSG(Publisher b(name), tw::ErrorCode::invalid_argument, "already running");
+  a.close();
+  Publisher c(name);
+  TW_EXPECT_ERROR_MSG(a.send(Tensor::zeros({1}, DType::int8())), tw::ErrorCode::invalid_argument, "closed");
+}
+
+TEST(IpcProcess, NothingLeaks) {
+  const size_t fds0 = count_fds(), maps0 = count_tw_mappings();
+  {
+    const std::string name = topic("leak");
+    Publisher pub(name);
+    Subscriber a(name), b(name);
+    std::vector<Tensor> keep;
+    for (int i = 0; i < 50; ++i) {
+      pub.send(Tensor::zeros({static_cast<int64_t>(100 + 1000 * (i % 7))}, DType::float32()));
+      keep.push_back(*a.recv(1s));
+      ASSERT_TRUE(b.recv(1s));
+    }
+    a.close();
+    b.close();
+    EXPECT_EQ(keep.back().numel(), 100 + 1000 * (49 % 7));  // alive after close
+    keep.clear();
+    pub.close();
+  }
+  EXPECT_EQ(count_fds(), fds0);
+  EXPECT_EQ(count_tw_mappings(), maps0);
+}
+
+TEST(IpcProcess, SegmentsAreSealedAndReadOnlyForSubscribers) {
+  const std::string name = topic("seal");
+  Publisher pub(name);
+  Subscriber sub(name);
+  pub.send(Tensor::zeros({16}, DType::float32()));
+  auto t = sub.recv(1s);
+  ASSERT_TRUE(t);
+  EXPECT_TRUE(t->readonly());
+  // The received mapping cannot be made writable.
+  void* page = reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(t->buffer().base()) & ~uintptr_t{4095});
+  EXPECT_NE(::mprotect(page, 4096, PROT_READ | PROT_WRITE), 0);
+}
+
+TEST(IpcProcess, FilenoIsReadableExactlyWhenAMessageWaits) {
+  const std::string name = topic("fileno");
+  Publisher pub(name);
+  Subscriber sub(name);
+  const int fd = sub.fileno();
+  auto readable = [&](int ms) {
+    pollfd p{fd, POLLIN, 0};
+    return ::poll(&p, 1, ms) == 1;
+  };
+  EXPECT_FALSE(readable(0));
+  pub.send(Tensor::zeros({1}, DType::int8()));
+  EXPECT_TRUE(readable(1000));
+  EXPECT_TRUE(sub.try_recv());
+  EXPECT_FALSE(readable(0));
+  pub.send(Tensor::zeros({1}, DType::int8()));
+  pub.send(Tensor::zeros({1}, DType::int8()));
+  EXPECT_TRUE(readable(1000));
+  EXPECT_TRUE(sub.try_recv());
+  EXPECT_TRUE(readable(0));
+  EXPECT_TRUE(sub.try_recv());
+  EXPECT_FALSE(readable(0));
+  pub.close();
+  EXPECT_TRUE(readable(1000));  // end-of-stream wakes too
+  EXPECT_FALSE(sub.try_recv());
+  EXPECT_TRUE(sub.closed());
+}
+
+TEST(IpcProcess, ManyMessagesWithChecksums) {
+  const std::string name = topic("many");
+  const int n = std::getenv("TW_IPC_MESSAGES") ? std::atoi(std::getenv("TW_IPC_MESSAGES")) : 100000;
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  pid_t child = spawn([&] {
+    Subscriber sub(name);
+    char c = 1;
+    if (::write(ready[1], &c, 1) != 1) return 2;
+    int64_t i = 0;
+    while (auto t = sub.recv(30s)) {
+      const uint64_t* p = t->data<const uint64_t>();
+      const int64_t k = t->numel();
+      uint64_t sum = 0;
+      for (int64_t j = 1; j < k; ++j) sum += p[j];
+      if (static_cast<int64_t>(p[0]) != i || sum != p[0] * static_cast<uint64_t>(k - 1)) return 3;
+      ++i;
+    }
+    return i == n ? 0 : 4;
+  });
+  Publisher pub(name, PublisherOptions{.depth = 64});
+  char c;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t k = 1 + i % 61;
+    Tensor t = pub.loan({k}, DType::uint64());
+    std::fill(t.data<uint64_t>(), t.data<uint64_t>() + k, static_cast<uint64_t>(i));
+    pub.send(t);
+  }
+  pub.close();
+  EXPECT_EQ(wait_exit(child), 0);
+  ::close(ready[0]);
+  ::close(ready[1]);
+}
+
+}  // namespace
