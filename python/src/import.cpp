@@ -587,7 +587,7 @@ nb::object asarray(nb::handle obj, nb::handle device, nb::handle copy, nb::handl
 }  // namespace
 
 void register_import(nb::module_& m) {
-  m.def("asarray", &asarray, "obj"_a, nb::kw_only(), "device"_a = nb::none(), "copy"_a = nb::none(),
+  m.def("asarray", &asarray, "obj"_a.none(), nb::kw_only(), "device"_a = nb::none(), "copy"_a = nb::none(),
         "stream"_a = nb::none(),
         "Any array-like as a tensorwire.Tensor. copy=None copies only when no zero-copy view exists; copy=False "
         "never copies (raises tensorwire.CopyError instead); copy=True always copies.");
@@ -617,7 +617,7 @@ void register_import(nb::module_& m) {
       PyErr_SetString(r.type, ("from_dlpack: " + r.reason).c_str());
       throw nb::python_error();
     }
-  }, "x"_a, nb::kw_only(), "device"_a = nb::none(), "copy"_a = nb::none(),
+  }, "x"_a.none(), nb::kw_only(), "device"_a = nb::none(), "copy"_a = nb::none(),
   "Import through DLPack only (the array API's from_dlpack).");
   m.def("_set_arrow_hook", [](nb::object hook) { g_arrow_hook = hook.release(); });
 }

@@ -87,7 +87,10 @@ tw::Value to_value(PyObject* o, const std::string& path, int depth) {
       if (!PyUnicode_Check(k))
         throw tw::Error(tw::ErrorCode::type_mismatch, "metadata " + path + " has a key of type " +
                                                           std::string(Py_TYPE(k)->tp_name) + "; dict keys must be str");
-      std::string key = nb::borrow<nb::str>(k).c_str();
+      Py_ssize_t kn;
+      const char* ks = PyUnicode_AsUTF8AndSize(k, &kn);  // keeps embedded NULs, unlike c_str()
+      if (!ks) throw nb::python_error();
+      std::string key(ks, static_cast<size_t>(kn));
       d.set(key, to_value(v, path + "[" + key + "]", depth + 1));
     }
     return d;
@@ -118,7 +121,7 @@ nb::object from_value(const tw::Value& v) {
     }
     case K::dict: {
       nb::dict d;
-      for (size_t i = 0; i < v.keys().size(); ++i) d[nb::str(v.keys()[i].c_str())] = from_value(v.values()[i]);
+      for (size_t i = 0; i < v.keys().size(); ++i) d[nb::str(v.keys()[i].data(), v.keys()[i].size())] = from_value(v.values()[i]);
       return d;
     }
   }
@@ -313,8 +316,9 @@ NB_MODULE(_tensorwire, m) {
           }
         }
         return false;
-      })
-      .def("__ne__", [](nb::handle self, nb::handle o) { return !nb::cast<bool>(self.attr("__eq__")(o)); });
+      }, "other"_a.none())
+      .def("__ne__", [](nb::handle self, nb::handle o) { return !nb::cast<bool>(self.attr("__eq__")(o)); },
+           "other"_a.none());
 
   // ---- Device -----------------------------------------------------------------------------------------------
   nb::class_<tw::Device>(m, "Device", "A DLPack device: (device_type, device_id); str() gives 'cpu' or 'cuda:0'.")
@@ -336,7 +340,7 @@ NB_MODULE(_tensorwire, m) {
         } catch (...) {
           return false;
         }
-      });
+      }, "other"_a.none());
 
   // ---- Tensor -----------------------------------------------------------------------------------------------
   nb::class_<tw::Tensor> cls(m, "Tensor", nb::type_slots(tensor_slots), nb::is_weak_referenceable(),
@@ -400,7 +404,9 @@ NB_MODULE(_tensorwire, m) {
                        int64_t step) { return t.slice(dim, start, stop, step); },
            "dim"_a, "start"_a = nb::none(), "stop"_a = nb::none(), "step"_a = 1)
       .def("as_readonly", &tw::Tensor::as_readonly)
-      .def("__getitem__", [](const tw::Tensor& t, nb::handle index) { return index_tensor(t, index); })
+      // .none(): nanobind refuses None for an argument unless told; t[None] inserts an axis
+      .def("__getitem__", [](const tw::Tensor& t, nb::handle index) { return index_tensor(t, index); },
+           "index"_a.none())
       .def("__len__", [](const tw::Tensor& t) {
         if (t.ndim() == 0) throw nb::type_error("len() of a 0-d tensor");
         return t.shape()[0];
@@ -409,7 +415,7 @@ NB_MODULE(_tensorwire, m) {
       // metadata primitives; the MutableMapping view lives in the Python package
       .def("_meta_keys", [](const tw::Tensor& t) {
         nb::list l;
-        for (const auto& k : t.metadata().keys()) l.append(nb::str(k.c_str()));
+        for (const auto& k : t.metadata().keys()) l.append(nb::str(k.data(), k.size()));
         return l;
       })
       .def("_meta_get", [](const tw::Tensor& t, const std::string& k) -> nb::object {
@@ -423,7 +429,7 @@ NB_MODULE(_tensorwire, m) {
                           std::string("metadata keys must be str, not ") + Py_TYPE(k.ptr())->tp_name);
         std::string key = nb::cast<std::string>(k);
         t.metadata().set(key, to_value(v.ptr(), "['" + key + "']"));
-      })
+      }, "key"_a.none(), "value"_a.none())
       .def("_meta_del", [](tw::Tensor& t, const std::string& k) {
         if (!t.metadata().erase(k)) throw nb::key_error(k.c_str());
       })
