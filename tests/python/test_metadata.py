@@ -1,0 +1,285 @@
+"""Metadata: a live mutable mapping with str keys and JSON-like values (plus bytes and tuples) whose types survive
+exactly; views, copies and pickles carry a deep copy."""
+
+from __future__ import annotations
+
+import math
+import pickle
+from collections.abc import MutableMapping
+
+import numpy as np
+import pytest
+
+import tensorwire as tw
+
+
+def exact_equal(a, b) -> bool:
+    """Equal values with identical types all the way down (True is not 1, a tuple is not a list)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        return (math.isnan(a) and math.isnan(b)) or (a == b and math.copysign(1, a) == math.copysign(1, b))
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(exact_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return list(a.keys()) == list(b.keys()) and all(exact_equal(a[k], b[k]) for k in a)
+    return a == b
+
+
+VALUES = {
+    "none": None,
+    "true": True,
+    "false": False,
+    "zero": 0,
+    "one": 1,
+    "int_max": 2**63 - 1,
+    "int_min": -(2**63),
+    "float": 1.5,
+    "float_one": 1.0,
+    "neg_zero": -0.0,
+    "nan": float("nan"),
+    "inf": float("-inf"),
+    "str": "XYXY",
+    "unicode": "日本語 ✓ \U0001f600",
+    "nul_str": "a\x00b",
+    "empty_str": "",
+    "bytes": b"\x00\xff\x01",
+    "empty_bytes": b"",
+    "list": [1, "a", None, 2.5],
+    "empty_list": [],
+    "tuple": (1, 2, (3, (4,))),
+    "empty_tuple": (),
+    "dict": {"b": 1, "a": [True, (None, b"x")], "nested": {"deep": {"deeper": [{"k": ()}]}}},
+    "empty_dict": {},
+    "mixed": [(1, [2, {"x": (b"", 0.5)}])],
+}
+
+
+@pytest.fixture
+def t():
+    return tw.asarray(np.arange(12, dtype=np.float32).reshape(3, 4))
+
+
+def test_live_mapping(t):
+    assert isinstance(t.metadata, MutableMapping)
+    assert len(t.metadata) == 0 and dict(t.metadata) == {}
+    t.metadata["format"] = "XYXY"
+    assert t.metadata["format"] == "XYXY"
+    m = t.metadata
+    m["scale"] = 0.5  # writes through a held mapping go straight to the tensor
+    assert t.metadata["scale"] == 0.5
+    assert "format" in t.metadata and "nope" not in t.metadata and 1 not in t.metadata
+    assert list(t.metadata) == ["format", "scale"]  # insertion order
+    del t.metadata["format"]
+    assert "format" not in m and len(m) == 1
+    assert t.metadata.get("missing", 7) == 7
+    with pytest.raises(KeyError):
+        t.metadata["missing"]
+    with pytest.raises(KeyError):
+        del t.metadata["missing"]
+    with pytest.raises(KeyError):
+        t.metadata[3]
+    t.metadata.update({"a": 1, "b": [2]})
+    assert t.metadata.pop("a") == 1 and "a" not in t.metadata
+    assert t.metadata.setdefault("c", (1,)) == (1,)
+    assert t.metadata == {"scale": 0.5, "b": [2], "c": (1,)}
+    assert dict(t.metadata.items()) == {"scale": 0.5, "b": [2], "c": (1,)}
+    t.metadata["scale"] = "replaced"
+    assert list(t.metadata) == ["scale", "b", "c"] and t.metadata["scale"] == "replaced"
+    t.metadata.clear()
+    assert len(t.metadata) == 0
+    assert "Metadata" in repr(t.metadata)
+    assert "metadata_keys=0" not in repr(t)
+
+
+def test_reads_return_fresh_objects(t):
+    t.metadata["boxes"] = [[1, 2]]
+    got = t.metadata["boxes"]
+    got.append([3, 4])  # mutating what was read does not change the tensor...
+    assert t.metadata["boxes"] == [[1, 2]]
+    t.metadata["boxes"] = got  # ...assigning it back does
+    assert t.metadata["boxes"] == [[1, 2], [3, 4]]
+
+
+@pytest.mark.parametrize("key", list(VALUES))
+def test_allowed_values_round_trip_with_exact_types(t, key):
+    v = VALUES[key]
+    t.metadata[key] = v
+    assert exact_equal(t.metadata[key], v), (t.metadata[key], v)
+
+
+def test_all_values_at_once_and_assignment_of_a_whole_mapping(t):
+    t.metadata = VALUES
+    assert exact_equal(dict(t.metadata), VALUES)
+    t.metadata = {"only": 1}
+    assert dict(t.metadata) == {"only": 1}
+
+
+def test_keys_with_unusual_characters(t):
+    for k in ["", "a\x00b", "ключ", "with space", "\U0001f600"]:
+        t.metadata[k] = k
+    assert list(t.metadata) == ["", "a\x00b", "ключ", "with space", "\U0001f600"]
+    assert all(t.metadata[k] == k for k in t.metadata)
+    t.metadata["nested"] = {"x\x00y": 1}
+    assert list(t.metadata["nested"]) == ["x\x00y"]
+
+
+class Custom:
+    pass
+
+
+BAD = [
+    set(),
+    frozenset({1}),
+    object(),
+    Custom(),
+    np.float32(1.0),
+    np.int64(3),
+    np.bool_(True),
+    np.arange(3),
+    2**63,
+    -(2**63) - 1,
+    2**100,
+    1 + 2j,
+    bytearray(b"x"),
+    memoryview(b"x"),
+    range(3),
+    {1: 2},
+    {("a",): 1},
+    [1, set()],
+    (1, {"ok": object()}),
+    {"a": {"b": [np.float32(1.0)]}},
+    len,
+]
+
+
+@pytest.mark.parametrize("bad", BAD, ids=[type(b).__name__ + str(i) for i, b in enumerate(BAD)])
+def test_other_values_raise_type_error_and_change_nothing(t, bad):
+    t.metadata["keep"] = 1
+    t.metadata["x"] = "before"
+    with pytest.raises(TypeError):
+        t.metadata["x"] = bad
+    assert dict(t.metadata) == {"keep": 1, "x": "before"}
+
+
+def test_subclasses_of_allowed_types_are_stored_as_the_base_type(t):
+    import enum
+
+    class Color(enum.IntEnum):
+        RED = 1
+
+    t.metadata["f"] = np.float64(2.5)  # np.float64 is a float subclass
+    t.metadata["i"] = Color.RED
+    assert exact_equal(t.metadata["f"], 2.5) and exact_equal(t.metadata["i"], 1)
+
+
+def test_type_error_names_the_offending_path(t):
+    with pytest.raises(TypeError) as ei:
+        t.metadata["boxes"] = {"a": [1, 2, {3}]}
+    assert "boxes" in str(ei.value) and "set" in str(ei.value)
+
+
+@pytest.mark.parametrize("key", [1, None, b"k", ("a",), 1.5])
+def test_non_str_keys_raise_type_error(t, key):
+    with pytest.raises(TypeError):
+        t.metadata[key] = 1
+    assert len(t.metadata) == 0
+
+
+def test_too_deep_nesting_refused(t):
+    v = []
+    for _ in range(200):
+        v = [v]
+    with pytest.raises(TypeError):
+        t.metadata["deep"] = v
+    ok = []
+    for _ in range(30):
+        ok = [ok]
+    t.metadata["ok"] = ok
+    assert t.metadata["ok"] == ok
+
+
+def test_bad_whole_mapping_assignment_restores_the_old_one(t):
+    t.metadata["a"] = 1
+    with pytest.raises(TypeError):
+        t.metadata = {"b": 2, "c": object()}
+    assert dict(t.metadata) == {"a": 1}
+    with pytest.raises(TypeError):
+        t.metadata = 5
+    with pytest.raises(TypeError):
+        t.metadata = {1: 2}
+    assert dict(t.metadata) == {"a": 1}
+
+
+# ---- deep copies ------------------------------------------------------------------------------------------------
+DERIVED = {
+    "slice": lambda t: t[1:, ::-1],
+    "index": lambda t: t[0],
+    "none": lambda t: t[None],
+    "select": lambda t: t.select(1, 2),
+    "permute": lambda t: t.permute(1, 0),
+    "transpose": lambda t: t.transpose(0, 1),
+    "T": lambda t: t.T,
+    "view": lambda t: t.view(-1),
+    "reshape": lambda t: t.reshape(4, 3),
+    "reshape_copy": lambda t: t.T.reshape(-1),
+    "expand": lambda t: t[None].expand(2, 3, 4),
+    "as_readonly": lambda t: t.as_readonly(),
+    "contiguous_copy": lambda t: t.T.contiguous(),
+    "copy": lambda t: t.copy(),
+    "copy_F": lambda t: t.copy("F"),
+    "asarray_copy": lambda t: tw.asarray(t, copy=True),
+    "pickle2": lambda t: pickle.loads(pickle.dumps(t, protocol=2)),
+    "pickle5": lambda t: pickle.loads(pickle.dumps(t, protocol=5)),
+    "pickle5_oob": lambda t: (lambda bufs: pickle.loads(pickle.dumps(t, protocol=5, buffer_callback=bufs.append),
+                                                        buffers=bufs))([]),
+}
+
+
+@pytest.mark.parametrize("name", list(DERIVED))
+def test_views_and_copies_carry_a_deep_copy(t, name):
+    t.metadata["format"] = "XYXY"
+    t.metadata["boxes"] = [[0, 0, 10, 10]]
+    t.metadata["nested"] = {"k": (1, 2)}
+    d = DERIVED[name](t)
+    assert d is not t
+    assert exact_equal(dict(d.metadata), dict(t.metadata))
+    # mutating the derived tensor's metadata leaves the original alone...
+    d.metadata["format"] = "CXCYWH"
+    d.metadata["boxes"] = d.metadata["boxes"] + [[1, 1, 2, 2]]
+    del d.metadata["nested"]
+    d.metadata["new"] = 1
+    assert t.metadata["format"] == "XYXY"
+    assert t.metadata["boxes"] == [[0, 0, 10, 10]]
+    assert t.metadata["nested"] == {"k": (1, 2)}
+    assert "new" not in t.metadata
+    # ...and the other way round
+    t.metadata["format"] = "YXYX"
+    t.metadata.clear()
+    assert d.metadata["format"] == "CXCYWH" and d.metadata["new"] == 1
+
+
+def test_contiguous_of_contiguous_is_the_same_tensor_and_mapping(t):
+    t.metadata["a"] = 1
+    c = t.contiguous()
+    assert c is t
+    c.metadata["b"] = 2
+    assert t.metadata["b"] == 2  # same object, same metadata
+    assert tw.asarray(t) is t
+
+
+def test_view_of_view_carries_metadata_through_chains(t):
+    t.metadata["id"] = 7
+    v = t[1:].T[::-1].view(-1) if t[1:].T[::-1].is_contiguous() else t[1:].T[::-1]
+    assert v.metadata["id"] == 7
+    w = v.copy()
+    assert w.metadata["id"] == 7
+
+
+def test_metadata_survives_with_many_keys(t):
+    for i in range(500):
+        t.metadata[f"k{i}"] = i
+    assert len(t.metadata) == 500
+    c = t.T.copy()
+    assert [c.metadata[f"k{i}"] for i in range(500)] == list(range(500))
+    assert list(c.metadata)[:3] == ["k0", "k1", "k2"]
