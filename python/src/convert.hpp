@@ -39,6 +39,8 @@ tw::Tensor& unwrap(nb::handle h);
 /// Registers asarray/from_dlpack and friends (import.cpp) and the exporters (export.cpp).
 void register_import(nb::module_& m);
 void register_export(nb::class_<tw::Tensor>& cls, nb::module_& m);
+/// Registers tw.Publisher and tw.Subscriber (ipc.cpp).
+void register_ipc(nb::module_& m);
 
 /// Buffer-protocol slots of tw.Tensor (export.cpp).
 extern PyType_Slot tensor_slots[];
