@@ -27,22 +27,23 @@ struct Bytes {
 };
 
 // Typed strided loops; the constant-stride variants let the compiler vectorise the common cases
-// (every-other element, broadcast, contiguous).
+// (every-other element, broadcast, contiguous). Pointers may be misaligned for T (tensors can start at any byte),
+// so every access goes through memcpy on char pointers: never a T* store or T* arithmetic.
 template <class T>
 void gather_t(char* dst, int64_t ds, const char* src, int64_t ss, int64_t n) {
-  if (ds == static_cast<int64_t>(sizeof(T))) {
-    T* d = reinterpret_cast<T*>(dst);
+  constexpr int64_t sz = static_cast<int64_t>(sizeof(T));
+  if (ds == sz) {
     if (ss == 0) {
       T v;
       std::memcpy(&v, src, sizeof(T));
-      for (int64_t i = 0; i < n; ++i) d[i] = v;
+      for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * sz, &v, sizeof(T));
       return;
     }
-    if (ss == 2 * static_cast<int64_t>(sizeof(T))) {
-      for (int64_t i = 0; i < n; ++i) std::memcpy(d + i, src + 2 * i * static_cast<int64_t>(sizeof(T)), sizeof(T));
+    if (ss == 2 * sz) {
+      for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * sz, src + 2 * i * sz, sizeof(T));
       return;
     }
-    for (int64_t i = 0; i < n; ++i) std::memcpy(d + i, src + i * ss, sizeof(T));
+    for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * sz, src + i * ss, sizeof(T));
     return;
   }
   for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * ds, src + i * ss, sizeof(T));
