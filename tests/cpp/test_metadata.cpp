@@ -1,0 +1,313 @@
+// Metadata values and their binary encoding: kinds and accessors, an exact round trip (nested tuples, dicts, bytes,
+// special floats), a frozen wire format, and hostile input that must end in Error(invalid_argument), never a crash.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tw_test_util.hpp"
+
+namespace {
+
+using tw::ErrorCode;
+using tw::Metadata;
+using tw::Value;
+using K = tw::Value::Kind;
+
+TEST(Value, Kinds) {
+  EXPECT_EQ(Value().kind(), K::none);
+  EXPECT_TRUE(Value().is_none());
+  EXPECT_EQ(Value(nullptr).kind(), K::none);
+  EXPECT_EQ(Value(true).kind(), K::boolean);
+  EXPECT_EQ(Value(1).kind(), K::integer);
+  EXPECT_EQ(Value(1L).kind(), K::integer);
+  EXPECT_EQ(Value(1LL).kind(), K::integer);
+  EXPECT_EQ(Value(int64_t{-5}).kind(), K::integer);
+  EXPECT_EQ(Value(1.5).kind(), K::floating);
+  EXPECT_EQ(Value("s").kind(), K::string);
+  EXPECT_EQ(Value(std::string("s")).kind(), K::string);
+  EXPECT_EQ(Value(std::string_view("s")).kind(), K::string);
+  EXPECT_EQ(Value::bytes("b").kind(), K::bytes);
+  EXPECT_EQ(Value::list().kind(), K::list);
+  EXPECT_EQ(Value::tuple().kind(), K::tuple);
+  EXPECT_EQ(Value::dict().kind(), K::dict);
+  EXPECT_FALSE(Value(0).is_none());
+}
+
+TEST(Value, Accessors) {
+  EXPECT_TRUE(Value(true).as_bool());
+  EXPECT_FALSE(Value(false).as_bool());
+  EXPECT_EQ(Value(std::numeric_limits<int64_t>::min()).as_int(), std::numeric_limits<int64_t>::min());
+  EXPECT_EQ(Value(2.25).as_float(), 2.25);
+  EXPECT_EQ(Value("héllo").as_string(), "héllo");
+  EXPECT_EQ(Value::bytes(std::string("a\0b", 3)).as_bytes(), std::string("a\0b", 3));
+  Value l = Value::list({1, "two", Value::tuple({3.0})});
+  ASSERT_EQ(l.items().size(), 3u);
+  EXPECT_EQ(l.items()[1].as_string(), "two");
+  EXPECT_EQ(l.items()[2].items()[0].as_float(), 3.0);
+  l.items().push_back(Value());
+  EXPECT_EQ(l.items().size(), 4u);
+}
+
+TEST(Value, WrongAccessorIsTypeMismatchNamingBothKinds) {
+  TW_EXPECT_ERROR_MSG(Value(1).as_string(), ErrorCode::type_mismatch, "int");
+  TW_EXPECT_ERROR_MSG(Value(1).as_string(), ErrorCode::type_mismatch, "str");
+  TW_EXPECT_ERROR(Value(true).as_int(), ErrorCode::type_mismatch);   // a bool is not an int here
+  TW_EXPECT_ERROR(Value(1).as_bool(), ErrorCode::type_mismatch);
+  TW_EXPECT_ERROR(Value(1).as_float(), ErrorCode::type_mismatch);    // no silent int -> float
+  TW_EXPECT_ERROR(Value("s").as_bytes(), ErrorCode::type_mismatch);  // str and bytes differ
+  TW_EXPECT_ERROR(Value::bytes("s").as_string(), ErrorCode::type_mismatch);
+  TW_EXPECT_ERROR(Value::dict().items(), ErrorCode::type_mismatch);
+  TW_EXPECT_ERROR(Value::list().keys(), ErrorCode::type_mismatch);
+  TW_EXPECT_ERROR(Value::list().values(), ErrorCode::type_mismatch);
+  Value s = "x";
+  TW_EXPECT_ERROR(s.set("k", 1), ErrorCode::type_mismatch);
+  TW_EXPECT_ERROR(s.find("k"), ErrorCode::type_mismatch);
+  TW_EXPECT_ERROR(s.erase("k"), ErrorCode::type_mismatch);
+}
+
+TEST(Value, DictKeepsInsertionOrderAndReplacesInPlace) {
+  Value d = Value::dict();
+  d.set("z", 1);
+  d.set("a", 2);
+  d.set("m", 3);
+  d.set("a", "replaced");
+  EXPECT_EQ(d.keys(), (std::vector<std::string>{"z", "a", "m"}));
+  EXPECT_EQ(d.values()[1].as_string(), "replaced");
+  ASSERT_NE(d.find("m"), nullptr);
+  EXPECT_EQ(d.find("m")->as_int(), 3);
+  EXPECT_EQ(d.find("nope"), nullptr);
+  EXPECT_TRUE(d.erase("z"));
+  EXPECT_FALSE(d.erase("z"));
+  EXPECT_EQ(d.keys(), (std::vector<std::string>{"a", "m"}));
+  EXPECT_EQ(d.values().size(), 2u);
+  EXPECT_EQ(d.values()[1].as_int(), 3);
+}
+
+TEST(Value, Equality) {
+  EXPECT_EQ(Value(1), Value(1));
+  EXPECT_NE(Value(1), Value(2));
+  EXPECT_NE(Value(1), Value(1.0));
+  EXPECT_NE(Value(true), Value(1));
+  EXPECT_NE(Value("a"), Value::bytes("a"));
+  EXPECT_NE(Value::list({1}), Value::tuple({1}));
+  EXPECT_EQ(Value::tuple({1, "x"}), Value::tuple({1, "x"}));
+  EXPECT_EQ(Value(std::nan("")), Value(std::nan("")));  // NaN metadata survives a round trip equal to itself
+  EXPECT_EQ(Value(0.0), Value(-0.0));
+  EXPECT_EQ(Value(), Value(nullptr));
+}
+
+TEST(Value, KindNames) {
+  EXPECT_STREQ(tw::value_kind_name(K::none), "none");
+  EXPECT_STREQ(tw::value_kind_name(K::boolean), "bool");
+  EXPECT_STREQ(tw::value_kind_name(K::integer), "int");
+  EXPECT_STREQ(tw::value_kind_name(K::floating), "float");
+  EXPECT_STREQ(tw::value_kind_name(K::string), "str");
+  EXPECT_STREQ(tw::value_kind_name(K::bytes), "bytes");
+  EXPECT_STREQ(tw::value_kind_name(K::list), "list");
+  EXPECT_STREQ(tw::value_kind_name(K::tuple), "tuple");
+  EXPECT_STREQ(tw::value_kind_name(K::dict), "dict");
+}
+
+TEST(Metadata, MapOperations) {
+  Metadata m{{"format", "xyxy"}, {"scale", 0.5}};
+  EXPECT_EQ(m.size(), 2u);
+  EXPECT_FALSE(m.empty());
+  EXPECT_TRUE(m.contains("format"));
+  EXPECT_EQ(m.at("scale").as_float(), 0.5);
+  TW_EXPECT_ERROR_MSG(m.at("missing"), ErrorCode::out_of_range, "missing");
+  m.set("format", "cxcywh");
+  EXPECT_EQ(m.keys(), (std::vector<std::string>{"format", "scale"}));
+  EXPECT_EQ(m.at("format").as_string(), "cxcywh");
+  TW_EXPECT_ERROR(m.find("scale")->items(), ErrorCode::type_mismatch);  // not a list
+}
+
+TEST(Metadata, MapOperationsContinued) {
+  Metadata m{{"a", 1}};
+  EXPECT_TRUE(m.erase("a"));
+  EXPECT_TRUE(m.empty());
+  m.set("b", Value::list());
+  m.clear();
+  EXPECT_TRUE(m.empty());
+  EXPECT_EQ(m.as_value().kind(), K::dict);
+  // Copies are deep.
+  Metadata x{{"l", Value::list({1})}};
+  Metadata y = x;
+  y.find("l")->items().push_back(2);
+  EXPECT_EQ(x.at("l").items().size(), 1u);
+  EXPECT_NE(x, y);
+}
+
+Metadata rich() {
+  Value inner = Value::dict();
+  inner.set("bytes", Value::bytes(std::string("\x00\xff\x01 binary", 10)));
+  inner.set("tuple", Value::tuple({1, Value::tuple({2, Value::tuple()}), Value::list()}));
+  inner.set("", Value("empty key"));
+  inner.set("none", Value());
+  Metadata m;
+  m.set("format", "xyxy");
+  m.set("timestamp", int64_t{1700000000123456789});
+  m.set("min", std::numeric_limits<int64_t>::min());
+  m.set("max", std::numeric_limits<int64_t>::max());
+  m.set("neg", -1);
+  m.set("pi", 3.141592653589793);
+  m.set("negzero", -0.0);
+  m.set("inf", std::numeric_limits<double>::infinity());
+  m.set("nan", std::nan("0x7"));
+  m.set("denorm", std::numeric_limits<double>::denorm_min());
+  m.set("flags", Value::list({true, false, Value()}));
+  m.set("nested", inner);
+  m.set("unicode ключ 🚀", "значение");
+  m.set("empty_str", "");
+  m.set("empty_bytes", Value::bytes(""));
+  m.set("empty_dict", Value::dict());
+  return m;
+}
+
+TEST(MetadataEncoding, RoundTripPreservesEveryKindAndOrder) {
+  const Metadata m = rich();
+  const std::string enc = tw::encode_metadata(m);
+  const Metadata back = tw::decode_metadata(enc);
+  EXPECT_EQ(back, m);
+  EXPECT_EQ(back.keys(), m.keys());
+  // Exact kinds survive: tuple stays tuple, bytes stay bytes, -0.0 keeps its sign, NaN its payload.
+  const Value& nested = back.at("nested");
+  EXPECT_EQ(nested.find("tuple")->kind(), K::tuple);
+  EXPECT_EQ(nested.find("tuple")->items()[1].kind(), K::tuple);
+  EXPECT_EQ(nested.find("tuple")->items()[2].kind(), K::list);
+  EXPECT_EQ(nested.find("bytes")->as_bytes(), std::string("\x00\xff\x01 binary", 10));
+  EXPECT_TRUE(std::signbit(back.at("negzero").as_float()));
+  double nan_in = m.at("nan").as_float(), nan_out = back.at("nan").as_float();
+  EXPECT_EQ(std::memcmp(&nan_in, &nan_out, sizeof(double)), 0);
+  EXPECT_EQ(back.at("min").as_int(), std::numeric_limits<int64_t>::min());
+  EXPECT_EQ(back.at("unicode ключ 🚀").as_string(), "значение");
+  // The encoding is canonical.
+  EXPECT_EQ(tw::encode_metadata(back), enc);
+  // Empty metadata too.
+  EXPECT_EQ(tw::decode_metadata(tw::encode_metadata(Metadata())), Metadata());
+}
+
+TEST(MetadataEncoding, WireFormatIsFrozen) {
+  // "TWMD", version 1, dict tag 9, count 1, key "a", int tag 3, 1 as 8 little-endian bytes.
+  const std::string expect("TWMD\x01\x09\x01\x00\x00\x00\x01\x00\x00\x00" "a" "\x03\x01\x00\x00\x00\x00\x00\x00\x00",
+                           24);
+  EXPECT_EQ(tw::encode_metadata(Metadata{{"a", 1}}), expect);
+  // Every tag once: none 0, false 1, true 2, float 4, str 5, bytes 6, list 7, tuple 8.
+  Metadata m{{"v", Value::list({Value(), false, true, 1.0, "s", Value::bytes("b"), Value::tuple()})}};
+  const std::string e2 = tw::encode_metadata(m);
+  const std::string body("\x07\x07\x00\x00\x00"           // list of 7
+                         "\x00\x01\x02"                   // none, false, true
+                         "\x04\x00\x00\x00\x00\x00\x00\xf0\x3f"  // 1.0
+                         "\x05\x01\x00\x00\x00s"          // "s"
+                         "\x06\x01\x00\x00\x00" "b"       // b"b"
+                         "\x08\x00\x00\x00\x00",          // ()
+                         5 + 3 + 9 + 6 + 6 + 5);
+  EXPECT_EQ(e2.substr(e2.size() - body.size()), body);
+}
+
+TEST(MetadataEncoding, TruncationAtEveryLengthIsRefused) {
+  const std::string enc = tw::encode_metadata(rich());
+  for (size_t n = 0; n < enc.size(); ++n) {
+    SCOPED_TRACE(n);
+    TW_EXPECT_ERROR(tw::decode_metadata(std::string_view(enc.data(), n)), ErrorCode::invalid_argument);
+  }
+}
+
+TEST(MetadataEncoding, MalformedHeadersAndBodies) {
+  const std::string good = tw::encode_metadata(Metadata{{"a", 1}});
+  auto with = [&](size_t pos, char c) {
+    std::string s = good;
+    s[pos] = c;
+    return s;
+  };
+  TW_EXPECT_ERROR_MSG(tw::decode_metadata(with(0, 'X')), ErrorCode::invalid_argument, "magic");
+  TW_EXPECT_ERROR_MSG(tw::decode_metadata(with(4, '\x02')), ErrorCode::invalid_argument, "version");
+  TW_EXPECT_ERROR(tw::decode_metadata(with(5, '\x07')), ErrorCode::invalid_argument);   // root is a list
+  TW_EXPECT_ERROR(tw::decode_metadata(with(15, '\x0a')), ErrorCode::invalid_argument);  // unknown tag 10
+  TW_EXPECT_ERROR(tw::decode_metadata(with(15, '\xff')), ErrorCode::invalid_argument);
+  TW_EXPECT_ERROR_MSG(tw::decode_metadata(good + "x"), ErrorCode::invalid_argument, "trailing");
+  // Counts and lengths far beyond the input.
+  TW_EXPECT_ERROR(tw::decode_metadata(std::string("TWMD\x01\x09\xff\xff\xff\xff", 10)), ErrorCode::invalid_argument);
+  TW_EXPECT_ERROR(tw::decode_metadata(std::string("TWMD\x01\x09\x01\x00\x00\x00\xff\xff\xff\xff" "a", 15)),
+                  ErrorCode::invalid_argument);
+  TW_EXPECT_ERROR(tw::decode_metadata(std::string("TWMD\x01\x09\x01\x00\x00\x00\x01\x00\x00\x00" "a\x05\xff\xff\xff\x7f",
+                                                  20)),
+                  ErrorCode::invalid_argument);
+  TW_EXPECT_ERROR(tw::decode_metadata(std::string("TWMD\x01\x09\x01\x00\x00\x00\x01\x00\x00\x00" "a\x07\xff\xff\xff\xff",
+                                                  20)),
+                  ErrorCode::invalid_argument);
+  // Duplicate keys would make the decoded map ambiguous.
+  TW_EXPECT_ERROR_MSG(
+      tw::decode_metadata(std::string("TWMD\x01\x09\x02\x00\x00\x00\x01\x00\x00\x00" "a\x00\x01\x00\x00\x00" "a\x00", 22)),
+      ErrorCode::invalid_argument, "duplicate");
+  TW_EXPECT_ERROR(tw::decode_metadata(""), ErrorCode::invalid_argument);
+  TW_EXPECT_ERROR(tw::decode_metadata("TWMD"), ErrorCode::invalid_argument);
+  TW_EXPECT_ERROR(tw::decode_metadata(std::string("TWMD\x01", 5)), ErrorCode::invalid_argument);
+}
+
+std::string nested_lists(int depth) {
+  // {"k": [[[...]]]} with `depth` lists, built byte by byte.
+  std::string s("TWMD\x01\x09\x01\x00\x00\x00\x01\x00\x00\x00" "k", 15);
+  for (int i = 0; i < depth; ++i) s += std::string(i + 1 < depth ? "\x07\x01\x00\x00\x00" : "\x07\x00\x00\x00\x00", 5);
+  return s;
+}
+
+TEST(MetadataEncoding, DeepNestingIsRefusedWithoutExhaustingTheStack) {
+  EXPECT_NO_THROW(tw::decode_metadata(nested_lists(60)));
+  TW_EXPECT_ERROR_MSG(tw::decode_metadata(nested_lists(70)), ErrorCode::invalid_argument, "nesting");
+  TW_EXPECT_ERROR(tw::decode_metadata(nested_lists(100000)), ErrorCode::invalid_argument);
+  // What encode writes for moderate nesting decodes back equal.
+  Value v = Value::list();
+  for (int i = 0; i < 40; ++i) v = Value::tuple({v, i});
+  Metadata m{{"deep", v}};
+  EXPECT_EQ(tw::decode_metadata(tw::encode_metadata(m)), m);
+}
+
+TEST(MetadataEncoding, MutatedInputNeverCrashes) {
+  const std::string good = tw::encode_metadata(rich());
+  std::mt19937_64 rng(12345);
+  int decoded = 0, refused = 0;
+  for (int iter = 0; iter < 20000; ++iter) {
+    std::string s = good;
+    const int edits = 1 + static_cast<int>(rng() % 4);
+    for (int e = 0; e < edits && !s.empty(); ++e) {
+      const size_t pos = rng() % s.size();
+      switch (rng() % 5) {
+        case 0: s[pos] = static_cast<char>(rng()); break;
+        case 1: s[pos] = static_cast<char>(s[pos] ^ (1 << (rng() % 8))); break;
+        case 2: s.erase(pos, 1 + rng() % 4); break;
+        case 3: s.insert(pos, 1, static_cast<char>(rng())); break;
+        case 4:
+          if (pos + 4 <= s.size()) std::memset(&s[pos], (rng() & 1) ? 0xff : 0x7f, 4);
+          break;
+      }
+    }
+    try {
+      Metadata m = tw::decode_metadata(s);
+      ++decoded;
+      // Whatever decodes is canonical: it re-encodes to the very same bytes.
+      ASSERT_EQ(tw::encode_metadata(m), s) << "iteration " << iter;
+    } catch (const tw::Error& e) {
+      ++refused;
+      ASSERT_EQ(e.code(), ErrorCode::invalid_argument) << e.what();
+    }
+  }
+  EXPECT_GT(refused, 1000);
+  // Pure garbage after a valid header.
+  for (int iter = 0; iter < 5000; ++iter) {
+    std::string s("TWMD\x01\x09", 6);
+    const size_t n = rng() % 64;
+    for (size_t i = 0; i < n; ++i) s.push_back(static_cast<char>(rng()));
+    try {
+      tw::decode_metadata(s);
+    } catch (const tw::Error& e) {
+      ASSERT_EQ(e.code(), ErrorCode::invalid_argument) << e.what();
+    }
+  }
+  (void)decoded;
+}
+
+}  // namespace
