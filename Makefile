@@ -100,6 +100,7 @@ test-install: build
 	@cmake -S examples/consumer -B $(BUILD)/consumer -G Ninja -DCMAKE_PREFIX_PATH=$(BUILD)/install >/dev/null
 	@cmake --build $(BUILD)/consumer >/dev/null
 	@$(BUILD)/consumer/consumer
+	@$(BUILD)/consumer/consumer_c
 
 bench: build
 	@PYTHONPATH=$(BUILD)/release/pkg $(PY) bench/bench_contiguous.py --quick

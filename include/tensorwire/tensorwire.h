@@ -1,0 +1,86 @@
+/* tensorwire.h — the C ABI of tensorwire, for C, Rust and every language with a C FFI.
+ *
+ * Built on DLPack: tensors enter and leave as DLManagedTensorVersioned. In between, a tw_tensor is an opaque
+ * handle to a tensorwire::Tensor (a strided view plus the owner that keeps its memory alive).
+ *
+ * Contract:
+ *  1. Every function returns TW_OK (0) or an error code; on error, tw_last_error() describes it in this thread.
+ *     No C++ exception ever crosses this boundary.
+ *  2. Handles returned through out-parameters are owned by the caller and released with tw_tensor_free (which
+ *     accepts NULL). Views share memory with their source; the memory lives until every handle and every DLPack
+ *     export of it is released.
+ *  3. tw_tensor_from_dlpack takes ownership of the DLPack struct even when it fails (the producer's deleter has
+ *     then been called exactly once). tw_tensor_to_dlpack hands the caller a struct whose deleter it must call.
+ *  4. Pointers returned by accessors (shape, strides) stay valid as long as the handle does.
+ */
+#ifndef TENSORWIRE_H_
+#define TENSORWIRE_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tensorwire/dlpack.hpp"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct tw_tensor tw_tensor;
+
+typedef enum {
+  TW_OK = 0,
+  TW_ERR_INVALID_ARGUMENT = 1,
+  TW_ERR_TYPE_MISMATCH = 2,
+  TW_ERR_OUT_OF_RANGE = 3,
+  TW_ERR_OVERFLOW = 4,
+  TW_ERR_UNSUPPORTED = 5,
+  TW_ERR_COPY_REQUIRED = 6,
+  TW_ERR_DEVICE_UNAVAILABLE = 7,
+  TW_ERR_VERSION_MISMATCH = 8,
+  TW_ERR_READ_ONLY = 9,
+  TW_ERR_INTERNAL = 10,
+} tw_status;
+
+/* "MAJOR.MINOR.PATCH" of the linked library. */
+const char* tw_version(void);
+/* The message of the last error in the calling thread ("" when none). Valid until the next call in this thread. */
+const char* tw_last_error(void);
+
+/* DLPack in and out (see contract 3). max_major/max_minor: the highest DLPack version the caller understands. */
+tw_status tw_tensor_from_dlpack(DLManagedTensorVersioned* managed, tw_tensor** out);
+tw_status tw_tensor_to_dlpack(const tw_tensor* t, uint32_t max_major, uint32_t max_minor,
+                              DLManagedTensorVersioned** out);
+/* Zero-copy view of caller-owned memory; `release(ctx)` is called once when the last view dies (may be NULL).
+   strides may be NULL (C-contiguous). */
+tw_status tw_tensor_from_blob(void* data, int32_t ndim, const int64_t* shape, const int64_t* strides,
+                              DLDataType dtype, DLDevice device, void (*release)(void* ctx), void* ctx,
+                              tw_tensor** out);
+/* New host tensor, zero-filled, C-contiguous. */
+tw_status tw_tensor_zeros(int32_t ndim, const int64_t* shape, DLDataType dtype, tw_tensor** out);
+void tw_tensor_free(tw_tensor* t);
+
+/* Accessors; NULL handles give 0 / NULL. */
+int32_t tw_tensor_ndim(const tw_tensor* t);
+const int64_t* tw_tensor_shape(const tw_tensor* t);
+const int64_t* tw_tensor_strides(const tw_tensor* t); /* in elements */
+int64_t tw_tensor_byte_offset(const tw_tensor* t);
+void* tw_tensor_data(const tw_tensor* t);             /* address of element (0, ..., 0) */
+DLDataType tw_tensor_dtype(const tw_tensor* t);
+DLDevice tw_tensor_device(const tw_tensor* t);
+int tw_tensor_is_contiguous(const tw_tensor* t);
+int tw_tensor_readonly(const tw_tensor* t);
+
+/* The same tensor (a new handle) when C-contiguous, else a C-contiguous copy. */
+tw_status tw_tensor_contiguous(const tw_tensor* t, tw_tensor** out);
+/* Views: Python-style slice of one dimension; permutation of all dimensions. */
+tw_status tw_tensor_slice(const tw_tensor* t, int64_t dim, int64_t start, int64_t stop, int64_t step, tw_tensor** out);
+tw_status tw_tensor_permute(const tw_tensor* t, const int64_t* dims, int32_t ndim, tw_tensor** out);
+/* Copies every element of src into dst (same shape and dtype). */
+tw_status tw_copy(const tw_tensor* src, const tw_tensor* dst);
+void tw_set_num_threads(int n);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* TENSORWIRE_H_ */
