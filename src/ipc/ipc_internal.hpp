@@ -325,7 +325,10 @@ bool Ring::try_pop(F&& read) {
     const uint64_t seq = aref(c.seq).load(std::memory_order_acquire);
     const int64_t diff = static_cast<int64_t>(seq - (h + 1));
     if (diff < 0) return false;  // not yet written: empty
-    if (diff > 0) continue;      // another consumer claimed h meanwhile: reload head
+    if (diff > 0) {              // another consumer claimed h meanwhile: reload head
+      if (head.load(std::memory_order_seq_cst) == h) return false;  // ...or a corrupt cell: never spin on it
+      continue;
+    }
     if (!head.compare_exchange_weak(h, h + 1, std::memory_order_acq_rel, std::memory_order_relaxed)) continue;
     read(c);
     aref(c.seq).store(h + h_->cells, std::memory_order_release);
