@@ -20,4 +20,14 @@ std::optional<int> device_of_pointer(uintptr_t ptr) noexcept;
 /// Throws Error(device_unavailable) without a driver, Error(invalid_argument) when the driver refuses the stream.
 void synchronize_stream(intptr_t stream);
 
+/// Creates a CUDA event (a CUevent, returned as a pointer) and records it on `stream` (1 and 2 as above): the
+/// event completes when the work queued so far on the stream is done. Used for Arrow's `sync_event`. The caller
+/// destroys it with destroy_event. Throws Error(device_unavailable) without a driver, Error(invalid_argument) when
+/// the driver refuses.
+void* record_event(intptr_t stream);
+/// Destroys an event made by record_event; a null event or a missing driver is a no-op.
+void destroy_event(void* event) noexcept;
+/// Blocks until `event` (a CUevent) has completed. Throws like record_event.
+void synchronize_event(void* event);
+
 }  // namespace tw::cuda

@@ -2,6 +2,7 @@
 // Move a tensor across framework, process and device boundaries without losing its dtype, layout or metadata.
 #pragma once
 
+#include "tensorwire/arrow.hpp"
 #include "tensorwire/buffer.hpp"
 #include "tensorwire/copy.hpp"
 #include "tensorwire/cuda.hpp"

@@ -20,6 +20,11 @@ struct Driver {
   CUresult (*cuInit)(unsigned) = nullptr;
   CUresult (*cuPointerGetAttribute)(void*, int, unsigned long long) = nullptr;
   CUresult (*cuStreamSynchronize)(void*) = nullptr;
+  // Events (Arrow's sync_event): optional, resolved when present.
+  CUresult (*cuEventCreate)(void**, unsigned) = nullptr;
+  CUresult (*cuEventRecord)(void*, void*) = nullptr;
+  CUresult (*cuEventDestroy)(void*) = nullptr;
+  CUresult (*cuEventSynchronize)(void*) = nullptr;
 };
 
 const Driver& driver() {
@@ -34,6 +39,10 @@ const Driver& driver() {
     d.cuInit = reinterpret_cast<decltype(d.cuInit)>(dlsym(d.lib, "cuInit"));
     d.cuPointerGetAttribute = reinterpret_cast<decltype(d.cuPointerGetAttribute)>(dlsym(d.lib, "cuPointerGetAttribute"));
     d.cuStreamSynchronize = reinterpret_cast<decltype(d.cuStreamSynchronize)>(dlsym(d.lib, "cuStreamSynchronize"));
+    d.cuEventCreate = reinterpret_cast<decltype(d.cuEventCreate)>(dlsym(d.lib, "cuEventCreate"));
+    d.cuEventRecord = reinterpret_cast<decltype(d.cuEventRecord)>(dlsym(d.lib, "cuEventRecord"));
+    d.cuEventDestroy = reinterpret_cast<decltype(d.cuEventDestroy)>(dlsym(d.lib, "cuEventDestroy_v2"));
+    d.cuEventSynchronize = reinterpret_cast<decltype(d.cuEventSynchronize)>(dlsym(d.lib, "cuEventSynchronize"));
     if (!d.cuInit || !d.cuPointerGetAttribute || !d.cuStreamSynchronize) {
       d.status = "libcuda.so.1 lacks cuInit/cuPointerGetAttribute/cuStreamSynchronize";
       return;
@@ -70,6 +79,42 @@ void synchronize_stream(intptr_t stream) {
   if (r != 0)
     throw Error(ErrorCode::invalid_argument,
                 "cuStreamSynchronize(" + std::to_string(stream) + ") failed with CUresult " + std::to_string(r));
+}
+
+namespace {
+const Driver& event_driver(const char* what) {
+  if (!driver_available())
+    throw Error(ErrorCode::device_unavailable, std::string(what) + ": no CUDA driver: " + driver_status());
+  const Driver& d = driver();
+  if (!d.cuEventCreate || !d.cuEventRecord || !d.cuEventDestroy || !d.cuEventSynchronize)
+    throw Error(ErrorCode::device_unavailable, std::string(what) + ": libcuda.so.1 lacks the cuEvent* functions");
+  return d;
+}
+}  // namespace
+
+void* record_event(intptr_t stream) {
+  const Driver& d = event_driver("record_event");
+  void* ev = nullptr;
+  constexpr unsigned kDisableTiming = 0x2;  // CU_EVENT_DISABLE_TIMING: the cheapest event to record and wait on
+  if (CUresult r = d.cuEventCreate(&ev, kDisableTiming); r != 0)
+    throw Error(ErrorCode::invalid_argument, "cuEventCreate failed with CUresult " + std::to_string(r));
+  if (CUresult r = d.cuEventRecord(ev, reinterpret_cast<void*>(stream)); r != 0) {
+    d.cuEventDestroy(ev);
+    throw Error(ErrorCode::invalid_argument, "cuEventRecord on stream " + std::to_string(stream) +
+                                                 " failed with CUresult " + std::to_string(r));
+  }
+  return ev;
+}
+
+void destroy_event(void* event) noexcept {
+  if (!event || !driver_available() || !driver().cuEventDestroy) return;
+  driver().cuEventDestroy(event);
+}
+
+void synchronize_event(void* event) {
+  const Driver& d = event_driver("synchronize_event");
+  if (CUresult r = d.cuEventSynchronize(event); r != 0)
+    throw Error(ErrorCode::invalid_argument, "cuEventSynchronize failed with CUresult " + std::to_string(r));
 }
 
 }  // namespace tw::cuda
