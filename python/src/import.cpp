@@ -531,7 +531,8 @@ nb::object asarray(nb::handle obj, nb::handle device, nb::handle copy, nb::handl
       if (!e.matches(PyExc_Exception)) throw;  // KeyboardInterrupt, SystemExit...
       PyObject* type = e.type().ptr();
       std::string text = e.what();
-      if (e.matches(PyExc_BufferError)) type = PyExc_BufferError;
+      if (e.matches(g_copy_error)) type = g_copy_error;  // a forbidden copy from a Python-level protocol (Arrow hook)
+      else if (e.matches(PyExc_BufferError)) type = PyExc_BufferError;
       else if (e.matches(PyExc_TypeError)) type = PyExc_TypeError;
       else if (e.matches(PyExc_ValueError)) type = PyExc_ValueError;
       else type = PyExc_BufferError;
