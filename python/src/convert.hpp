@@ -41,6 +41,8 @@ void register_import(nb::module_& m);
 void register_export(nb::class_<tw::Tensor>& cls, nb::module_& m);
 /// Registers tw.Publisher and tw.Subscriber (ipc.cpp).
 void register_ipc(nb::module_& m);
+/// tw.to_arrow / tw.from_arrow / tw.ArrowTensorArray and Tensor.__arrow_c_array__ (arrow.cpp); after the Tensor class.
+void register_arrow(nb::module_& m);
 
 /// Buffer-protocol slots of tw.Tensor (export.cpp).
 extern PyType_Slot tensor_slots[];

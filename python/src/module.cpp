@@ -484,6 +484,7 @@ NB_MODULE(_tensorwire, m) {
   register_export(cls, m);
   register_import(m);
   register_ipc(m);
+  register_arrow(m);
 
   m.def("set_num_threads", &tw::set_num_threads, "n"_a,
         "Threads used by large copies (the caller included); n <= 0 restores the number of CPUs.");

@@ -76,6 +76,7 @@ del _n
 
 try:  # Arrow interop registers itself as an import protocol when present
     from . import _arrow  # noqa: F401
+    from ._arrow import ArrowTensorArray, from_arrow, to_arrow
 except ImportError:  # pragma: no cover - the module ships with the package
     pass
 
@@ -96,6 +97,9 @@ __all__ = [
     "to_numpy",
     "to_torch",
     "to_jax",
+    "to_arrow",
+    "from_arrow",
+    "ArrowTensorArray",
     "DLPACK_VERSION",
     "__version__",
 ]
