@@ -298,8 +298,8 @@ tw::Tensor via_cuda_interface(nb::handle obj, const Request& req) {
     stream = static_cast<intptr_t>(s);
   }
   // The interface carries no device number: the driver knows it; otherwise the caller must say.
-  int64_t numel = 1;
-  for (int64_t s : desc.shape) numel *= s;
+  // Only "is it empty" matters here; a product could overflow (undefined behaviour) before validation runs.
+  const bool empty = std::find(desc.shape.begin(), desc.shape.end(), int64_t{0}) != desc.shape.end();
   std::optional<int> ordinal;
   if (desc.data) ordinal = tw::cuda::device_of_pointer(desc.data);
   if (req.device && req.device->type != kDLCUDA && req.device->type != kDLCUDAManaged)
@@ -312,7 +312,7 @@ tw::Tensor via_cuda_interface(nb::handle obj, const Request& req) {
     desc.device = tw::Device::cuda(*ordinal);
   } else if (req.device) {
     desc.device = *req.device;
-  } else if (numel == 0) {
+  } else if (empty) {
     desc.device = tw::Device::cuda(0);  // no memory is referenced, so no device can be wrong
   } else {
     throw Refused{PyExc_BufferError, "the CUDA Array Interface does not say which device the pointer is on, and "
