@@ -588,3 +588,77 @@ def test_version_attributes():
     assert isinstance(tw.__version__, str) and tw.__version__.count(".") >= 1
     assert tw.DLPACK_VERSION >= (1, 0)
     assert sys.getrefcount(tw) > 0
+
+
+# ---- what asarray asks a DLPack producer for --------------------------------------------------------------------
+class RecordingProducer:
+    """Forwards __dlpack__ to a real producer and records the keyword arguments it was called with."""
+
+    def __init__(self, inner, device=None):
+        self.inner = inner
+        self.calls: list[dict] = []
+        self.device = device
+
+    def __dlpack__(self, **kw):
+        self.calls.append(dict(kw))
+        if self.device is not None:  # a device tensor: forward only what its producer accepts for a host check
+            return self.inner.__dlpack__(max_version=kw.get("max_version"), stream=kw.get("stream"))
+        return self.inner.__dlpack__(**kw)
+
+    def __dlpack_device__(self):
+        return self.device if self.device is not None else self.inner.__dlpack_device__()
+
+
+class LegacyProducer:
+    """A pre-DLPack-1.0 producer: __dlpack__ takes only `stream` and returns a legacy capsule."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.calls = 0
+
+    def __dlpack__(self, stream=None):
+        self.calls += 1
+        return self.inner.__dlpack__()
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
+def test_asarray_asks_for_a_versioned_capsule_first():
+    a = np.arange(6, dtype=np.float32)
+    p = RecordingProducer(a)
+    t = tw.asarray(p)
+    assert t.data_ptr == ptr(a)
+    assert p.calls[0]["max_version"] == tw.DLPACK_VERSION
+    assert "copy" not in p.calls[0] and "stream" not in p.calls[0] and "dl_device" not in p.calls[0]
+    p.calls.clear()
+    c = tw.asarray(p, copy=True)
+    assert p.calls[0]["copy"] is True and c.data_ptr != ptr(a)
+    assert np.array_equal(np.asarray(c), a)
+    p.calls.clear()
+    tw.asarray(p, copy=False)
+    assert p.calls[0]["copy"] is False
+    p.calls.clear()
+    tw.asarray(p, stream=5)  # a CPU producer is never handed a stream
+    assert "stream" not in p.calls[0]
+
+
+def test_asarray_falls_back_to_legacy_producers():
+    a = np.arange(6, dtype=np.int64)
+    p = LegacyProducer(a)
+    t = tw.asarray(p)
+    assert p.calls == 1 and t.data_ptr == ptr(a)
+    assert tw.from_dlpack(LegacyProducer(a)).data_ptr == ptr(a)
+
+
+def test_asarray_passes_the_stream_to_a_cuda_producer():
+    class CAI:
+        __cuda_array_interface__ = {"shape": (3,), "typestr": "<f4", "data": (0xDEAD0000, False), "version": 3}
+
+    dev = tw.asarray(CAI(), device="cuda:0")
+    p = RecordingProducer(dev, device=(2, 0))
+    t = tw.asarray(p, stream=7)
+    assert p.calls[0]["stream"] == 7 and t.data_ptr == 0xDEAD0000 and str(t.device) == "cuda:0"
+    p.calls.clear()
+    tw.asarray(p)  # stream=None is DLPack's "legacy default stream" on CUDA: left to the producer
+    assert "stream" not in p.calls[0] or p.calls[0]["stream"] is None
