@@ -88,6 +88,14 @@ nb::object recv(tw::Subscriber& s, nb::handle timeout_h) {
   bool forever;
   const auto timeout = timeout_from(timeout_h, forever);
   if (auto t = s.try_recv()) return wrap(std::move(*t));  // a waiting message: no GIL round trip
+  if (!forever && timeout.count() == 0) {  // a poll: answer now
+    if (s.closed()) {
+      PyErr_SetString(PyExc_EOFError, ("tensorwire.Subscriber('" + s.name() + "'): end of stream").c_str());
+      throw nb::python_error();
+    }
+    PyErr_SetString(PyExc_TimeoutError, "no message waiting");
+    throw nb::python_error();
+  }
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
     std::optional<tw::Tensor> r;

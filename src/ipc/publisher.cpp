@@ -242,7 +242,11 @@ class PublisherImpl {
       slot = acquire_slot(static_cast<size_t>(layout.nbytes()));
       Slot& s = pool_->slots[slot];
       alloc_bytes = s.map.size();
-      if (t.numel() > 0) {
+      if (t.numel() > 0 && t.is_contiguous()) {
+        // One memcpy: tw::copy would plan (costly for small messages) and split large copies across its thread
+        // pool, which competes with busy-polling peers for the same cores.
+        std::memcpy(s.map.data(), t.data_ptr(), static_cast<size_t>(layout.nbytes()));
+      } else if (t.numel() > 0) {
         auto dst_buf = std::make_shared<Buffer>(s.map.data(), s.map.size(), Device::cpu(), nullptr);
         copy(t, Tensor::make(std::move(dst_buf), layout, false));
       }

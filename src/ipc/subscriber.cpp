@@ -147,7 +147,11 @@ class SubscriberImpl {
       }
       const auto now = Clock::now();
       if (now >= deadline) {
-        if (chan_) process_control();
+        // Notice a dead publisher even when polled with zero timeouts, without a syscall on every poll.
+        if (chan_ && (fd_mode_ || now - last_peer_check_ > std::chrono::milliseconds(5))) {
+          last_peer_check_ = now;
+          process_control();
+        }
         if (fd_mode_ && welcomed_) settle_eventfd();
         if (welcomed_ && !chan_->ring.empty()) continue;
         return std::nullopt;
@@ -357,6 +361,7 @@ class SubscriberImpl {
   std::shared_ptr<Channel> chan_;
   std::unordered_map<uint64_t, std::shared_ptr<Mapping>> segments_;
   uint32_t max_metadata_ = 0;
+  Clock::time_point last_peer_check_{};
   bool welcomed_ = false, peer_gone_ = false, user_closed_ = false, eos_ = false, fd_mode_ = false;
 };
 

@@ -1,0 +1,435 @@
+"""`tensorwire bench`: one-way latency (p50/p99) and throughput of moving a tensor to another process, for
+tensorwire and the usual alternatives, all measured in the same run on the same machine.
+
+Methods (each a producer in this process and a consumer in a spawned process):
+  tw-send        tw.Publisher.send(ndarray): one copy into a pooled shared-memory buffer
+  tw-loan        tw.Publisher.loan() + send(): no copy at all
+  mp-queue       multiprocessing.Queue of ndarrays (pickled through a pipe)
+  shm-names      multiprocessing.shared_memory: a new segment per message, its name through a Queue
+  torch-fresh    torch.multiprocessing Queue, a new CPU tensor per message (as a producer has)
+  torch-resent   torch.multiprocessing Queue, the same shared tensor sent again and again
+  iceoryx2       iceoryx2's Python package, when installed
+
+Latency: the producer stamps time.perf_counter_ns() (CLOCK_MONOTONIC, one clock for all processes) into the first
+8 bytes of the payload just before sending (before loan() for tw-loan); the consumer subtracts it from its own
+clock as soon as it can read the payload. One message in flight at a time (the consumer acknowledges through a
+pipe, outside the timed path). tensorwire's consumer is busy (polls recv(timeout=0)); the others block in get().
+Throughput: a burst of messages with no acknowledgement, bytes / (last receive - first send).
+
+    tensorwire bench [--quick] [--sizes 64,4K,1M] [--methods tw-send,mp-queue] [--json FILE] [--plot FILE.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import sys
+import time
+import uuid
+
+import numpy as np
+
+KiB, MiB = 1 << 10, 1 << 20
+ALL_SIZES = [64, 256, KiB, 4 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB]
+QUICK_SIZES = [64, 4 * KiB, 64 * KiB, MiB, 16 * MiB, 64 * MiB]
+METHODS = ["tw-send", "tw-loan", "mp-queue", "shm-names", "torch-fresh", "torch-resent", "iceoryx2"]
+
+
+def parse_size(s: str) -> int:
+    s = s.strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": KiB, "M": MiB, "G": 1 << 30}.get(s[-1:], 1)
+    return int(float(s[:-1] if s[-1:] in "KMG" else s) * mult)
+
+
+def fmt_size(n: int) -> str:
+    for unit, k in (("GiB", 1 << 30), ("MiB", MiB), ("KiB", KiB)):
+        if n >= k and n % k == 0:
+            return f"{n // k} {unit}"
+    return f"{n} B"
+
+
+def now() -> int:
+    return time.perf_counter_ns()
+
+
+# ---- consumers (run in a spawned process) --------------------------------------------------------------------------
+
+
+def _stamp_of(buf) -> int:
+    return int(np.frombuffer(buf, dtype=np.int64, count=1)[0])
+
+
+def _consumer(method: str, name: str, plan: list, ctrl, ready) -> None:
+    """plan: [(size, n_latency, n_burst)]. Reports [(latencies_ns, burst_end_ns)] per size through ctrl."""
+    try:
+        recv = _make_receiver(method, name, ready)
+        for size, n_lat, n_burst in plan:
+            lats = []
+            for _ in range(n_lat):
+                t0, t1 = recv()
+                lats.append(t1 - t0)
+                ctrl.send_bytes(b"a")
+            end = 0
+            for _ in range(n_burst):
+                _, end = recv()
+            ctrl.send(("size", lats, end))
+    except BaseException as e:  # report, never hang the producer
+        ctrl.send(("error", f"{type(e).__name__}: {e}", 0))
+
+
+def _make_receiver(method, name, ready):
+    if method in ("tw-send", "tw-loan"):
+        import tensorwire as tw
+
+        sub = tw.Subscriber(name)
+        ready.set()
+
+        def recv():
+            while True:
+                try:
+                    t = sub.recv(timeout=0)  # busy subscriber
+                    break
+                except TimeoutError:
+                    continue
+            a = np.asarray(t)
+            t1 = now()
+            t0 = _stamp_of(a[:8])
+            del a, t  # release the lease
+            return t0, t1
+
+        return recv
+    if method in ("mp-queue", "shm-names"):
+        q = name
+        ready.set()
+        if method == "mp-queue":
+
+            def recv():
+                a = q.get()
+                t1 = now()
+                return _stamp_of(a[:8]), t1
+
+            return recv
+        from multiprocessing import shared_memory
+
+        def recv():
+            seg = q.get()
+            shm = shared_memory.SharedMemory(name=seg)
+            a = np.ndarray((shm.size,), np.uint8, shm.buf)
+            t1 = now()
+            t0 = _stamp_of(a[:8])
+            del a
+            shm.close()
+            shm.unlink()
+            return t0, t1
+
+        return recv
+    if method.startswith("torch"):
+        q = name
+        ready.set()
+
+        def recv():
+            x = q.get()
+            t1 = now()
+            t0 = int(x[:8].view(__import__("torch").int64)[0])
+            del x
+            return t0, t1
+
+        return recv
+    if method == "iceoryx2":
+        return _iceoryx2_receiver(name, ready)
+    raise ValueError(method)
+
+
+def _iceoryx2_receiver(name, ready):
+    import ctypes
+
+    import iceoryx2 as iox2
+
+    node = iox2.NodeBuilder.new().create(iox2.ServiceType.Ipc)
+    service = (node.service_builder(iox2.ServiceName.new(name)).publish_subscribe(iox2.Slice[ctypes.c_uint8])
+               .open_or_create())
+    sub = service.subscriber_builder().create()
+    ready.set()
+
+    def recv():
+        while True:
+            s = sub.receive()
+            if s is not None:
+                break
+        t1 = now()
+        p = s.payload()
+        t0 = int.from_bytes(bytes(p[:8]), "little")
+        del p
+        s.delete()
+        return t0, t1
+
+    return recv
+
+
+# ---- producers -------------------------------------------------------------------------------------------------------
+
+
+class _Producer:
+    """send(size) stamps and sends one message of `size` bytes; close() ends the stream."""
+
+    def __init__(self, method, name, max_size):
+        self.method = method
+        self.src = np.zeros(max(max_size, 64), np.uint8)
+        self.src[8:] = 1
+        if method in ("tw-send", "tw-loan"):
+            import tensorwire as tw
+
+            self.pub = tw.Publisher(name, depth=8)
+        elif method == "torch-resent":
+            import torch
+
+            self.shared = {}
+            self.torch = torch
+        elif method == "torch-fresh":
+            import torch
+
+            self.torch = torch
+        elif method == "iceoryx2":
+            import ctypes
+
+            import iceoryx2 as iox2
+
+            self.node = iox2.NodeBuilder.new().create(iox2.ServiceType.Ipc)
+            self.service = (self.node.service_builder(iox2.ServiceName.new(name))
+                            .publish_subscribe(iox2.Slice[ctypes.c_uint8]).open_or_create())
+            self.pub = (self.service.publisher_builder().initial_max_slice_len(max(max_size, 64))
+                        .allocation_strategy(iox2.AllocationStrategy.PowerOfTwo).create())
+        self.q = name
+
+    def send(self, size):
+        m = self.method
+        if m == "tw-send":
+            a = self.src[:size]
+            a[:8].view(np.int64)[0] = now()
+            self.pub.send(a)
+        elif m == "tw-loan":
+            t0 = now()
+            buf = self.pub.loan((size,), "uint8")
+            memoryview(buf).cast("B")[:8] = t0.to_bytes(8, "little")
+            self.pub.send(buf)
+        elif m == "mp-queue":
+            a = self.src[:size]
+            a[:8].view(np.int64)[0] = now()
+            self.q.put(a)
+        elif m == "shm-names":
+            from multiprocessing import shared_memory
+
+            t0 = now()
+            shm = shared_memory.SharedMemory(create=True, size=size)
+            shm.buf[:size] = self.src[:size].data
+            shm.buf[:8] = t0.to_bytes(8, "little")
+            self.q.put(shm.name)
+            shm.close()  # the consumer unlinks it (the resource tracker is shared with spawned children)
+        elif m == "torch-fresh":
+            x = self.torch.from_numpy(self.src[:size]).clone()  # the producer's new tensor (not timed)
+            x[:8].view(self.torch.int64)[0] = now()
+            self.q.put(x)
+        elif m == "torch-resent":
+            x = self.shared.get(size)
+            if x is None:
+                x = self.shared[size] = self.torch.from_numpy(self.src[:size]).clone().share_memory_()
+            x[:8].view(self.torch.int64)[0] = now()
+            self.q.put(x)
+        elif m == "iceoryx2":
+            t0 = now()
+            s = self.pub.loan_slice_uninit(size)
+            s = s.write_from_slice(self.src[:size].tobytes()[:0] + t0.to_bytes(8, "little") + bytes(size - 8))
+            s.send()
+
+    def close(self):
+        if self.method in ("tw-send", "tw-loan"):
+            self.pub.close()
+
+
+def _available(method) -> str | None:
+    try:
+        if method.startswith("torch"):
+            import torch  # noqa: F401
+        if method == "iceoryx2":
+            import iceoryx2  # noqa: F401
+        if method.startswith("tw"):
+            import tensorwire  # noqa: F401
+    except ImportError as e:
+        return str(e)
+    return None
+
+
+def run_method(method, sizes, quick, log) -> list[dict]:
+    if method.startswith("torch"):
+        import torch.multiprocessing as tmp
+
+        ctx = tmp.get_context("spawn")
+    else:
+        ctx = mp.get_context("spawn")
+    budget = (64 if quick else 512) * MiB  # bytes per latency series
+    plan = []
+    for s in sizes:
+        n_lat = int(min(300 if quick else 2000, max(8 if quick else 20, budget // s)))
+        n_burst = int(min(1000 if quick else 5000, max(4 if quick else 10, 4 * budget // s)))
+        plan.append((s, n_lat, n_burst))
+    name = f"bench/{os.getpid()}/{method}/{uuid.uuid4().hex[:6]}"
+    q = ctx.Queue() if method in ("mp-queue", "shm-names", "torch-fresh", "torch-resent") else None
+    ctrl_parent, ctrl_child = ctx.Pipe()
+    ready = ctx.Event()
+    proc = ctx.Process(target=_consumer, args=(method, q if q is not None else name, plan, ctrl_child, ready),
+                       daemon=True)
+    proc.start()
+    rows = []
+    try:
+        if not ready.wait(60):
+            raise RuntimeError("consumer did not start")
+        prod = _Producer(method, q if q is not None else name, max(sizes))
+        if method.startswith("tw"):
+            deadline = time.monotonic() + 30
+            while prod.pub.subscribers < 1 and time.monotonic() < deadline:
+                time.sleep(0.001)
+        for size, n_lat, n_burst in plan:
+            for _ in range(n_lat):
+                prod.send(size)
+                while not ctrl_parent.poll(60):
+                    if not proc.is_alive():
+                        raise RuntimeError("consumer died")
+                msg = ctrl_parent.recv_bytes()
+                if msg != b"a":
+                    raise RuntimeError(f"consumer: {msg!r}")
+            t_start = now()
+            for _ in range(n_burst):
+                prod.send(size)
+            if not ctrl_parent.poll(600):
+                raise RuntimeError("consumer did not finish the burst")
+            kind, lats, end = ctrl_parent.recv()
+            if kind == "error":
+                raise RuntimeError(lats)
+            lats = np.sort(np.asarray(lats, dtype=np.float64)) / 1000.0
+            row = {
+                "method": method, "bytes": size, "n": len(lats),
+                "p50_us": float(np.percentile(lats, 50)), "p99_us": float(np.percentile(lats, 99)),
+                "throughput_GBps": n_burst * size / max(end - t_start, 1),
+                "msgs_per_s": n_burst / max(end - t_start, 1) * 1e9,
+            }
+            rows.append(row)
+            log(row)
+        prod.close()
+    finally:
+        if q is not None:
+            q.close()
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    return rows
+
+
+# ---- output --------------------------------------------------------------------------------------------------------
+
+
+def table(rows) -> str:
+    sizes = sorted({r["bytes"] for r in rows})
+    methods = [m for m in METHODS if any(r["method"] == m for r in rows)]
+    by = {(r["method"], r["bytes"]): r for r in rows}
+    out = ["one-way latency p50 / p99 (us), and throughput (GB/s)", ""]
+    head = f"{'size':>9} | " + " | ".join(f"{m:>24}" for m in methods)
+    out += [head, "-" * len(head)]
+    for s in sizes:
+        cells = []
+        for m in methods:
+            r = by.get((m, s))
+            cells.append(f"{r['p50_us']:8.1f} /{r['p99_us']:8.1f} {r['throughput_GBps']:5.2f}" if r else f"{'-':>24}")
+        out.append(f"{fmt_size(s):>9} | " + " | ".join(f"{c:>24}" for c in cells))
+    ratios = []
+    for s in sizes:
+        t = by.get(("torch-fresh", s)), by.get(("torch-resent", s)), by.get(("tw-loan", s)), by.get(("tw-send", s))
+        if t[0] and t[2] and t[3]:
+            ratios.append(f"{fmt_size(s):>9}: torch-fresh/tw-loan {t[0]['p50_us'] / t[2]['p50_us']:7.1f}x   "
+                          f"torch-fresh/tw-send {t[0]['p50_us'] / t[3]['p50_us']:6.1f}x" +
+                          (f"   torch-resent/tw-loan {t[1]['p50_us'] / t[2]['p50_us']:6.1f}x" if t[1] else ""))
+    if ratios:
+        out += ["", "p50 ratios (higher: tensorwire faster)"] + ratios
+    return "\n".join(out)
+
+
+def plot(rows, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
+    for m in METHODS:
+        rs = sorted((r for r in rows if r["method"] == m), key=lambda r: r["bytes"])
+        if not rs:
+            continue
+        x = [r["bytes"] for r in rs]
+        ax1.plot(x, [r["p50_us"] for r in rs], marker="o", label=m)
+        ax2.plot(x, [r["throughput_GBps"] for r in rs], marker="o", label=m)
+    for ax, title, unit in ((ax1, "one-way latency p50", "microseconds"), (ax2, "throughput", "GB/s")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("payload (bytes)")
+        ax.set_ylabel(unit)
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="tensorwire bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="fewer sizes and messages (about a minute)")
+    p.add_argument("--sizes", help="comma-separated payload sizes, e.g. 64,4K,1M,256M")
+    p.add_argument("--methods", help="comma-separated subset of: " + ",".join(METHODS))
+    p.add_argument("--json", metavar="FILE", help="write every measurement as JSON")
+    p.add_argument("--plot", metavar="FILE.png", help="log-log latency and throughput vs size (matplotlib)")
+    args = p.parse_args(argv)
+    sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else (QUICK_SIZES if args.quick else ALL_SIZES)
+    if min(sizes) < 64:
+        p.error("sizes must be at least 64 bytes (the timestamp takes 8)")
+    methods = args.methods.split(",") if args.methods else METHODS
+    for m in methods:
+        if m not in METHODS:
+            p.error(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
+    rows, skipped = [], {}
+    print(f"tensorwire bench: {len(methods)} methods x {len(sizes)} sizes; {platform.platform()}, "
+          f"{os.cpu_count()} CPUs, Python {platform.python_version()}", flush=True)
+    for m in methods:
+        why = _available(m)
+        if why:
+            skipped[m] = why
+            print(f"  {m}: skipped ({why})", flush=True)
+            continue
+        try:
+            rows += run_method(m, sizes, args.quick, lambda r: print(
+                f"  {r['method']:>13} {fmt_size(r['bytes']):>8}: p50 {r['p50_us']:9.1f} us  p99 {r['p99_us']:9.1f} us"
+                f"  {r['throughput_GBps']:6.2f} GB/s", flush=True))
+        except Exception as e:  # one method failing must not lose the others
+            skipped[m] = f"failed: {e}"
+            print(f"  {m}: failed ({e})", flush=True)
+    print()
+    print(table(rows))
+    for m, why in skipped.items():
+        print(f"{m}: {why}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
+                       "rows": rows, "skipped": skipped}, f, indent=1)
+    if args.plot:
+        try:
+            plot(rows, args.plot)
+            print(f"plot written to {args.plot}")
+        except ImportError:
+            print("--plot needs matplotlib (pip install matplotlib)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
