@@ -11,6 +11,7 @@
 #include "tensorwire/dtype.hpp"
 #include "tensorwire/error.hpp"
 #include "tensorwire/interop.hpp"
+#include "tensorwire/ipc.hpp"
 #include "tensorwire/layout.hpp"
 #include "tensorwire/metadata.hpp"
 #include "tensorwire/tensor.hpp"
