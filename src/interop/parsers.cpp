@@ -122,6 +122,7 @@ InterfaceLayout validate_interface(const InterfaceDesc& desc) {
     return fail(ErrorCode::unsupported, "a mask is present; masked arrays cannot be imported (fill or compress them first)");
   ParsedType pt;
   if (desc.dtype) {
+    DType::from_dlpack(desc.dtype->to_dlpack());  // a triple that is no dtype (itemsize 0...) is refused here
     int size = 0;
     std::string_view ts = desc.typestr;
     auto [p, ec] = ts.size() > 2 ? std::from_chars(ts.data() + 2, ts.data() + ts.size(), size)

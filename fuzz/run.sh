@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets, replays every committed seed, then fuzzes each target for a bounded time.
+#
+#   fuzz/run.sh [build dir]          default build dir: build/fuzz (relative to the repository root)
+#   FUZZ_SECONDS=N                   fuzzing time per target (default 20; 0 = replay only)
+#   FUZZ_JOBS=N                      targets fuzzed at once (default: number of CPUs)
+#   FUZZ_TARGETS="fuzz_a fuzz_b"     a subset of the targets (default: every fuzz/fuzz_*.cpp)
+#
+# The committed corpus (fuzz/corpus/<target>/) is never written: fuzzing runs on a fresh copy in
+# <build dir>/corpus/<target>/, and crash inputs land in <build dir>/artifacts/. Exits non-zero on any crash, leak,
+# sanitizer report, timeout or out-of-memory. Re-running only rebuilds what changed (CMake + Ninja).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD=${1:-build/fuzz}
+case "$BUILD" in /*) ;; *) BUILD="$ROOT/$BUILD" ;; esac
+SECONDS_PER_TARGET=${FUZZ_SECONDS:-20}
+JOBS=${FUZZ_JOBS:-$(nproc)}
+# Default: every fuzz/fuzz_*.cpp (each is a target in fuzz/CMakeLists.txt with seeds in fuzz/corpus/<target>/).
+TARGETS=${FUZZ_TARGETS:-$(cd "$ROOT/fuzz" && for f in fuzz_*.cpp; do printf '%s ' "${f%.cpp}"; done)}
+CXX=${CXX_FUZZ:-clang++-16}
+CC=${CC_FUZZ:-clang-16}
+
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+
+# ---- build ------------------------------------------------------------------------------------------------------
+generator=()
+command -v ninja >/dev/null && generator=(-G Ninja)
+mkdir -p "$BUILD"
+if [[ ! -f "$BUILD/CMakeCache.txt" ]]; then
+  cmake -S "$ROOT" -B "$BUILD" "${generator[@]}" \
+    -DCMAKE_CXX_COMPILER="$CXX" -DCMAKE_C_COMPILER="$CC" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DTW_BUILD_FUZZ=ON >"$BUILD/configure.log" 2>&1 || { cat "$BUILD/configure.log"; exit 1; }
+fi
+# shellcheck disable=SC2086
+cmake --build "$BUILD" --target $TARGETS
+
+BIN="$BUILD/fuzz"
+mkdir -p "$BUILD/artifacts" "$BUILD/logs"
+FLAGS=(-rss_limit_mb=2048 -timeout=10 -print_final_stats=1)
+
+# ---- replay the seeds -------------------------------------------------------------------------------------------
+fail=0
+for t in $TARGETS; do
+  seeds=("$ROOT/fuzz/corpus/$t"/*)
+  [[ -e "${seeds[0]}" ]] || { echo "no seeds in fuzz/corpus/$t" >&2; exit 1; }
+  # Files (not the directory) as arguments: each runs once and nothing is written next to them.
+  if "$BIN/$t" -runs=0 "${FLAGS[@]}" -artifact_prefix="$BUILD/artifacts/$t-" "${seeds[@]}" \
+      >"$BUILD/logs/$t.replay.log" 2>&1; then
+    echo "replay  $t: ${#seeds[@]} seeds ok"
+  else
+    echo "replay  $t: FAILED (log: $BUILD/logs/$t.replay.log)"
+    tail -n 40 "$BUILD/logs/$t.replay.log"
+    fail=1
+  fi
+done
+[[ $fail == 0 ]] || exit 1
+[[ "$SECONDS_PER_TARGET" -gt 0 ]] || exit 0
+
+# ---- fuzz each target on a fresh copy of its corpus -------------------------------------------------------------
+fuzz_one() {  # records its exit status in logs/<target>.rc
+  local t=$1 work="$BUILD/corpus/$1" rc=0
+  rm -rf "$work" && mkdir -p "$work" && cp "$ROOT/fuzz/corpus/$t"/* "$work/"
+  "$BIN/$t" "${FLAGS[@]}" -max_total_time="$SECONDS_PER_TARGET" -artifact_prefix="$BUILD/artifacts/$t-" \
+    "$work" >"$BUILD/logs/$t.fuzz.log" 2>&1 || rc=$?
+  echo "$rc" >"$BUILD/logs/$t.rc"
+}
+
+running=0
+for t in $TARGETS; do
+  rm -f "$BUILD/logs/$t.rc"
+  fuzz_one "$t" &
+  running=$((running + 1))
+  if ((running >= JOBS)); then
+    wait -n || true
+    running=$((running - 1))
+  fi
+done
+wait
+for t in $TARGETS; do
+  rc=$(cat "$BUILD/logs/$t.rc" 2>/dev/null || echo missing)
+  log="$BUILD/logs/$t.fuzz.log"
+  if [[ "$rc" == 0 ]]; then
+    runs=$(grep -E '^stat::number_of_executed_units' "$log" | awk '{print $2}')
+    cov=$(grep -oE 'cov: [0-9]+' "$log" | tail -n 1)
+    echo "fuzz    $t: ok, ${runs:-?} runs in ${SECONDS_PER_TARGET}s, ${cov:-cov: ?}"
+  else
+    echo "fuzz    $t: FAILED with status $rc (log: $log; crash inputs: $BUILD/artifacts/$t-*)"
+    grep -E 'ERROR|SUMMARY|property violated|runtime error|terminate' "$log" | head -n 10 || true
+    tail -n 40 "$log"
+    fail=1
+  fi
+done
+exit $fail
