@@ -298,6 +298,7 @@ def test_dlpack_export_of_device_tensor_stream_rules():
         t.__dlpack__(max_version=(1, 0), dl_device=(1, 0))
 
 
+@pytest.mark.usefixtures("fast_gc")
 def test_keeps_the_producer_alive():
     import gc
     import weakref

@@ -14,6 +14,7 @@ import tensorwire as tw
 from _helpers import UNDER_ASAN, ptr, rss_bytes
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+pytestmark = pytest.mark.usefixtures("fast_gc")
 
 
 class Arr(np.ndarray):
@@ -22,16 +23,6 @@ class Arr(np.ndarray):
 
 class Buf(bytearray):
     """A weak-referenceable buffer exporter."""
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _frozen_heap():
-    """Moves every object alive before these tests (PyTorch, JAX, NumPy...) out of the collector's sight, so the
-    many full collections below take microseconds instead of ~0.3 s each."""
-    gc.collect()
-    gc.freeze()
-    yield
-    gc.unfreeze()
 
 
 def collect():
