@@ -24,8 +24,9 @@ struct Value {
   std::string text;          ///< a string's decoded contents, or a number's literal
   bool is_integer = false;   ///< a number without fraction or exponent that fits in int64
   int64_t integer = 0;
-  std::vector<Value> items;                           ///< array elements
-  std::vector<std::pair<std::string, Value>> members;  ///< object members, in document order
+  std::vector<Value> items;      ///< array elements, or object member values (parallel to `keys`)
+  std::vector<std::string> keys;  ///< object member names, in document order (a pair<string, Value> would need
+                                  ///< Value complete here)
 
   /// The member named `key` of an object, or nullptr.
   const Value* find(std::string_view key) const;

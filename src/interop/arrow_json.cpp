@@ -110,8 +110,8 @@ class Parser {
       if (peek() != '"') fail("expected a string key in an object");
       const size_t key_at = pos_;
       std::string key = string();
-      for (const auto& m : v.members)
-        if (m.first == key) {
+      for (const auto& k : v.keys)
+        if (k == key) {
           pos_ = key_at;
           fail("duplicate key " + quote(key));
         }
@@ -120,7 +120,8 @@ class Parser {
       ++pos_;
       skip_ws();
       Value member = value(depth + 1);
-      v.members.emplace_back(std::move(key), std::move(member));
+      v.keys.push_back(std::move(key));
+      v.items.push_back(std::move(member));
       skip_ws();
       if (peek() == ',') {
         ++pos_;
@@ -290,8 +291,9 @@ class Parser {
 }  // namespace
 
 const Value* Value::find(std::string_view key) const {
-  for (const auto& m : members)
-    if (m.first == key) return &m.second;
+  if (type != Type::object) return nullptr;
+  for (size_t i = 0; i < keys.size(); ++i)
+    if (keys[i] == key) return &items[i];
   return nullptr;
 }
 
