@@ -1,5 +1,6 @@
 #include "tensorwire/metadata.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "tensorwire/error.hpp"
@@ -200,7 +201,7 @@ struct Reader {
         bool is_list = in[pos - 1] == kList;
         uint64_t n = count();
         std::vector<Value> items;
-        items.reserve(n);
+        items.reserve(std::min<uint64_t>(n, 1024));  // a hostile count must not reserve 100x the input
         for (uint64_t i = 0; i < n; ++i) items.push_back(value(depth + 1));
         return is_list ? Value::list(std::move(items)) : Value::tuple(std::move(items));
       }
