@@ -94,9 +94,17 @@ int64_t Tensor::size(int64_t dim) const { return shape()[norm_dim(dim, ndim(), "
 std::vector<int64_t> Tensor::byte_strides() const {
   const Layout& l = layout();
   std::vector<int64_t> out(l.ndim());
+  // A dimension that never steps (size <= 1) may carry any stride, even one whose byte value does not fit in
+  // 64 bits; such a stride is stated as 0. Validated layouts cannot overflow here otherwise.
+  auto scaled = [&](size_t i, int64_t unit) {
+    int64_t r;
+    if (!__builtin_mul_overflow(l.strides[i], unit, &r)) return r;
+    if (l.shape[i] > 1) detail::throw_overflow("a byte stride");
+    return int64_t{0};
+  };
   if (l.is_packed_subbyte()) {
     for (size_t i = 0; i < l.ndim(); ++i) {
-      int64_t bits = l.strides[i] * int64_t(l.dtype.total_bits());
+      int64_t bits = scaled(i, int64_t(l.dtype.total_bits()));
       if (bits % 8 != 0 && l.shape[i] > 1)
         throw Error(ErrorCode::unsupported, "stride " + std::to_string(l.strides[i]) + " of a packed " +
                                                 l.dtype.name() + " tensor is not a whole number of bytes");
@@ -104,7 +112,7 @@ std::vector<int64_t> Tensor::byte_strides() const {
     }
     return out;
   }
-  for (size_t i = 0; i < l.ndim(); ++i) out[i] = l.strides[i] * int64_t(l.dtype.itemsize());
+  for (size_t i = 0; i < l.ndim(); ++i) out[i] = scaled(i, int64_t(l.dtype.itemsize()));
   return out;
 }
 
@@ -210,10 +218,16 @@ Tensor Tensor::slice(int64_t dim, std::optional<int64_t> start, std::optional<in
   int64_t e = clamp(stop, step < 0 ? -1 : n);
   int64_t len = 0;
   if (step > 0 && e > b) len = (e - b - 1) / step + 1;
-  if (step < 0 && b > e) len = (b - e - 1) / (-step) + 1;
+  // Unsigned division: -step does not fit in int64_t when step is INT64_MIN.
+  if (step < 0 && b > e) len = static_cast<int64_t>(uint64_t(b - e - 1) / (0 - static_cast<uint64_t>(step))) + 1;
   Layout out = l;
   out.shape[d] = len;
-  out.strides[d] = detail::mul(l.strides[d], step, "slice stride");
+  int64_t stride;
+  if (__builtin_mul_overflow(l.strides[d], step, &stride)) {
+    if (len > 1) detail::throw_overflow("slice stride");
+    stride = l.strides[d];  // a view of at most one element never steps along d: any stride will do
+  }
+  out.strides[d] = stride;
   if (len > 0) {
     int64_t elem_off = detail::mul(b, l.strides[d], "slice offset");
     if (l.is_packed_subbyte()) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -372,6 +373,34 @@ TEST(Tensor, SliceOfTwoDimsWithNegativeSteps) {
   EXPECT_EQ(elements(s), (std::vector<float>{19, 17, 14, 12, 9, 7, 4, 2}));
   // Negative dim index.
   EXPECT_EQ(elements(t.slice(-1, 1, 2)), (std::vector<float>{1, 6, 11, 16}));
+}
+
+TEST(Tensor, SliceWithExtremeStepsAndBounds) {
+  constexpr int64_t kMin = std::numeric_limits<int64_t>::min(), kMax = std::numeric_limits<int64_t>::max();
+  Tensor t = arange({5});
+  // Python: list(range(5))[::-2**63] == [4], [::2**63-1] == [0], [-2**63:2**63-1] == everything.
+  EXPECT_EQ(elements(t.slice(0, std::nullopt, std::nullopt, kMin)), (std::vector<float>{4}));
+  EXPECT_EQ(elements(t.slice(0, std::nullopt, std::nullopt, kMax)), (std::vector<float>{0}));
+  EXPECT_EQ(elements(t.slice(0, kMin, kMax)), (std::vector<float>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(elements(t.slice(0, kMax, kMin, -1)), (std::vector<float>{4, 3, 2, 1, 0}));
+  EXPECT_EQ(elements(t.slice(0, kMin, kMax, kMax)), (std::vector<float>{0}));
+  EXPECT_EQ(elements(t.slice(0, kMax, kMin, kMin)), (std::vector<float>{4}));
+  // A one-element result never steps, so a step whose stride product would overflow still gives that element.
+  EXPECT_EQ(elements(t.slice(0, std::nullopt, std::nullopt, 2).slice(0, std::nullopt, std::nullopt, kMin)),
+            (std::vector<float>{4}));
+  EXPECT_EQ(elements(arange({0}).slice(0, std::nullopt, std::nullopt, kMin)), (std::vector<float>{}));
+}
+
+TEST(Tensor, ByteStridesOfDimensionsThatNeverStep) {
+  // A size-1 dimension may carry any stride (DLPack producers do this); stating it in bytes must not overflow.
+  float x[3] = {1, 2, 3};
+  const int64_t huge = std::numeric_limits<int64_t>::max() / 2;
+  Tensor t = Tensor::from_blob(x, {1, 3}, DType::float32(), Device::cpu(), nullptr, {huge, 1});
+  std::vector<int64_t> bs = t.byte_strides();
+  ASSERT_EQ(bs.size(), 2u);
+  EXPECT_EQ(bs[1], 4);
+  Tensor p = Tensor::from_blob(x, {1, 2}, DType::int4(), Device::cpu(), nullptr, {huge, 1});
+  EXPECT_NO_THROW(p.slice(1, 0, 2, 2).byte_strides());
 }
 
 TEST(Tensor, SliceErrors) {
