@@ -15,6 +15,9 @@
 #include <thread>
 #include <vector>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "tw_test_util.hpp"
 
 namespace {
@@ -96,8 +99,16 @@ int64_t elem_offset(const Strides& strides, const std::vector<int64_t>& idx) {
 
 unsigned char pattern(size_t pos) { return static_cast<unsigned char>((pos * 2654435761u) >> 13); }
 
-// A tensor placed at a chosen misalignment (relative to a 64-byte boundary) inside a fresh allocation, with
-// kGuard bytes before its lowest and after its highest byte. `t`'s byte_offset is nonzero, as for any view.
+// A tensor placed at a chosen misalignment (relative to a 16-byte boundary) inside a fresh allocation of its own,
+// kGuard bytes after the allocation starts, so `t`'s byte_offset is nonzero, as for any view.
+//  - A source is filled with a position-dependent pattern and its allocation ends exactly at its last byte, so an
+//    address sanitizer catches any read past the end (a vector load that runs over, say).
+//  - A destination is filled with kSentinel and has kGuard more bytes after its last byte, so writes past the
+//    end (or into the gaps of a strided layout) are seen as changed sentinels.
+//  - A fenced source sits flush against an inaccessible page (after its last byte, or before its first), so a
+//    read outside it faults even where a sanitizer cannot see (vector loads through intrinsics).
+enum class Role { source, destination, source_fenced_end, source_fenced_start };
+
 struct Placed {
   std::shared_ptr<Buffer> mem;
   Tensor t;
@@ -106,16 +117,35 @@ struct Placed {
   std::vector<unsigned char> snapshot() const { return std::vector<unsigned char>(bytes(), bytes() + size()); }
 };
 
-Placed place(DType dtype, const Shape& shape, const Strides& strides, size_t misalign, bool fill_pattern,
-             bool padded = false) {
-  Layout l{dtype, shape, strides, 0, padded};
+Placed place(DType dtype, const Shape& shape, const Strides& strides, size_t misalign, Role role) {
+  Layout l{dtype, shape, strides, 0, false};
   l.validate();
   tw::ByteSpan sp = l.byte_span();
-  const size_t total = kGuard + misalign + static_cast<size_t>(sp.size()) + kGuard;
+  if (role == Role::source_fenced_end || role == Role::source_fenced_start) {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    const size_t span = static_cast<size_t>(sp.size());
+    const size_t body = std::max<size_t>(1, (span + page - 1) / page) * page;
+    void* m = mmap(nullptr, body + 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) throw std::runtime_error("mmap failed");
+    auto* region = static_cast<unsigned char*>(m) + page;
+    mprotect(m, page, PROT_NONE);
+    mprotect(region + body, page, PROT_NONE);
+    std::shared_ptr<void> keep(m, [n = body + 2 * page](void* q) { munmap(q, n); });
+    Placed p;
+    p.mem = std::make_shared<Buffer>(region, body, Device::cpu(), keep);
+    for (size_t i = 0; i < body; ++i) region[i] = pattern(i);
+    const size_t first = role == Role::source_fenced_end ? body - span : 0;
+    l.byte_offset = static_cast<int64_t>(first) - sp.begin;
+    p.t = Tensor::make(p.mem, l);
+    return p;
+  }
+  const bool src = role == Role::source;
+  const size_t total = kGuard + misalign + static_cast<size_t>(sp.size()) + (src ? 0 : kGuard);
+  std::shared_ptr<unsigned char[]> raw(new unsigned char[total]);
   Placed p;
-  p.mem = Buffer::allocate(total, 64);
+  p.mem = std::make_shared<Buffer>(raw.get(), total, Device::cpu(), raw);
   unsigned char* b = p.bytes();
-  for (size_t i = 0; i < total; ++i) b[i] = fill_pattern ? pattern(i) : kSentinel;
+  for (size_t i = 0; i < total; ++i) b[i] = src ? pattern(i) : kSentinel;
   l.byte_offset = static_cast<int64_t>(kGuard + misalign) - sp.begin;
   p.t = Tensor::make(p.mem, l);
   return p;
@@ -136,9 +166,10 @@ std::string describe(const Case& c, DType d, size_t sm, size_t dm) {
 }
 
 // Copies src -> dst with the engine and checks every element and every non-element byte of the destination.
-testing::AssertionResult run_case(const Case& c, DType d, size_t sm, size_t dm, tw::CopyOptions opt = {}) {
-  Placed src = place(d, c.shape, c.src, sm, true);
-  Placed dst = place(d, c.shape, c.dst, dm, false);
+testing::AssertionResult run_case(const Case& c, DType d, size_t sm, size_t dm, tw::CopyOptions opt = {},
+                                   Role src_role = Role::source) {
+  Placed src = place(d, c.shape, c.src, sm, src_role);
+  Placed dst = place(d, c.shape, c.dst, dm, Role::destination);
   const auto src_before = src.snapshot();
   try {
     tw::copy(src.t, dst.t, opt);
@@ -301,6 +332,18 @@ TEST(Copy, SweepItemsizesLayoutsMisalignments) {
   EXPECT_GT(n, 5000);
 }
 
+// Kernels must read only the source's elements: with the source flush against an unmapped page on either side,
+// any over-read (a vector load past the last element, say) faults and fails the test.
+TEST(Copy, SweepWithSourcesFencedByUnmappedPages) {
+  tw::set_num_threads(1);
+  for (const Case& c : sweep_cases()) {
+    for (DType d : sweep_dtypes()) {
+      ASSERT_TRUE(run_case(c, d, 0, 0, {}, Role::source_fenced_end));
+      ASSERT_TRUE(run_case(c, d, 0, 1, {}, Role::source_fenced_start));
+    }
+  }
+}
+
 // ---- large copies through the thread pool ----------------------------------------------------------------------
 
 std::vector<Case> large_cases() {
@@ -330,6 +373,19 @@ TEST(Copy, LargeCopiesUseThreadsAndStayExact) {
   ASSERT_TRUE(run_case({"large-transposed-f64", {1000, 700}, {1, 1000}, {700, 1}}, DType::float64(), 0, 0));
   ASSERT_TRUE(run_case({"large-transposed-c128", {600, 500}, {1, 600}, {500, 1}}, DType::complex128(), 3, 0));
   ASSERT_TRUE(run_case({"large-3d-gather", {150, 150, 40}, {1, 150, 22500}, {6000, 40, 1}}, DType::float64(), 0, 0));
+  tw::set_num_threads(1);
+}
+
+// Copies of more than 8 MiB may take other store paths (non-temporal stores that need aligned destinations);
+// every destination alignment must still be exact and stay inside the destination.
+TEST(Copy, VeryLargeCopiesAtEveryDestinationAlignment) {
+  tw::set_num_threads(2);
+  for (size_t dm : {size_t{0}, size_t{1}, size_t{4}, size_t{8}, size_t{16}, size_t{28}}) {
+    ASSERT_TRUE(run_case({"huge-transposed-f32", {2048, 1100}, {1, 2048}, {1100, 1}}, DType::float32(), 0, dm));
+    ASSERT_TRUE(run_case({"huge-transposed-f64-ragged", {1101, 1003}, {1, 1101}, {1003, 1}}, DType::float64(), 3, dm));
+  }
+  ASSERT_TRUE(run_case({"huge-contiguous", {2300001}, {1}, {1}}, DType::float32(), 1, 5));
+  ASSERT_TRUE(run_case({"huge-every-other", {2300001}, {2}, {1}}, DType::float32(), 0, 4));
   tw::set_num_threads(1);
 }
 
@@ -547,8 +603,8 @@ struct PackedCase {
 };
 
 testing::AssertionResult run_packed(const PackedCase& c) {
-  Placed src = place(c.dtype, c.shape, c.src, 0, true);
-  Placed dst = place(c.dtype, c.shape, c.dst, 0, false);
+  Placed src = place(c.dtype, c.shape, c.src, 0, Role::source);
+  Placed dst = place(c.dtype, c.shape, c.dst, 0, Role::destination);
   const auto src_before = src.snapshot();
   try {
     tw::copy(src.t, dst.t);
@@ -650,7 +706,7 @@ TEST(Copy, PackedSubbyteOverlapping) {
 // ---- errors ----------------------------------------------------------------------------------------------------
 
 TEST(Copy, Errors) {
-  Placed dst = place(DType::float32(), {2, 3}, {3, 1}, 0, false);
+  Placed dst = place(DType::float32(), {2, 3}, {3, 1}, 0, Role::destination);
   const auto before = dst.snapshot();
   Tensor f = Tensor::zeros({2, 3}, DType::float32());
   TW_EXPECT_ERROR_MSG(tw::copy(Tensor::zeros({2, 3}, DType::int32()), dst.t), ErrorCode::invalid_argument, "int32");
