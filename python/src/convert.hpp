@@ -28,6 +28,10 @@ std::shared_ptr<const void> keep_python_alive(PyObject* obj);
 tw::Value to_value(PyObject* obj, const std::string& path, int depth = 0);
 nb::object from_value(const tw::Value& v);
 
+/// A Python int argument as int64_t: TypeError (tw type_mismatch) for a non-int or a bool, ValueError
+/// (tw overflow) when it does not fit. Never std::bad_cast, which would surface as an opaque RuntimeError.
+int64_t int64_arg(nb::handle h, const std::string& what);
+
 /// Parses the `device=` argument: None, "cpu", "cuda:1", a tw.Device, or a (device_type, id) tuple.
 std::optional<tw::Device> parse_device(nb::handle h);
 

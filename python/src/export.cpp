@@ -118,7 +118,7 @@ std::optional<intptr_t> parse_stream(nb::handle stream, const tw::Tensor& t, con
   if (PyBool_Check(stream.ptr()) || !PyLong_Check(stream.ptr()))
     throw tw::Error(tw::ErrorCode::type_mismatch, std::string(who) + ": stream must be None or an int, not " +
                                                       Py_TYPE(stream.ptr())->tp_name);
-  const intptr_t s = nb::cast<intptr_t>(stream);
+  const intptr_t s = static_cast<intptr_t>(int64_arg(stream, std::string(who) + ": stream"));
   const DLDeviceType dt = t.device().type;
   if (dt == kDLCUDA || dt == kDLCUDAManaged || dt == kDLROCM) {
     if (s == 0)
@@ -181,7 +181,16 @@ nb::object dlpack(nb::handle self, nb::handle stream, nb::handle max_version, nb
   if (!max_version.is_none()) {
     if (!PyTuple_Check(max_version.ptr()) || nb::len(max_version) != 2)
       throw tw::Error(tw::ErrorCode::type_mismatch, "__dlpack__: max_version must be None or a (major, minor) tuple");
-    const int64_t major = nb::cast<int64_t>(max_version[0]), minor = nb::cast<int64_t>(max_version[1]);
+    auto part = [&](int i) {  // a huge version number is as good as the largest one
+      nb::handle x = nb::borrow<nb::tuple>(max_version)[i];
+      if (PyBool_Check(x.ptr()) || !PyLong_Check(x.ptr()))
+        throw tw::Error(tw::ErrorCode::type_mismatch, "__dlpack__: max_version must hold ints, not " +
+                                                          std::string(Py_TYPE(x.ptr())->tp_name));
+      int overflow = 0;
+      const long long r = PyLong_AsLongLongAndOverflow(x.ptr(), &overflow);
+      return overflow > 0 ? INT64_MAX : overflow < 0 ? INT64_MIN : static_cast<int64_t>(r);
+    };
+    const int64_t major = part(0), minor = part(1);
     if (major >= 1) {
       versioned = true;
       if (major == 1) v.minor = static_cast<uint32_t>(std::clamp<int64_t>(minor, 0, DLPACK_MINOR_VERSION));

@@ -128,14 +128,30 @@ nb::object from_value(const tw::Value& v) {
   return nb::none();
 }
 
+int64_t int64_arg(nb::handle h, const std::string& what) {
+  if (PyBool_Check(h.ptr()) || !PyLong_Check(h.ptr()))
+    throw tw::Error(tw::ErrorCode::type_mismatch, what + " must be an int, not " + Py_TYPE(h.ptr())->tp_name);
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(h.ptr(), &overflow);
+  if (overflow) throw tw::Error(tw::ErrorCode::overflow, what + " " + nb::cast<std::string>(nb::repr(h)) +
+                                                          " does not fit in 64 bits");
+  if (v == -1 && PyErr_Occurred()) throw nb::python_error();
+  return v;
+}
+
 std::optional<tw::Device> parse_device(nb::handle h) {
   if (h.is_none()) return std::nullopt;
   if (nb::isinstance<tw::Device>(h)) return nb::cast<tw::Device>(h);
   if (nb::isinstance<nb::str>(h)) return tw::Device::from_string(nb::cast<std::string>(h));
   if (nb::isinstance<nb::tuple>(h) && nb::len(h) == 2) {
     auto t = nb::borrow<nb::tuple>(h);
-    if (nb::isinstance<nb::int_>(t[0]) && nb::isinstance<nb::int_>(t[1]))
-      return tw::Device::from_dlpack(DLDevice{static_cast<DLDeviceType>(nb::cast<int>(t[0])), nb::cast<int32_t>(t[1])});
+    if (nb::isinstance<nb::int_>(t[0]) && nb::isinstance<nb::int_>(t[1])) {
+      const int64_t type = int64_arg(t[0], "device type"), id = int64_arg(t[1], "device id");
+      if (type < 0 || type > INT32_MAX || id < INT32_MIN || id > INT32_MAX)
+        throw tw::Error(tw::ErrorCode::invalid_argument, "device (" + std::to_string(type) + ", " + std::to_string(id) +
+                                                             ") is out of range for a DLPack device");
+      return tw::Device::from_dlpack(DLDevice{static_cast<DLDeviceType>(type), static_cast<int32_t>(id)});
+    }
   }
   // torch.device and similar: use their string form
   if (nb::hasattr(h, "type") && nb::hasattr(h, "index")) {

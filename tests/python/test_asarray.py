@@ -467,6 +467,13 @@ def test_device_strings():
         tw.asarray(np.zeros(2), device="cuda:0")
     with pytest.raises((ValueError, TypeError)):
         tw.asarray(np.zeros(2), device="tpu:x")
+    with pytest.raises(ValueError):
+        tw.Device((2**40, 0))  # out of range: a precise error, not a failed C++ cast
+    with pytest.raises(ValueError):
+        tw.Device((2, -1))
+    with pytest.raises(BufferError):
+        tw.Device((999, 0))
+    assert tw.Device((2, 3)) == "cuda:3"
 
 
 # ---- JAX --------------------------------------------------------------------------------------------------------

@@ -283,7 +283,25 @@ def test_dlpack_stream_rules_on_cpu(src):
     with pytest.raises(TypeError):
         t.__dlpack__(stream="1")
     with pytest.raises(TypeError):
+        t.__dlpack__(stream=True)
+    with pytest.raises(ValueError) as ei:
+        t.__dlpack__(stream=2**70)  # a precise error, not an opaque RuntimeError from a failed C++ cast
+    assert "64 bits" in str(ei.value)
+
+
+def test_dlpack_max_version_validation(src):
+    t = tw.asarray(src)
+    with pytest.raises(TypeError):
         t.__dlpack__(max_version=1)
+    with pytest.raises(TypeError):
+        t.__dlpack__(max_version=(1,))
+    with pytest.raises(TypeError) as ei:
+        t.__dlpack__(max_version=("1", 0))
+    assert "max_version" in str(ei.value)
+    cap = t.__dlpack__(max_version=(2**70, 0))  # a consumer from the far future gets our newest version
+    assert capsule_name(cap) == "dltensor_versioned" and (peek(cap).major, peek(cap).minor) == (1, tw.DLPACK_VERSION[1])
+    cap = t.__dlpack__(max_version=(1, -5))
+    assert (peek(cap).major, peek(cap).minor) == (1, 0)
 
 
 def test_dlpack_capsule_consumed_once(src):
