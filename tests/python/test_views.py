@@ -111,8 +111,15 @@ def test_select_and_slice_methods(a):
     check_view(t.slice(3, 1, None, 2), a[:, :, :, 1::2])
     check_view(t.slice(1, None, None, -1), a[:, ::-1])
     check_view(t.slice(1, -1, 0, -1), a[:, -1:0:-1])
+    # extreme steps: Python clamps slice steps, the method takes any int64 (no overflow, same result as NumPy)
+    check_view(t.slice(3, None, None, -(2**63)), a[:, :, :, ::-(2**63)])
+    check_view(t.slice(3, None, None, 2**63 - 1), a[:, :, :, :: 2**63 - 1])
+    check_view(t.slice(0, -(2**63), 2**63 - 1), a[-(2**63) : 2**63 - 1])
+    check_view(t[:, :: -(2**63)], a[:, :: -(2**63)])
     with pytest.raises(IndexError):
         t.select(4, 0)
+    with pytest.raises(IndexError):
+        t.select(0, -(2**63))
     with pytest.raises(IndexError):
         t.select(0, 2)
 
