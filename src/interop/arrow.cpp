@@ -1495,8 +1495,8 @@ ArrowColumns from_arrow_columns(ArrowArrayStream* stream, const ArrowImportOptio
     if (!schema.release) throw Error(ErrorCode::invalid_argument, "from_arrow: get_schema returned a released schema");
     t = parse_arrow_schema(schema);
   }
-  ArrowImportOptions chunk_opts;
-  chunk_opts.copy = options.copy == false ? std::optional<bool>(false) : std::nullopt;
+  // Chunks import without copy=True's copy (the concatenation, or the final pass below, makes it once).
+  const bool forbid_copy = options.copy == false;
   std::vector<std::vector<ArrowColumn>> chunks;
   for (;;) {
     ArrowArray a{};
@@ -1506,7 +1506,7 @@ ArrowColumns from_arrow_columns(ArrowArrayStream* stream, const ArrowImportOptio
     auto owner = take_array(&a);
     ImportCtx ctx;
     ctx.keep = owner;
-    ctx.copy = chunk_opts.copy;
+    if (forbid_copy) ctx.copy = false;
     chunks.push_back(import_all(t, owner->array, ctx, false));
   }
   ArrowColumns out;
