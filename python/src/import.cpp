@@ -2,11 +2,12 @@
 //
 // Protocols are tried in this order; one that refuses (raises, or describes something we cannot take without a
 // forbidden copy) falls through to the next, and the final error lists every refusal:
-//  1. __dlpack__ (versioned capsule first, legacy fallback for producers that reject max_version)
-//  2. __cuda_array_interface__ (v2/v3)
-//  3. __array_interface__ (v3)
-//  4. the buffer protocol (PEP 3118)
-//  5. Arrow PyCapsules (__arrow_c_array__) — through the Python package's hook, when present
+//  1. Arrow PyCapsules (__arrow_c_device_array__, __arrow_c_array__, __arrow_c_stream__) — through the Python
+//     package's hook, when present. First because an Arrow object's schema is its own description of the data.
+//  2. __dlpack__ (versioned capsule first, legacy fallback for producers that reject max_version)
+//  3. __cuda_array_interface__ (v2/v3)
+//  4. __array_interface__ (v3)
+//  5. the buffer protocol (PEP 3118)
 //  6. a raw DLPack PyCapsule
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -541,6 +542,17 @@ nb::object asarray(nb::handle obj, nb::handle device, nb::handle copy, nb::handl
     return std::nullopt;
   };
 
+  // Arrow first: an Arrow producer's own schema carries what its DLPack view loses or gets wrong (PyArrow 26 exports
+  // permuted arrow.fixed_shape_tensor arrays through DLPack with wrong strides), plus chunking and metadata.
+  if (g_arrow_hook.is_valid() && (PyObject_HasAttrString(obj.ptr(), "__arrow_c_array__") ||
+                                  PyObject_HasAttrString(obj.ptr(), "__arrow_c_device_array__") ||
+                                  PyObject_HasAttrString(obj.ptr(), "__arrow_c_stream__"))) {
+    auto t = attempt("Arrow PyCapsule interface", [&] {
+      nb::object r = g_arrow_hook(obj, copy);
+      return finish(unwrap(r), req, req.copy == CopyMode::always, false);
+    });
+    if (t) return wrap(std::move(*t));
+  }
   if (has_attr_on_type(obj, names().dlpack)) {
     auto t = attempt("__dlpack__", [&] {
       bool copied = false;
@@ -566,15 +578,6 @@ nb::object asarray(nb::handle obj, nb::handle device, nb::handle copy, nb::handl
       bool bs = false;
       tw::Tensor r = via_buffer(obj, req, bs);
       return finish(std::move(r), req, false, bs);
-    });
-    if (t) return wrap(std::move(*t));
-  }
-  if (g_arrow_hook.is_valid() && (PyObject_HasAttrString(obj.ptr(), "__arrow_c_array__") ||
-                                  PyObject_HasAttrString(obj.ptr(), "__arrow_c_device_array__") ||
-                                  PyObject_HasAttrString(obj.ptr(), "__arrow_c_stream__"))) {
-    auto t = attempt("Arrow PyCapsule interface", [&] {
-      nb::object r = g_arrow_hook(obj, copy);
-      return finish(unwrap(r), req, req.copy == CopyMode::always, false);
     });
     if (t) return wrap(std::move(*t));
   }

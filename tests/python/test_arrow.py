@@ -150,6 +150,9 @@ def test_dense_permuted_layouts_export_with_permutation_and_no_copy(perm):
     back = tw.from_arrow(arr)
     assert back.data_ptr == base.data_ptr and back.shape == view.shape and back.strides == view.strides
     np.testing.assert_array_equal(np.asarray(back), np.transpose(nchw, perm))
+    # tw.asarray reads the Arrow schema first: PyArrow's own DLPack view of this array has wrong strides.
+    again = tw.asarray(arr)
+    assert again.data_ptr == base.data_ptr and again.strides == view.strides
     if p is not None and all(p[p[i]] == i for i in range(len(p))):
         # PyArrow's own reader is right for permutations that are their own inverse.
         np.testing.assert_array_equal(arr.to_numpy_ndarray(), np.transpose(nchw, perm))
@@ -164,9 +167,11 @@ def test_the_issue_example_nchw_to_nhwc():
     assert tw.asarray(arr).shape == (8, 3, 16, 16)
     nhwc = pa.array(tw.asarray(batch_nchw.permute(0, 2, 3, 1)))
     assert storage_address(nhwc) == batch_nchw.data_ptr()
-    back = tw.from_arrow(nhwc)
-    assert back.shape == (8, 16, 16, 3)
-    np.testing.assert_array_equal(np.asarray(back), batch_nchw.permute(0, 2, 3, 1).numpy())
+    for back in (tw.from_arrow(nhwc), tw.asarray(nhwc)):
+        assert back.shape == (8, 16, 16, 3) and back.data_ptr == batch_nchw.data_ptr()
+        np.testing.assert_array_equal(np.asarray(back), batch_nchw.permute(0, 2, 3, 1).numpy())
+    with pytest.raises(tw.CopyError):
+        tw.to_arrow(tw.asarray(batch_nchw)[:, :, ::2], copy=False)
 
 
 @pytest.mark.parametrize("make", [
