@@ -1194,17 +1194,36 @@ Tensor values_tensor(const char* p, int64_t bit, int64_t n, const ArrowTensorTyp
 }
 
 // Reshapes a flat tensor of rows * prod(shape) elements into (rows, *logical), zero-copy (strided for a permutation).
+// One Tensor::make over the flat tensor's buffer (no intermediate views: this is the per-import fast path).
 Tensor shape_rows(const Tensor& flat, int64_t rows, const std::vector<int64_t>& phys, const std::vector<int64_t>& perm,
                   bool with_rows) {
-  std::vector<int64_t> dims;
-  if (with_rows) dims.push_back(rows);
-  dims.insert(dims.end(), phys.begin(), phys.end());
-  Tensor t = flat.view(Shape(dims));
-  if (perm.empty()) return t;
-  std::vector<int64_t> p;
-  if (with_rows) p.push_back(0);
-  for (int64_t x : perm) p.push_back(x + (with_rows ? 1 : 0));
-  return t.permute(Dims(p));
+  const size_t lead = with_rows ? 1 : 0, n = lead + phys.size();
+  std::vector<int64_t> pshape(n), pstrides(n);
+  if (with_rows) pshape[0] = rows;
+  std::copy(phys.begin(), phys.end(), pshape.begin() + static_cast<std::ptrdiff_t>(lead));
+  int64_t st = 1;
+  for (size_t k = n; k-- > 0;) {
+    pstrides[k] = st;
+    st *= pshape[k];
+  }
+  Layout l{flat.dtype(), {}, {}, flat.byte_offset(), false};
+  if (perm.empty()) {
+    l.shape = Shape(pshape);
+    l.strides = Strides(pstrides);
+  } else {
+    std::vector<int64_t> lshape(n), lstrides(n);
+    if (with_rows) {
+      lshape[0] = pshape[0];
+      lstrides[0] = pstrides[0];
+    }
+    for (size_t i = 0; i < perm.size(); ++i) {
+      lshape[lead + i] = pshape[lead + size_t(perm[i])];
+      lstrides[lead + i] = pstrides[lead + size_t(perm[i])];
+    }
+    l.shape = Shape(lshape);
+    l.strides = Strides(lstrides);
+  }
+  return Tensor::make(flat.buffer_ptr(), std::move(l), flat.readonly());
 }
 
 Tensor import_batch(const ArrowTensorType& t, const ArrowArray& a, int64_t first, int64_t rows, const ImportCtx& ctx,
