@@ -143,15 +143,23 @@ def _make_receiver(method, name, ready):
     raise ValueError(method)
 
 
-def _iceoryx2_receiver(name, ready):
+def _iox2_service(name):
     import ctypes
 
     import iceoryx2 as iox2
 
     node = iox2.NodeBuilder.new().create(iox2.ServiceType.Ipc)
-    service = (node.service_builder(iox2.ServiceName.new(name)).publish_subscribe(iox2.Slice[ctypes.c_uint8])
-               .open_or_create())
-    sub = service.subscriber_builder().create()
+    service = (node.service_builder(iox2.ServiceName.new("tw-bench-" + name.replace("/", "-")))
+               .publish_subscribe(iox2.Slice[ctypes.c_uint8])
+               .enable_safe_overflow(False).subscriber_max_buffer_size(8).history_size(0).open_or_create())
+    return iox2, node, service
+
+
+def _iceoryx2_receiver(name, ready):
+    import ctypes
+
+    iox2, node, service = _iox2_service(name)
+    sub = service.subscriber_builder().buffer_size(8).create()
     ready.set()
 
     def recv():
@@ -160,12 +168,11 @@ def _iceoryx2_receiver(name, ready):
             if s is not None:
                 break
         t1 = now()
-        p = s.payload()
-        t0 = int.from_bytes(bytes(p[:8]), "little")
-        del p
+        t0 = ctypes.c_int64.from_address(s.payload().data_ptr).value
         s.delete()
         return t0, t1
 
+    recv.keep = (node, service, sub)
     return recv
 
 
@@ -193,15 +200,10 @@ class _Producer:
 
             self.torch = torch
         elif method == "iceoryx2":
-            import ctypes
-
-            import iceoryx2 as iox2
-
-            self.node = iox2.NodeBuilder.new().create(iox2.ServiceType.Ipc)
-            self.service = (self.node.service_builder(iox2.ServiceName.new(name))
-                            .publish_subscribe(iox2.Slice[ctypes.c_uint8]).open_or_create())
+            iox2, self.node, self.service = _iox2_service(name)
             self.pub = (self.service.publisher_builder().initial_max_slice_len(max(max_size, 64))
-                        .allocation_strategy(iox2.AllocationStrategy.PowerOfTwo).create())
+                        .allocation_strategy(iox2.AllocationStrategy.PowerOfTwo)
+                        .backpressure_strategy(iox2.BackpressureStrategy.RetryUntilDelivered).create())
         self.q = name
 
     def send(self, size):
@@ -239,14 +241,18 @@ class _Producer:
             x[:8].view(self.torch.int64)[0] = now()
             self.q.put(x)
         elif m == "iceoryx2":
+            import ctypes
+
             t0 = now()
-            s = self.pub.loan_slice_uninit(size)
-            s = s.write_from_slice(self.src[:size].tobytes()[:0] + t0.to_bytes(8, "little") + bytes(size - 8))
-            s.send()
+            s = self.pub.loan_slice_uninit(size)  # uninitialised like tw-loan: only the stamp is written
+            ctypes.c_int64.from_address(s.payload().data_ptr).value = t0
+            s.assume_init().send()
 
     def close(self):
         if self.method in ("tw-send", "tw-loan"):
             self.pub.close()
+        elif self.method == "iceoryx2":
+            self.pub.delete()
 
 
 def _available(method) -> str | None:
