@@ -590,33 +590,44 @@ std::string extension_json_text(const ArrowTensorType& t) {
   return text;
 }
 
-// The schema of a value field (primitive, or int8 storage of arrow.bool8).
-SchemaPtr value_schema(DType d, std::string name, const Metadata* tw_md = nullptr) {
-  const bool b = d == DType::boolean();
-  return make_schema(format_of(d), std::move(name),
-                     pairs_metadata(b ? std::optional<std::string_view>(kArrowBool8) : std::nullopt, "", tw_md));
-}
-
-SchemaPtr type_schema(const ArrowTensorType& t) {
+// The encoded metadata of an exported type's top field: extension name and JSON, tensorwire metadata. Computed once
+// per prepared array (and validated then: dim_names that are not UTF-8 fail at to_arrow, not at export).
+std::string top_metadata(const ArrowTensorType& t) {
   const Metadata* md = t.metadata ? &*t.metadata : nullptr;
   switch (t.kind) {
-    case ArrowTensorType::Kind::primitive: return value_schema(t.dtype, t.name, md);
+    case ArrowTensorType::Kind::primitive:
+      return pairs_metadata(t.bool8 ? std::optional<std::string_view>(kArrowBool8) : std::nullopt, "", md);
+    case ArrowTensorType::Kind::fixed_shape: return pairs_metadata(kArrowFixedShapeTensor, extension_json_text(t), md);
+    case ArrowTensorType::Kind::variable_shape:
+      return pairs_metadata(kArrowVariableShapeTensor, extension_json_text(t), md);
+    default: break;
+  }
+  throw Error(ErrorCode::internal, "to_arrow: cannot export a type of this kind");
+}
+
+// The schema of a list's value field (primitive, or int8 storage of arrow.bool8).
+SchemaPtr value_schema(DType d) {
+  static const std::string bool8_metadata = pairs_metadata(kArrowBool8, "", nullptr);
+  return make_schema(format_of(d), "item", d == DType::boolean() ? bool8_metadata : std::string());
+}
+
+SchemaPtr type_schema(const ArrowTensorType& t, const std::string& metadata) {
+  switch (t.kind) {
+    case ArrowTensorType::Kind::primitive: return make_schema(format_of(t.dtype), t.name, metadata);
     case ArrowTensorType::Kind::fixed_shape: {
       int64_t n = 1;
       for (int64_t d : t.shape) n *= d;
       std::vector<SchemaPtr> ch;
-      ch.push_back(value_schema(t.dtype, "item"));
-      return make_schema("+w:" + std::to_string(n), t.name,
-                         pairs_metadata(kArrowFixedShapeTensor, extension_json_text(t), md), std::move(ch));
+      ch.push_back(value_schema(t.dtype));
+      return make_schema("+w:" + std::to_string(n), t.name, metadata, std::move(ch));
     }
     case ArrowTensorType::Kind::variable_shape: {
       std::vector<SchemaPtr> data_ch, shape_ch, fields;
-      data_ch.push_back(value_schema(t.dtype, "item"));
+      data_ch.push_back(value_schema(t.dtype));
       shape_ch.push_back(make_schema("i", "item", ""));
       fields.push_back(make_schema(t.large_list ? "+L" : "+l", "data", "", std::move(data_ch)));
       fields.push_back(make_schema("+w:" + std::to_string(t.ndim), "shape", "", std::move(shape_ch)));
-      return make_schema("+s", t.name, pairs_metadata(kArrowVariableShapeTensor, extension_json_text(t), md),
-                         std::move(fields));
+      return make_schema("+s", t.name, metadata, std::move(fields));
     }
     default: break;
   }
@@ -762,6 +773,7 @@ struct detail::ArrowExportState {
   Tensor data;                   // batch (physical order known from type.permutation) or packed 1-D elements
   std::vector<int32_t> offsets;  // variable shape: length + 1
   std::vector<int32_t> shapes;   // variable shape: length * ndim, physical
+  std::string metadata;          // the top field's encoded metadata (top_metadata)
 };
 
 ArrowTensorArray ArrowTensorArray::from_tensor(const Tensor& t, const ArrowExportOptions& options) {
@@ -826,6 +838,7 @@ ArrowTensorArray ArrowTensorArray::from_tensor(const Tensor& t, const ArrowExpor
     if (!is_identity(perm)) st->type.permutation = perm;
     st->type.dim_names = physical_names(options.dim_names, order, inner, who);
   }
+  st->metadata = top_metadata(st->type);
   return ArrowTensorArray(std::move(st));
 }
 
@@ -925,6 +938,7 @@ ArrowTensorArray ArrowTensorArray::from_tensors(std::span<const Tensor> tensors,
   if (any_uniform) st->type.uniform_shape = uniform;
   Layout flat{dtype, Shape(total), Strides(int64_t{1}), 0, false};
   st->data = Tensor::make(std::move(buf), std::move(flat), false);
+  st->metadata = top_metadata(st->type);
   return ArrowTensorArray(std::move(st));
 }
 
@@ -936,7 +950,7 @@ const Tensor& ArrowTensorArray::data() const noexcept { return state_->data; }
 
 void ArrowTensorArray::export_schema(ArrowSchema* schema) const {
   if (!schema) throw Error(ErrorCode::invalid_argument, "to_arrow: null ArrowSchema");
-  SchemaPtr s = type_schema(state_->type);
+  SchemaPtr s = type_schema(state_->type, state_->metadata);
   *schema = *s;  // move: the heap node keeps nothing once its fields are copied out
   s->release = nullptr;
 }
@@ -979,7 +993,7 @@ void ArrowTensorArray::export_to(ArrowSchema* schema, ArrowArray* array) const {
     throw Error(ErrorCode::unsupported, "to_arrow: the tensor is on " + device().str() +
                                             "; the Arrow C Data Interface carries host memory only, use the C Device "
                                             "Data Interface (ArrowDeviceArray, __arrow_c_device_array__)");
-  SchemaPtr s = type_schema(state_->type);
+  SchemaPtr s = type_schema(state_->type, state_->metadata);
   ArrayPtr a = build_array(state_);
   *schema = *s;
   s->release = nullptr;
@@ -996,7 +1010,7 @@ void ArrowTensorArray::export_to(ArrowSchema* schema, ArrowDeviceArray* array) c
   SchemaPtr s;
   ArrayPtr a;
   try {
-    s = type_schema(state_->type);
+    s = type_schema(state_->type, state_->metadata);
     a = build_array(state_);
   } catch (...) {
     cuda::destroy_event(event);
