@@ -72,11 +72,19 @@ int tensor_getbuffer(PyObject* self, Py_buffer* view, int flags) {
   if ((flags & PyBUF_ANY_CONTIGUOUS) == PyBUF_ANY_CONTIGUOUS && !c && !f) return refuse("a contiguous buffer was requested");
   if ((flags & PyBUF_STRIDES) != PyBUF_STRIDES && !c)
     return refuse("the consumer did not ask for strides and the tensor is not C-contiguous");
+  // byte_strides(), not strides * itemsize: a size-1 dimension may carry any stride (a one-element slice with a
+  // huge step, a producer's placeholder), whose byte value can overflow; it is stated as 0.
+  std::vector<int64_t> byte_strides;
+  try {
+    byte_strides = t.byte_strides();
+  } catch (const std::exception& e) {
+    return refuse(e.what());
+  }
   auto* info = new BufferInfo();
   const int64_t isz = static_cast<int64_t>(t.dtype().itemsize());
   for (size_t i = 0; i < t.ndim(); ++i) {
     info->shape.push_back(static_cast<Py_ssize_t>(t.shape()[i]));
-    info->strides.push_back(static_cast<Py_ssize_t>(t.strides()[i] * isz));
+    info->strides.push_back(static_cast<Py_ssize_t>(byte_strides[i]));
   }
   view->buf = t.data_ptr();
   view->obj = Py_NewRef(self);

@@ -219,3 +219,19 @@ def test_negative_strides_through_a_capsule_never_dereferenced(producer):
     cap, _ = producer.capsule(shape=(12,), strides=(-1,), data=ptr(producer.a) + 44)
     t = tw.from_dlpack(cap)
     assert t.strides == (-1,) and np.asarray(t).tolist() == producer.a[::-1].tolist()
+
+
+def test_huge_stride_on_a_size_one_dimension(producer):
+    """A stride that is never stepped through may be anything a producer likes, even one whose byte value does
+    not fit in 64 bits; every export of such a tensor must still work (no overflow, no crash)."""
+    cap, _ = producer.capsule(shape=(1, 3), strides=(2**62, 1))
+    t = tw.from_dlpack(cap)
+    assert t.shape == (1, 3) and t.strides[1] == 1
+    expected = producer.a[:3].reshape(1, 3)
+    assert np.array_equal(np.asarray(t), expected)
+    assert np.array_equal(np.asarray(memoryview(t)), expected)
+    assert np.array_equal(np.asarray(t.contiguous()), expected)
+    assert np.array_equal(np.asarray(t.copy("F")), expected)
+    assert np.array_equal(np.from_dlpack(t), expected)
+    assert t.byte_strides[1] == 4
+    del t
