@@ -192,13 +192,15 @@ struct ChannelHeader {
   uint64_t dropped;             ///< messages dropped for this subscriber
   uint32_t futex_word;          ///< bumped on every push and on close; the subscriber sleeps on it
   uint32_t closed;              ///< 1 once the publisher closed the stream
-  uint8_t pad1[kCacheLine - 24];
+  uint32_t producer_waiting;    ///< 1 while the publisher sleeps on space_word for room in the ring
+  uint8_t pad1[kCacheLine - 28];
   // -- written by the subscriber (and by the publisher when it drops) --
   uint64_t head;                ///< next position to read
   uint32_t waiters;             ///< subscriber threads asleep on futex_word
   uint32_t want_eventfd;        ///< 1: the publisher also writes the eventfd on every push
   uint32_t detached;            ///< 1: the subscriber closed; deliver nothing more, but its leases still hold
-  uint8_t pad2[kCacheLine - 20];
+  uint32_t space_word;          ///< bumped after every pop; the publisher sleeps on it when the ring is full
+  uint8_t pad2[kCacheLine - 24];
 };
 static_assert(std::is_trivially_copyable_v<ChannelHeader> && std::is_standard_layout_v<ChannelHeader>);
 static_assert(offsetof(ChannelHeader, cell_bytes) == 16);
@@ -309,6 +311,8 @@ class Ring {
   template <class F>
   bool try_pop(F&& read);
   bool empty() const noexcept;
+  /// After a pop: tells a publisher waiting for room.
+  void signal_space() noexcept;
   bool closed() const noexcept { return aref(h_->closed).load(std::memory_order_acquire) != 0; }
 
  private:

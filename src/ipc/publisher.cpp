@@ -93,12 +93,15 @@ class Backoff {
     } else {
       std::this_thread::sleep_for(std::chrono::microseconds(std::min<int>(1000, 20 * (n_ - 127))));
     }
-    if (hook_ && *hook_ && (n_ & 15) == 0) {
-      auto now = Clock::now();
-      if (now - last_hook_ > std::chrono::milliseconds(50)) {
-        last_hook_ = now;
-        (*hook_)();
-      }
+    if ((n_ & 15) == 0) tick_hook();
+  }
+  // Calls the hook when 50 ms passed since the last call.
+  void tick_hook() {
+    if (!hook_ || !*hook_) return;
+    auto now = Clock::now();
+    if (now - last_hook_ > std::chrono::milliseconds(50)) {
+      last_hook_ = now;
+      (*hook_)();
     }
   }
 
@@ -412,7 +415,7 @@ class PublisherImpl {
   bool push(Sub& s, const Layout& layout, uint64_t seqno, uint64_t seg, size_t alloc_offset, size_t alloc_bytes,
             size_t slot, const std::string& meta) {
     Backoff backoff(&hook_);
-    for (;;) {
+    for (int attempt = 0;; ++attempt) {
       if (CellHeader* c = s.ring.begin_push()) {
         encode_message(c->msg, layout, seqno, seg, alloc_offset, alloc_bytes, static_cast<uint32_t>(slot),
                        static_cast<uint32_t>(meta.size()));
@@ -426,7 +429,17 @@ class PublisherImpl {
         drop_oldest(s);
         continue;
       }
-      backoff.pause();  // block (or a reader still copying out of the cell)
+      if (attempt < 128) {  // a reader still copying out of the cell, or a ring about to drain
+        backoff.pause();
+        continue;
+      }
+      // Sleep until the subscriber pops (it bumps space_word), in slices that re-check its liveness.
+      ChannelHeader& h = s.ring.header();
+      const uint32_t seen = aref(h.space_word).load(std::memory_order_seq_cst);
+      aref(h.producer_waiting).store(1, std::memory_order_seq_cst);
+      if (!s.ring.begin_push()) futex_wait(&h.space_word, seen, 2'000'000);
+      aref(h.producer_waiting).store(0, std::memory_order_relaxed);
+      backoff.tick_hook();
     }
   }
 

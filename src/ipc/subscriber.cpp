@@ -90,6 +90,7 @@ class SubscriberImpl {
       aref(chan_->ring.header().detached).store(1, std::memory_order_seq_cst);
       while (chan_->ring.try_pop([&](CellHeader& c) { release_slot(c.msg.lease_slot); })) {
       }
+      chan_->ring.signal_space();
     }
     chan_.reset();
     segments_.clear();
@@ -308,6 +309,7 @@ class SubscriberImpl {
       if (n) meta.assign(chan_->ring.cell_metadata(c), n);
     });
     if (!got) return std::nullopt;
+    chan_->ring.signal_space();
     if (fd_mode_) settle_eventfd();
     std::shared_ptr<Mapping> seg;
     auto it = segments_.find(d.segment_id);

@@ -137,6 +137,11 @@ void Ring::close() noexcept {
   futex_wake_all(&h_->futex_word);
 }
 
+void Ring::signal_space() noexcept {
+  aref(h_->space_word).fetch_add(1, std::memory_order_seq_cst);
+  if (aref(h_->producer_waiting).load(std::memory_order_seq_cst) != 0) futex_wake_all(&h_->space_word);
+}
+
 bool Ring::empty() const noexcept {
   const uint64_t h = aref(h_->head).load(std::memory_order_seq_cst);
   const uint64_t seq = aref(cell(h).seq).load(std::memory_order_acquire);

@@ -133,7 +133,9 @@ TEST(IpcWire, LayoutIsFrozen) {
   EXPECT_EQ(offsetof(ipc::MessageDescriptor, strides), 72u + 8 * tw::kMaxRank);
   EXPECT_EQ(offsetof(ipc::ChannelHeader, tail), 64u);
   EXPECT_EQ(offsetof(ipc::ChannelHeader, head), 128u);
+  EXPECT_EQ(offsetof(ipc::ChannelHeader, producer_waiting), 88u);
   EXPECT_EQ(offsetof(ipc::ChannelHeader, detached), 144u);
+  EXPECT_EQ(offsetof(ipc::ChannelHeader, space_word), 148u);
   EXPECT_EQ(sizeof(ipc::ControlWire), 32u);
   EXPECT_TRUE(std::is_trivially_copyable_v<ipc::MessageDescriptor>);
   EXPECT_TRUE(std::is_trivially_copyable_v<ipc::ChannelHeader>);
@@ -463,7 +465,7 @@ TEST(IpcProcess, FanOutToFourSubscribers) {
     ASSERT_EQ(::read(ready[0], &c, 1), 1);
   }
   // subscribers that connected to us before we listened would be missed: they connect in their constructors
-  for (int i = 0; i < 200 && pub.subscriber_count() < 4; ++i) std::this_thread::sleep_for(5ms);
+  for (int i = 0; i < 2000 && pub.subscriber_count() < 4; ++i) std::this_thread::sleep_for(5ms);
   ASSERT_EQ(pub.subscriber_count(), 4u);
   for (int m = 0; m < 300; ++m) {
     Tensor t = pub.loan({1024}, DType::uint32());
@@ -587,7 +589,7 @@ TEST(IpcProcess, KilledPublisherLeavesDataValidThenEndOfStream) {
   ASSERT_TRUE(sub.recv(5s));
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_FALSE(sub.recv(5s));
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);  // within a few 50 ms slices, even on a loaded machine
   EXPECT_TRUE(sub.closed());
   EXPECT_EQ(first->data<const int32_t>()[999], 7);  // still mapped and intact
   EXPECT_EQ(second->data<const int32_t>()[0], 8);
