@@ -14,7 +14,8 @@ Latency: the producer stamps time.perf_counter_ns() (CLOCK_MONOTONIC, one clock 
 8 bytes of the payload just before sending (before loan() for tw-loan); the consumer subtracts it from its own
 clock as soon as it can read the payload. One message in flight at a time (the consumer acknowledges through a
 pipe, outside the timed path). tensorwire's consumer is busy (polls recv(timeout=0)); the others block in get().
-Throughput: a burst of messages with no acknowledgement, bytes / (last receive - first send).
+Throughput: after an untimed warm-up burst (pools reach their steady state), a burst of messages with no
+acknowledgement: bytes / (last receive - first send).
 
     tensorwire bench [--quick] [--sizes 64,4K,1M] [--methods tw-send,mp-queue] [--json FILE] [--plot FILE.png]
 """
@@ -62,6 +63,10 @@ def _stamp_of(buf) -> int:
     return int(np.frombuffer(buf, dtype=np.int64, count=1)[0])
 
 
+def _warmup(n_burst: int) -> int:
+    return min(n_burst, 16)
+
+
 def _consumer(method: str, name: str, plan: list, ctrl, ready) -> None:
     """plan: [(size, n_latency, n_burst)]. Reports [(latencies_ns, burst_end_ns)] per size through ctrl."""
     try:
@@ -72,6 +77,9 @@ def _consumer(method: str, name: str, plan: list, ctrl, ready) -> None:
                 t0, t1 = recv()
                 lats.append(t1 - t0)
                 ctrl.send_bytes(b"a")
+            for _ in range(_warmup(n_burst)):  # fills the pools to their steady state (not timed)
+                recv()
+            ctrl.send_bytes(b"w")
             end = 0
             for _ in range(n_burst):
                 _, end = recv()
@@ -306,6 +314,10 @@ def run_method(method, sizes, quick, log) -> list[dict]:
                 msg = ctrl_parent.recv_bytes()
                 if msg != b"a":
                     raise RuntimeError(f"consumer: {msg!r}")
+            for _ in range(_warmup(n_burst)):
+                prod.send(size)
+            if not ctrl_parent.poll(600) or ctrl_parent.recv_bytes() != b"w":
+                raise RuntimeError("consumer did not finish the warm-up")
             t_start = now()
             for _ in range(n_burst):
                 prod.send(size)
