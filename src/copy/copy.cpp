@@ -13,6 +13,10 @@ namespace {
 
 constexpr int64_t kParallelBytes = 4 << 20;  // below this a copy stays on the calling thread
 constexpr int64_t kBytesPerTask = 1 << 20;
+// At and above this the destination will not stay in cache anyway: kernels that can write whole lines use
+// non-temporal stores, which skip reading the destination first (a third of the memory traffic of a copy).
+// Measured on the transpose: regular stores win at 4 MiB, streaming ones from 16 MiB.
+constexpr int64_t kStreamBytes = 8 << 20;
 
 // A copy problem after simplification: dims ordered outermost first, all strides in bytes.
 struct Plan {
@@ -25,6 +29,7 @@ struct Plan {
   size_t isz = 0;
   enum class Kernel { memcpy_runs, transpose, gather } kernel = Kernel::gather;
   int loop_dims = 0;  // dims iterated outside the kernel: [0, loop_dims)
+  bool stream = false;  // non-temporal stores where the kernel has them (see kStreamBytes)
 };
 
 Plan make_plan(const Tensor& src, const Tensor& dst, size_t isz) {
@@ -69,11 +74,12 @@ Plan make_plan(const Tensor& src, const Tensor& dst, size_t isz) {
     nd = 1;
   }
   // Pick the kernel. Transpose: destination contiguous innermost, source contiguous along another dim: move that
-  // dim next to the innermost so the kernel sees a 2-D transpose.
+  // dim next to the innermost so the kernel sees a 2-D transpose. A broadcast innermost source (stride 0) is a
+  // fill, which the gather kernel does at store speed: no transpose for it.
   const D inner = dims[nd - 1];
   if (inner.d == is && inner.s == is) {
     p.kernel = Plan::Kernel::memcpy_runs;
-  } else if (inner.d == is && nd >= 2) {
+  } else if (inner.d == is && inner.s != 0 && nd >= 2) {
     int k = -1;
     for (int i = nd - 2; i >= 0; --i)
       if (dims[i].s == is) {
@@ -107,10 +113,10 @@ void run_plan(const Plan& p, int64_t b0, int64_t e0) {
     const int nd = p.nd;
     if (p.kernel == Plan::Kernel::transpose) {
       int64_t rows = ld == 0 ? first_n : p.n[nd - 2];
-      detail::transpose_2d(d, p.ds[nd - 2], s, p.ss[nd - 1], rows, p.n[nd - 1], p.isz);
+      detail::transpose_2d(d, p.ds[nd - 2], s, p.ss[nd - 1], rows, p.n[nd - 1], p.isz, p.stream);
     } else {
       int64_t n = ld == 0 ? first_n : p.n[nd - 1];
-      detail::gather_1d(d, p.ds[nd - 1], s, p.ss[nd - 1], n, p.isz);
+      detail::gather_1d(d, p.ds[nd - 1], s, p.ss[nd - 1], n, p.isz, p.stream);
     }
   };
   if (ld == 0) {
@@ -265,7 +271,9 @@ void copy(const Tensor& src, const Tensor& dst, CopyOptions options) {
   }
   const size_t isz = src.layout().element_bytes();
   Plan p = make_plan(src, dst, isz);
-  run_parallel(p, src.numel() * static_cast<int64_t>(isz));
+  const int64_t bytes = src.numel() * static_cast<int64_t>(isz);
+  p.stream = bytes >= kStreamBytes;
+  run_parallel(p, bytes);
   if (options.byteswap) {
     const bool complex = src.dtype().code == kDLComplex;
     byteswap_all(dst, isz, complex ? isz / 2 : isz / src.dtype().lanes);
