@@ -15,7 +15,9 @@
 #include <thread>
 #include <vector>
 
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "tw_test_util.hpp"
@@ -416,6 +418,50 @@ TEST(Copy, ConcurrentLargeCopiesToDisjointDestinations) {
   for (auto& t : threads) t.join();
   EXPECT_EQ(failures.load(), 0);
   tw::set_num_threads(1);
+}
+
+#if !defined(__SANITIZE_THREAD__)
+// Runs `child` in a forked process; true when it exits 0 within a minute (a hung child is killed and counts false).
+bool in_forked_child(const std::function<bool()>& child) {
+  const pid_t pid = fork();
+  if (pid < 0) return false;
+  if (pid == 0) _exit(child() ? 0 : 1);
+  int status = 0;
+  for (int i = 0; i < 600; ++i) {
+    if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    usleep(100 * 1000);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, &status, 0);
+  return false;
+}
+#endif
+
+// After fork() the child has none of the parent's pool threads, and the pool's locks may be held by threads that
+// no longer exist there: a large copy in the child must still complete (on a fresh pool) and be exact.
+TEST(Copy, ThreadPoolWorksInForkedChildren) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "ThreadSanitizer does not support fork() from a multi-threaded process";
+#else
+  tw::set_num_threads(2);
+  const Case big{"fork-transposed", {1200, 1000}, {1, 1200}, {1000, 1}};
+  ASSERT_TRUE(run_case(big, DType::float32(), 0, 0));  // the parent's pool now exists
+  EXPECT_TRUE(in_forked_child([&] { return bool(run_case(big, DType::float32(), 1, 0)); }));
+  // Fork while another thread is in the middle of parallel copies.
+  std::atomic<bool> stop{false};
+  std::atomic<int> bad{0};
+  std::thread busy([&] {
+    while (!stop)
+      if (!run_case({"busy-contiguous", {1300000}, {1}, {1}}, DType::float32(), 0, 0)) ++bad;
+  });
+  for (int i = 0; i < 3; ++i)
+    EXPECT_TRUE(in_forked_child([&] { return bool(run_case(big, DType::float32(), 0, 3)); })) << "fork " << i;
+  stop = true;
+  busy.join();
+  EXPECT_EQ(bad.load(), 0);
+  ASSERT_TRUE(run_case(big, DType::float32(), 0, 0));  // and the parent's pool still works
+  tw::set_num_threads(1);
+#endif
 }
 
 // ---- overlapping source and destination ------------------------------------------------------------------------
