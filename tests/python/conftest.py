@@ -38,15 +38,6 @@ def pytest_report_header(config):
     ]
 
 
-@pytest.fixture
-def restore_threads():
-    """Restores tw.set_num_threads to the default after a test that changes it."""
-    import tensorwire as tw
-
-    yield
-    tw.set_num_threads(0)
-
-
 @pytest.fixture(scope="module")
 def fast_gc():
     """Moves every object alive before the module's tests (PyTorch, JAX, NumPy...) out of the collector's sight,
