@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 
 #include "convert.hpp"
 #include "tensorwire/ipc.hpp"
@@ -84,6 +85,21 @@ std::chrono::nanoseconds timeout_from(nb::handle h, bool& forever) {
 // Python references held by the caller of send(pub, buf): the variable and the argument on the stack.
 constexpr Py_ssize_t kCallerRefs = 2;
 
+// Whether anything but plain references sees a loaned tensor's memory: other tw.Tensor views or DLPack capsules
+// (they share its Buffer) and buffer-protocol exports — memoryviews and the NumPy arrays built on them, which
+// reference the tensor through a 'managedbuffer'. Plain references (a variable in an outer frame, a list) only
+// cost a scan of the referrers when there are more than the caller's own.
+bool has_other_exports(nb::handle obj, const tw::Tensor& t) {
+  if (t.buffer_ptr().use_count() > 1) return true;
+  if (Py_REFCNT(obj.ptr()) <= kCallerRefs) return false;
+  nb::object refs = nb::module_::import_("gc").attr("get_referrers")(obj);
+  for (nb::handle r : refs) {
+    const char* tn = Py_TYPE(r.ptr())->tp_name;
+    if (PyMemoryView_Check(r.ptr()) || std::strcmp(tn, "managedbuffer") == 0) return true;
+  }
+  return false;
+}
+
 nb::object recv(tw::Subscriber& s, nb::handle timeout_h) {
   bool forever;
   const auto timeout = timeout_from(timeout_h, forever);
@@ -163,13 +179,10 @@ void register_ipc(nb::module_& m) {
              tw::Tensor& src = unwrap(is_t ? obj : nb::handle(converted));
              tw::Metadata extra = metadata_from(metadata);
              const bool loaned = is_t && p.owns(src);
-             if (loaned) {
-               // Sending a loan hands it over: nothing else may still see (or write) that memory.
-               if (Py_REFCNT(obj.ptr()) > kCallerRefs || src.buffer_ptr().use_count() > 1)
-                 throw nb::buffer_error("tensorwire.Publisher.send: this loaned tensor has other live exports "
-                                        "(views, NumPy arrays, memoryviews or DLPack capsules); release them "
-                                        "before sending, or send a copy");
-             }
+             if (loaned && has_other_exports(obj, src))
+               throw nb::buffer_error("tensorwire.Publisher.send: this loaned tensor has other live exports "
+                                      "(views, NumPy arrays, memoryviews or DLPack capsules); release them "
+                                      "before sending, or send a copy");
              tw::Tensor t = src;
              {
                nb::gil_scoped_release nogil;

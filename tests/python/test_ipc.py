@@ -210,6 +210,29 @@ def test_loan_with_live_exports_raises_buffer_error():
         np.testing.assert_array_equal(np.asarray(sub.recv(timeout=5)), np.full(4, 2, np.float32))
 
 
+def test_loan_passed_through_helpers_is_not_mistaken_for_an_export():
+    name = topic("helper")
+
+    def fill_and_send(pub, buf):
+        np.asarray(buf)[:] = 3
+        pub.send(buf)
+
+    with tw.Publisher(name) as pub, tw.Subscriber(name) as sub:
+        buf = pub.loan((5,), "int16")
+        keep = [buf]
+        fill_and_send(pub, buf)
+        np.testing.assert_array_equal(np.asarray(sub.recv(timeout=5)), np.full(5, 3, np.int16))
+        del keep
+        buf = pub.loan((2,), "uint8")
+        mv = memoryview(buf)
+        holder = {"b": buf}
+        with pytest.raises(BufferError):
+            pub.send(buf)
+        mv.release()
+        del holder
+        pub.send(buf)
+
+
 def test_view_of_a_loan_keeps_its_strides_and_offset():
     name = topic("loanview")
     with tw.Publisher(name) as pub, tw.Subscriber(name) as sub:
