@@ -23,8 +23,10 @@
 //     once, on failure or when the import copied).
 //  3. Imported tensors are read-only: Arrow memory is immutable by contract.
 //  4. Device arrays: the buffers live on `device_type`/`device_id`. A CUDA export sets `sync_event` to a
-//     `CUevent*` (the driver's `cudaEvent_t*`) recorded on the tensor's stream, or NULL when the tensor has no
-//     stream (its data is ready). An import with a non-null CUDA `sync_event` waits on the event before returning.
+//     `CUevent*` (the driver's `cudaEvent_t*`) recorded on the tensor's stream, owned by the array and destroyed by
+//     its release; NULL when the tensor has no stream (its data is ready) or no driver is loaded (nothing can be
+//     pending). An import with a non-null CUDA `sync_event` waits on the event (host-side) before returning, and
+//     needs the driver to do so (Error(device_unavailable) otherwise).
 #pragma once
 
 #include <cstddef>

@@ -1006,7 +1006,9 @@ void ArrowTensorArray::export_to(ArrowSchema* schema, ArrowDeviceArray* array) c
   const Device dev = device();
   void* event = nullptr;
   const auto stream = state_->data.stream();
-  if ((dev.type == kDLCUDA || dev.type == kDLCUDAManaged) && stream && *stream != -1) event = cuda::record_event(*stream);
+  // Without a driver no GPU work can be pending in this process, so there is nothing to wait for (NULL event).
+  if ((dev.type == kDLCUDA || dev.type == kDLCUDAManaged) && stream && *stream != -1 && cuda::driver_available())
+    event = cuda::record_event(*stream);
   SchemaPtr s;
   ArrayPtr a;
   try {

@@ -576,3 +576,25 @@ def test_pyarrow_device_export_imports():
     arr = pa.FixedShapeTensorArray.from_numpy_ndarray(x)
     back = tw.from_arrow(arr.__arrow_c_device_array__())
     np.testing.assert_array_equal(np.asarray(back), x)
+
+
+def test_cuda_tensors_export_through_the_device_interface_only():
+    """A CUDA tensor over a fake device pointer (nothing may read it): CPU capsules are refused, device capsules
+    carry the device, and importing them gives the same pointer back on the same device."""
+
+    class CAI:
+        def __init__(self, **d):
+            self.__cuda_array_interface__ = d
+
+    fake = 0xDEAD0000
+    t = tw.asarray(CAI(shape=(4, 2, 3), typestr="<f4", data=(fake, False), version=3), device="cuda:0")
+    with pytest.raises(BufferError, match="Device Data Interface"):
+        t.__arrow_c_array__()
+    with pytest.raises(BufferError, match="Device Data Interface"):
+        tw.to_arrow(t).__arrow_c_array__()
+    scap, dcap = t.__arrow_c_device_array__()
+    assert _get_pointer(dcap, b"arrow_device_array")
+    back = tw.from_arrow((scap, dcap))
+    assert back.data_ptr == fake and str(back.device) == "cuda:0" and back.shape == (4, 2, 3)
+    with pytest.raises(BufferError):  # a layout that needs a copy cannot be copied by the host
+        t[:, :, ::2].__arrow_c_device_array__()
