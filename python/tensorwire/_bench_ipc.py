@@ -286,8 +286,8 @@ def run_method(method, sizes, quick, log) -> list[dict]:
     budget = (64 if quick else 512) * MiB  # bytes per latency series
     plan = []
     for s in sizes:
-        n_lat = int(min(300 if quick else 2000, max(8 if quick else 20, budget // s)))
-        n_burst = int(min(1000 if quick else 5000, max(4 if quick else 10, 4 * budget // s)))
+        n_lat = int(min(300 if quick else 2000, max(8 if quick else 12, budget // s)))
+        n_burst = int(min(1000 if quick else 5000, max(4 if quick else 6, 4 * budget // s)))
         plan.append((s, n_lat, n_burst))
     name = f"bench/{os.getpid()}/{method}/{uuid.uuid4().hex[:6]}"
     q = ctx.Queue() if method in ("mp-queue", "shm-names", "torch-fresh", "torch-resent") else None
@@ -374,6 +374,21 @@ def table(rows) -> str:
     return "\n".join(out)
 
 
+def markdown(rows) -> str:
+    """The table as Markdown: one row per size, p50 / p99 in microseconds and GB/s per method."""
+    sizes = sorted({r["bytes"] for r in rows})
+    methods = [m for m in METHODS if any(r["method"] == m for r in rows)]
+    by = {(r["method"], r["bytes"]): r for r in rows}
+    out = ["| size | " + " | ".join(methods) + " |", "|---:|" + "---:|" * len(methods)]
+    for s in sizes:
+        cells = []
+        for m in methods:
+            r = by.get((m, s))
+            cells.append(f"{r['p50_us']:.1f} / {r['p99_us']:.0f} / {r['throughput_GBps']:.2f}" if r else "-")
+        out.append(f"| {fmt_size(s)} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def plot(rows, path) -> None:
     import matplotlib
 
@@ -408,6 +423,8 @@ def main(argv=None) -> int:
     p.add_argument("--methods", help="comma-separated subset of: " + ",".join(METHODS))
     p.add_argument("--json", metavar="FILE", help="write every measurement as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="log-log latency and throughput vs size (matplotlib)")
+    p.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
+    p.add_argument("--from-json", metavar="FILE", help="print (and plot) a previous run's JSON instead of measuring")
     args = p.parse_args(argv)
     sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else (QUICK_SIZES if args.quick else ALL_SIZES)
     if min(sizes) < 64:
@@ -417,6 +434,10 @@ def main(argv=None) -> int:
         if m not in METHODS:
             p.error(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
     rows, skipped = [], {}
+    if args.from_json:
+        with open(args.from_json) as f:
+            data = json.load(f)
+        rows, skipped, methods = data["rows"], data.get("skipped", {}), []
     print(f"tensorwire bench: {len(methods)} methods x {len(sizes)} sizes; {platform.platform()}, "
           f"{os.cpu_count()} CPUs, Python {platform.python_version()}", flush=True)
     for m in methods:
@@ -434,6 +455,9 @@ def main(argv=None) -> int:
             print(f"  {m}: failed ({e})", flush=True)
     print()
     print(table(rows))
+    if args.markdown:
+        print()
+        print(markdown(rows))
     for m, why in skipped.items():
         print(f"{m}: {why}")
     if args.json:
