@@ -146,10 +146,14 @@ void run_plan(const Plan& p, int64_t b0, int64_t e0) {
 }
 
 void run_parallel(const Plan& p, int64_t total_bytes) {
-  const int threads = detail::num_threads();
   const int64_t n0 = p.n[0];
+  if (total_bytes < kParallelBytes || n0 <= 1) {
+    run_plan(p, 0, n0);
+    return;
+  }
+  const int threads = detail::num_threads();
   int64_t tasks = std::min<int64_t>({n0, total_bytes / kBytesPerTask, int64_t(threads) * 4});
-  if (threads <= 1 || total_bytes < kParallelBytes || tasks <= 1) {
+  if (threads <= 1 || tasks <= 1) {
     run_plan(p, 0, n0);
     return;
   }

@@ -15,9 +15,14 @@ namespace tw {
 namespace detail {
 namespace {
 
+// Read once: sysconf(_SC_NPROCESSORS_ONLN) opens and parses /sys/devices/system/cpu/online, ~9 us, and every
+// copy asks for the thread count.
 int hardware_threads() noexcept {
-  long n = sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? static_cast<int>(n) : 1;
+  static const int n = [] {
+    long c = sysconf(_SC_NPROCESSORS_ONLN);
+    return c > 0 ? static_cast<int>(c) : 1;
+  }();
+  return n;
 }
 
 std::atomic<int> g_requested{0};  // 0 = hardware default
