@@ -387,7 +387,19 @@ TEST(Copy, VeryLargeCopiesAtEveryDestinationAlignment) {
     ASSERT_TRUE(run_case({"huge-transposed-f64-ragged", {1101, 1003}, {1, 1101}, {1003, 1}}, DType::float64(), 3, dm));
   }
   ASSERT_TRUE(run_case({"huge-contiguous", {2300001}, {1}, {1}}, DType::float32(), 1, 5));
-  ASSERT_TRUE(run_case({"huge-every-other", {2300001}, {2}, {1}}, DType::float32(), 0, 4));
+  // Stride-2 gathers and broadcast fills of every specialised item size, at aligned and misaligned destinations.
+  for (size_t dm : {size_t{0}, size_t{20}}) {  // a 32-byte aligned destination, and one aligned to 4 only
+    ASSERT_TRUE(run_case({"huge-every-other-u8", {8500001}, {2}, {1}}, DType::uint8(), 1, dm));
+    ASSERT_TRUE(run_case({"huge-every-other-u16", {4300001}, {2}, {1}}, DType::uint16(), 0, dm));
+    ASSERT_TRUE(run_case({"huge-every-other-f32", {2300001}, {2}, {1}}, DType::float32(), 0, dm));
+    ASSERT_TRUE(run_case({"huge-every-other-f64", {1100001}, {2}, {1}}, DType::float64(), 0, dm));
+    ASSERT_TRUE(run_case({"huge-fill-u8", {4100, 2101}, {1, 0}, {2101, 1}}, DType::uint8(), 0, dm));
+    ASSERT_TRUE(run_case({"huge-fill-f32", {2100, 1001}, {1, 0}, {1001, 1}}, DType::float32(), 0, dm));
+    ASSERT_TRUE(run_case({"huge-fill-c128", {600, 901}, {1, 0}, {901, 1}}, DType::complex128(), 0, dm));
+    ASSERT_TRUE(run_case({"huge-fill-all", {3000000}, {0}, {1}}, DType::float32(), 0, dm));
+  }
+  ASSERT_TRUE(run_case({"huge-every-other-u16-odd", {4300001}, {2}, {1}}, DType::uint16(), 0, 3));
+  ASSERT_TRUE(run_case({"huge-fill-f32-odd", {2100, 1001}, {1, 0}, {1001, 1}}, DType::float32(), 0, 3));
   tw::set_num_threads(1);
 }
 
