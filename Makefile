@@ -66,6 +66,7 @@ build-tsan: deps
 # ---- the main job -------------------------------------------------------------------------------------------------
 demo: deps
 	@$(PIP) install -q --no-build-isolation $(ROOT)
+	@$(VENV)/bin/tensorwire bench --quick
 	@$(VENV)/bin/tensorwire demo
 
 # ---- tests --------------------------------------------------------------------------------------------------------
