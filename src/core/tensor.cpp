@@ -434,6 +434,9 @@ Tensor Tensor::expand(const Shape& shape) const {
       continue;
     }
     int64_t have = l.shape[i - lead], want = shape[i] == -1 ? have : shape[i];
+    if (want < 0)
+      throw Error(ErrorCode::invalid_argument, "Tensor::expand: size " + std::to_string(shape[i]) + " in " +
+                                                   shape.str() + " is negative (only -1, keep the size, is allowed)");
     if (want == have) {
       out.shape.push_back(have);
       out.strides.push_back(l.strides[i - lead]);
