@@ -162,6 +162,17 @@ class PublisherImpl {
     }
     subs_.clear();
     listener_.reset();
+    wake_.reset();
+    // Give back every segment no loaned tensor still uses: a closed publisher holds no fds or mappings beyond
+    // those (the rest go with the last loan).
+    for (size_t i = 0; i < pool_->count; ++i) {
+      Slot& sl = pool_->slots[i];
+      if (sl.segment_id && sl.loans.load(std::memory_order_acquire) == 0) {
+        sl.segment_id = 0;
+        sl.map.reset();
+        sl.fd.reset();
+      }
+    }
   }
 
   size_t subscriber_count() {
