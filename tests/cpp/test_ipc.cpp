@@ -4,7 +4,10 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -367,6 +370,60 @@ TEST(IpcThreadPubSub, ConcurrentSendersAndLoanReleaseOnOtherThreads) {
     }
   }
   for (auto& t : ts) t.join();
+}
+
+// ---- a hostile publisher ----------------------------------------------------------------------------------------
+
+// A fake publisher on the topic's address: accepts one subscriber and sends it `packet` with `fds`.
+void fake_publisher(const std::string& name, const void* packet, size_t n, std::vector<int> fds) {
+  ipc::Fd l = ipc::listen_abstract(ipc::publisher_address(name));
+  ASSERT_TRUE(l);
+  std::thread t([&] {
+    for (int i = 0; i < 2000; ++i) {
+      ipc::Fd c(::accept4(l.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      if (c) {
+        ipc::send_packet(c.get(), packet, n, fds, 1000);
+        std::this_thread::sleep_for(200ms);
+        return;
+      }
+      std::this_thread::sleep_for(1ms);
+    }
+  });
+  try {
+    Subscriber sub(name);
+    auto r = sub.recv(200ms);  // whatever the constructor did not see yet
+    ADD_FAILURE() << "a hostile welcome was accepted" << (r ? " and a message received" : "");
+  } catch (const tw::Error& e) {
+    SUCCEED() << e.what();
+  }
+  t.join();
+}
+
+TEST(IpcHostile, MalformedControlPacketsAreRejected) {
+  const char junk[7] = "abcdef";
+  fake_publisher(topic("junk"), junk, sizeof junk, {});
+  auto bad_type = ipc::encode_control(ipc::ControlType::welcome, 0, 4096);
+  bad_type.type = 99;
+  fake_publisher(topic("type"), &bad_type, sizeof bad_type, {});
+  auto no_fds = ipc::encode_control(ipc::ControlType::welcome, 0, 4096);
+  fake_publisher(topic("nofds"), &no_fds, sizeof no_fds, {});
+}
+
+TEST(IpcHostile, UnsealedOrLyingChannelsAreRejected) {
+  // An unsealed memfd: it could shrink under the reader.
+  ipc::Fd unsealed(static_cast<int>(::syscall(SYS_memfd_create, "x", MFD_CLOEXEC)));
+  ASSERT_EQ(::ftruncate(unsealed.get(), 4096), 0);
+  ipc::Fd efd(::eventfd(0, EFD_CLOEXEC));
+  auto w = ipc::encode_control(ipc::ControlType::welcome, 0, 4096);
+  fake_publisher(topic("unsealed"), &w, sizeof w, {unsealed.get(), efd.get()});
+  // A sealed memfd smaller than announced.
+  ipc::Fd small = ipc::make_memfd("small", 4096);
+  auto big = ipc::encode_control(ipc::ControlType::welcome, 0, 1 << 20);
+  fake_publisher(topic("small"), &big, sizeof big, {small.get(), efd.get()});
+  // A sealed memfd of the right size whose header is garbage.
+  ipc::Fd garbage = ipc::make_memfd("garbage", 4096);
+  ASSERT_EQ(::pwrite(garbage.get(), "garbage!", 8, 0), 8);
+  fake_publisher(topic("garbage"), &w, sizeof w, {garbage.get(), efd.get()});
 }
 
 // ---- processes ------------------------------------------------------------------------------------------------
