@@ -127,11 +127,15 @@ InterfaceLayout validate_interface(const InterfaceDesc& desc) {
     std::string_view ts = desc.typestr;
     auto [p, ec] = ts.size() > 2 ? std::from_chars(ts.data() + 2, ts.data() + ts.size(), size)
                                  : std::from_chars_result{ts.data(), std::errc::invalid_argument};
-    if (ec != std::errc() || p != ts.data() + ts.size() || static_cast<size_t>(size) != desc.dtype->itemsize())
+    const char order = ts.empty() ? '\0' : ts[0];
+    if (ec != std::errc() || p != ts.data() + ts.size() || static_cast<size_t>(size) != desc.dtype->itemsize() ||
+        (order != '<' && order != '>' && order != '|' && order != '='))
       return fail(ErrorCode::invalid_argument, "typestr '" + desc.typestr + "' does not describe " +
                                                    std::to_string(desc.dtype->itemsize()) + "-byte " +
                                                    desc.dtype->name() + " items");
-    pt = ParsedType{*desc.dtype, desc.dtype->itemsize(), false};
+    // The typestr still carries the byte order: a byte-swapped bfloat16 array says '>V2'.
+    const bool swap = size > 1 && ((order == '>' && kLittle) || (order == '<' && !kLittle));
+    pt = ParsedType{*desc.dtype, desc.dtype->itemsize(), swap};
   } else {
     pt = parse_typestr(desc.typestr);
   }

@@ -204,6 +204,53 @@ TEST(Interface, MalformedDescriptionsAreRefused) {
   TW_EXPECT_ERROR(tw::validate_interface(desc("<f4", {3}, std::nullopt, UINTPTR_MAX - 4)), ErrorCode::out_of_range);
 }
 
+// ml_dtypes types reach NumPy's array interface as void typestrs ('<V2' for bfloat16); the binding passes the real
+// dtype beside the typestr, whose byte order and size must still be honoured.
+TEST(Interface, DtypeOverrideOfVoidTypestrs) {
+  InterfaceDesc d = desc("<V2", {3});
+  d.dtype = DType::bfloat16();
+  auto r = tw::validate_interface(d);
+  EXPECT_EQ(r.layout.dtype, DType::bfloat16());
+  EXPECT_FALSE(r.byteswap);
+  EXPECT_FALSE(r.layout.subbyte_padded);
+  EXPECT_EQ(r.span.end, 6);
+  d.typestr = "|V2";
+  EXPECT_FALSE(tw::validate_interface(d).byteswap);
+  // Sub-byte types arrive one per byte.
+  InterfaceDesc i4 = desc("|V1", {4}, std::vector<int64_t>{2});
+  i4.dtype = DType::int4();
+  auto ri4 = tw::validate_interface(i4);
+  EXPECT_TRUE(ri4.layout.subbyte_padded);
+  EXPECT_EQ(ri4.layout.strides.vec(), (std::vector<int64_t>{2}));
+  EXPECT_EQ(ri4.span.end, 7);
+  InterfaceDesc f8 = desc("|V1", {2});
+  f8.dtype = DType::float8_e4m3fn();
+  EXPECT_EQ(tw::validate_interface(f8).layout.dtype, DType::float8_e4m3fn());
+}
+
+TEST(Interface, DtypeOverrideKeepsTheTypestrsByteOrder) {
+  // A byte-swapped bfloat16 array: importing it without a swap would silently corrupt every value.
+  InterfaceDesc d = desc(">V2", {3});
+  d.dtype = DType::bfloat16();
+  EXPECT_TRUE(tw::validate_interface(d).byteswap);
+  // One-byte items have no byte order.
+  InterfaceDesc f8 = desc(">V1", {2});
+  f8.dtype = DType::float8_e5m2();
+  EXPECT_FALSE(tw::validate_interface(f8).byteswap);
+}
+
+TEST(Interface, DtypeOverrideRefusesMismatchedTypestrs) {
+  for (const char* ts : {"|V1", "<V4", "<V", "V2", "", "<V2x", "xV2", "<V-2"}) {
+    SCOPED_TRACE(ts);
+    InterfaceDesc d = desc(ts, {3});
+    d.dtype = DType::bfloat16();
+    EXPECT_THROW(tw::validate_interface(d), tw::Error);
+  }
+  InterfaceDesc bad = desc("<V4", {3});
+  bad.dtype = DType{static_cast<uint8_t>(kDLFloat), 8, 1};  // no such dtype
+  TW_EXPECT_ERROR(tw::validate_interface(bad), ErrorCode::unsupported);
+}
+
 TEST(Interface, Versions) {
   InterfaceDesc d = desc("<f4", {2});
   d.version = 2;
