@@ -162,7 +162,8 @@ class Subscriber {
   /// True while connected to a live publisher.
   bool connected() const noexcept;
   /// A descriptor that polls readable while a message (or end-of-stream) waits: for select/poll/epoll/asyncio.
-  /// Owned by the Subscriber.
+  /// Owned by the Subscriber. Before a publisher exists, it also reads ready once when one connects (recv then
+  /// completes the connection and may report a timeout).
   int fileno();
   /// Messages the publisher dropped for this subscriber (OnFull::drop_oldest).
   uint64_t dropped() const noexcept;

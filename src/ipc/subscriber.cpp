@@ -118,6 +118,9 @@ class SubscriberImpl {
   int fileno() {
     std::lock_guard lock(mu_);
     if (user_closed_) throw Error(ErrorCode::invalid_argument, "Subscriber::fileno: the subscriber is closed");
+    // A publisher that already connected to our waiting socket: take it now, so that socket does not read as a
+    // message waiting. (One that connects later makes the descriptor readable once; recv then handles it.)
+    if (!welcomed_ && !peer_gone_) wait_for_publisher(0);
     if (!fd_mode_) {
       fd_mode_ = true;
       if (welcomed_) arm_eventfd();

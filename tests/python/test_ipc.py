@@ -335,6 +335,19 @@ def test_fileno_with_selectors_and_asyncio():
         assert asyncio.run(main()) == [5.0, 5.0]
 
 
+def test_fileno_of_a_subscriber_created_before_its_publisher():
+    name = topic("fileno-early")
+    with tw.Subscriber(name) as sub, tw.Publisher(name) as pub:
+        sel = selectors.DefaultSelector()
+        sel.register(sub.fileno(), selectors.EVENT_READ)
+        assert sel.select(timeout=0) == []
+        pub.send(np.arange(3))
+        assert len(sel.select(timeout=5)) == 1
+        np.testing.assert_array_equal(np.asarray(sub.recv(timeout=0)), np.arange(3))
+        assert sel.select(timeout=0) == []
+        sel.close()
+
+
 def test_recv_is_interruptible():
     class Stop(Exception):
         pass
