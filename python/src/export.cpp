@@ -229,6 +229,52 @@ nb::object dlpack(nb::handle self, nb::handle stream, nb::handle max_version, nb
   return nb::steal(cap);
 }
 
+// __dlpack__ as a plain METH_FASTCALL | METH_KEYWORDS method. Every consumer calls it with keywords only, and
+// matching them by interned-string identity skips nanobind's general keyword dispatch, which was ~40 ns of the
+// ~160 ns each np.from_dlpack(t) spent in here.
+PyObject* dlpack_fastcall(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) noexcept {
+  static PyObject* const keys[4] = {PyUnicode_InternFromString("stream"), PyUnicode_InternFromString("max_version"),
+                                    PyUnicode_InternFromString("dl_device"), PyUnicode_InternFromString("copy")};
+  if (nargs != 0) {
+    PyErr_SetString(PyExc_TypeError, "__dlpack__() takes keyword arguments only (stream, max_version, dl_device, copy)");
+    return nullptr;
+  }
+  PyObject* vals[4] = {Py_None, Py_None, Py_None, Py_None};
+  const Py_ssize_t nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+  for (Py_ssize_t i = 0; i < nk; ++i) {
+    PyObject* k = PyTuple_GET_ITEM(kwnames, i);
+    int slot = -1;
+    for (int j = 0; j < 4 && slot < 0; ++j)
+      if (k == keys[j]) slot = j;
+    for (int j = 0; j < 4 && slot < 0; ++j)  // a keyword name that was not interned
+      if (PyUnicode_Compare(k, keys[j]) == 0) slot = j;
+    if (slot < 0) {
+      PyErr_Format(PyExc_TypeError, "__dlpack__() got an unexpected keyword argument '%U'", k);
+      return nullptr;
+    }
+    vals[slot] = args[i];
+  }
+  try {
+    return dlpack(self, vals[0], vals[1], vals[2], vals[3]).release().ptr();
+  } catch (nb::python_error& e) {
+    e.restore();
+  } catch (const tw::Error& e) {
+    PyErr_SetString(exception_for(e.code()), e.what());
+  } catch (const std::bad_cast& e) {  // nb::cast_error
+    PyErr_SetString(PyExc_TypeError, e.what());
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
+}
+
+PyMethodDef dlpack_method = {
+    "__dlpack__", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(dlpack_fastcall)),
+    METH_FASTCALL | METH_KEYWORDS,
+    "__dlpack__($self, /, *, stream=None, max_version=None, dl_device=None, copy=None)\n--\n\n"
+    "Export as a DLPack capsule ('dltensor_versioned' when max_version >= (1, 0), else legacy 'dltensor'). "
+    "Any strided layout is exported as is; copy=True exports a copy (flagged IS_COPIED)."};
+
 nb::object byte_strides_or_none(const tw::Tensor& t) {
   if (t.is_contiguous()) return nb::none();
   nb::list l;
@@ -251,10 +297,14 @@ PyType_Slot tensor_slots[] = {
 };
 
 void register_export(nb::class_<tw::Tensor>& cls, nb::module_&) {
-  cls.def("__dlpack__", &dlpack, nb::kw_only(), "stream"_a = nb::none(), "max_version"_a = nb::none(),
-          "dl_device"_a = nb::none(), "copy"_a = nb::none(),
-          "Export as a DLPack capsule ('dltensor_versioned' when max_version >= (1, 0), else legacy 'dltensor'). "
-          "Any strided layout is exported as is; copy=True exports a copy (flagged IS_COPIED).");
+  {
+    PyObject* descr = PyDescr_NewMethod(reinterpret_cast<PyTypeObject*>(cls.ptr()), &dlpack_method);
+    if (!descr || PyObject_SetAttrString(cls.ptr(), "__dlpack__", descr) != 0) {
+      Py_XDECREF(descr);
+      throw nb::python_error();
+    }
+    Py_DECREF(descr);
+  }
   cls.def("__dlpack_device__", [](const tw::Tensor& t) {
     return nb::make_tuple(static_cast<int>(t.device().type), t.device().id);
   });
