@@ -161,6 +161,33 @@ TEST(DLPack, StridedViewsExportElementZeroAndTheirStrides) {
   }
 }
 
+TEST(DLPack, ExportedShapeAndStridesOutliveTheTensor) {
+  for (size_t rank : {size_t{2}, size_t{6}, size_t{7}, size_t{12}}) {  // inline and heap-held dimension storage
+    SCOPED_TRACE(rank);
+    std::vector<int64_t> shape(rank, 1);
+    shape[0] = 3;
+    shape[rank - 1] = 2;
+    DLManagedTensorVersioned* m = nullptr;
+    DLManagedTensor* l = nullptr;
+    {
+      Tensor t = arange(tw::Shape(shape)).transpose(0, -1);
+      m = tw::to_dlpack(t);
+      l = tw::to_dlpack_unversioned(t);
+    }  // the tensor (and its own shape storage) is gone; the exported arrays must not be
+    for (const DLTensor* dl : {&m->dl_tensor, &l->dl_tensor}) {
+      ASSERT_EQ(dl->ndim, static_cast<int32_t>(rank));
+      EXPECT_EQ(dl->shape[0], 2);
+      EXPECT_EQ(dl->shape[rank - 1], 3);
+      EXPECT_EQ(dl->strides[0], 1);
+      for (size_t i = 1; i + 1 < rank; ++i) EXPECT_EQ(dl->shape[i], 1);
+    }
+    Tensor u = tw::from_dlpack(m);
+    Tensor v = tw::from_dlpack(l);
+    EXPECT_EQ(u.ndim(), rank);
+    EXPECT_EQ(elements(u), elements(v));
+  }
+}
+
 TEST(DLPack, ExportsAlwaysFillStrides) {
   Tensor t = arange({2, 3, 4});
   DLManagedTensorVersioned* m = tw::to_dlpack(t);
