@@ -38,6 +38,46 @@ TEST(Dims, BracedListsOfAnyIntegerTypeCompile) {
   EXPECT_EQ(e.str(), "()");
 }
 
+TEST(Dims, ValueSemanticsForInlineAndHeapStorage) {
+  for (size_t n : {size_t{0}, size_t{3}, size_t{6}, size_t{7}, size_t{64}}) {
+    SCOPED_TRACE(n);
+    std::vector<int64_t> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = int64_t(i * 7 + 1);
+    tw::Dims a(v);
+    EXPECT_EQ(a.size(), n);
+    EXPECT_EQ(a.vec(), v);
+    tw::Dims b = a;  // copy: independent
+    if (n) b[0] = -1;
+    EXPECT_EQ(a.vec(), v);
+    tw::Dims c = std::move(b);  // move: takes the values
+    EXPECT_EQ(c.size(), n);
+    if (n) {
+      EXPECT_EQ(c[0], -1);
+    }
+    tw::Dims d;
+    d = c;
+    EXPECT_EQ(d, c);
+    d = d;  // self-assignment keeps the values
+    EXPECT_EQ(d, c);
+    tw::Dims e{1, 2};
+    e = std::move(d);
+    EXPECT_EQ(e, c);
+    e.push_back(99);
+    EXPECT_EQ(e.size(), n + 1);
+    EXPECT_EQ(e[n], 99);
+    EXPECT_EQ(c.size(), n);
+    e.resize(2, 5);
+    EXPECT_EQ(e.size(), 2u);
+    tw::Dims grow;
+    for (size_t i = 0; i < n; ++i) grow.push_back(v[i]);
+    EXPECT_EQ(grow, a);
+    EXPECT_EQ(std::vector<int64_t>(a.begin(), a.end()), v);
+    EXPECT_EQ(tw::Dims(a.data(), a.size()), a);
+  }
+  EXPECT_NE((tw::Dims{1, 2}), (tw::Dims{1, 2, 3}));
+  EXPECT_NE((tw::Dims{1, 2}), (tw::Dims{1, 3}));
+}
+
 TEST(Layout, ContiguousStrides) {
   EXPECT_EQ(Layout::contiguous_strides({2, 3, 4}).vec(), (std::vector<int64_t>{12, 4, 1}));
   EXPECT_EQ(Layout::contiguous_strides({2, 3, 4}, MemoryOrder::F).vec(), (std::vector<int64_t>{1, 2, 6}));
