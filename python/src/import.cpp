@@ -278,13 +278,13 @@ std::optional<tw::DType> dtype_from_name_attr(nb::handle obj) {
   }
 }
 
-tw::Tensor via_cuda_interface(nb::handle obj, const Request& req) {
-  const std::string proto = "__cuda_array_interface__";
-  PyObject* raw = PyObject_GetAttr(obj.ptr(), names().cai);
+// Reads an interface dict's fields common to both interfaces (version, shape, typestr, strides, mask), with a
+// TypeError naming any field of the wrong type. Returns the dict; 'data' and the rest are the caller's.
+nb::object read_interface_dict(nb::handle obj, PyObject* attr, const std::string& proto, tw::InterfaceDesc& desc) {
+  PyObject* raw = PyObject_GetAttr(obj.ptr(), attr);
   if (!raw) throw nb::python_error();
   nb::object d = nb::steal(raw);
-  if (!PyDict_Check(d.ptr())) dict_type_error(proto, "__cuda_array_interface__", "a dict", d);
-  tw::InterfaceDesc desc;
+  if (!PyDict_Check(d.ptr())) dict_type_error(proto, proto.c_str(), "a dict", d);
   desc.protocol = proto;
   nb::handle v;
   if (!(v = dict_get(d, "version")).is_valid()) throw Refused{PyExc_TypeError, "'version' is missing"};
@@ -294,10 +294,18 @@ tw::Tensor via_cuda_interface(nb::handle obj, const Request& req) {
   if (!(v = dict_get(d, "typestr")).is_valid()) throw Refused{PyExc_TypeError, "'typestr' is missing"};
   if (!PyUnicode_Check(v.ptr())) dict_type_error(proto, "typestr", "a str", v);
   desc.typestr = nb::cast<std::string>(v);
-  if (!(v = dict_get(d, "data")).is_valid()) throw Refused{PyExc_TypeError, "'data' is missing"};
-  read_data_tuple(proto, v, desc);
   if ((v = dict_get(d, "strides")).is_valid() && !v.is_none()) desc.byte_strides = dict_ints(proto, "strides", v);
   if ((v = dict_get(d, "mask")).is_valid() && !v.is_none()) desc.has_mask = true;
+  return d;
+}
+
+tw::Tensor via_cuda_interface(nb::handle obj, const Request& req) {
+  const std::string proto = "__cuda_array_interface__";
+  tw::InterfaceDesc desc;
+  nb::object d = read_interface_dict(obj, names().cai, proto, desc);
+  nb::handle v;
+  if (!(v = dict_get(d, "data")).is_valid()) throw Refused{PyExc_TypeError, "'data' is missing"};
+  read_data_tuple(proto, v, desc);
   // stream: absent or None = no synchronisation needed; 0 is disallowed; 1 legacy default, 2 per-thread default.
   std::optional<intptr_t> stream;
   if ((v = dict_get(d, "stream")).is_valid() && !v.is_none()) {
@@ -363,22 +371,9 @@ std::shared_ptr<PyBufferOwner> get_buffer(nb::handle obj, int flags_rw, int flag
 
 tw::Tensor via_array_interface(nb::handle obj, const Request& req, bool& byteswap) {
   const std::string proto = "__array_interface__";
-  PyObject* raw = PyObject_GetAttr(obj.ptr(), names().ai);
-  if (!raw) throw nb::python_error();
-  nb::object d = nb::steal(raw);
-  if (!PyDict_Check(d.ptr())) dict_type_error(proto, "__array_interface__", "a dict", d);
   tw::InterfaceDesc desc;
-  desc.protocol = proto;
+  nb::object d = read_interface_dict(obj, names().ai, proto, desc);
   nb::handle v;
-  if (!(v = dict_get(d, "version")).is_valid()) throw Refused{PyExc_TypeError, "'version' is missing"};
-  desc.version = static_cast<int>(dict_int(proto, "version", v));
-  if (!(v = dict_get(d, "shape")).is_valid()) throw Refused{PyExc_TypeError, "'shape' is missing"};
-  desc.shape = dict_ints(proto, "shape", v);
-  if (!(v = dict_get(d, "typestr")).is_valid()) throw Refused{PyExc_TypeError, "'typestr' is missing"};
-  if (!PyUnicode_Check(v.ptr())) dict_type_error(proto, "typestr", "a str", v);
-  desc.typestr = nb::cast<std::string>(v);
-  if ((v = dict_get(d, "strides")).is_valid() && !v.is_none()) desc.byte_strides = dict_ints(proto, "strides", v);
-  if ((v = dict_get(d, "mask")).is_valid() && !v.is_none()) desc.has_mask = true;
   int64_t offset = 0;
   if ((v = dict_get(d, "offset")).is_valid() && !v.is_none()) offset = dict_int(proto, "offset", v);
   if (typestr_needs_dtype_name(desc.typestr)) {
