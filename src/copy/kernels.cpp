@@ -53,7 +53,9 @@ void gather_t(char* dst, int64_t ds, const char* src, int64_t ss, int64_t n) {
 #ifdef TW_X86
 // Streaming (non-temporal) stores go to memory in whole lines without reading the destination first. They pay off
 // only when the destination would not stay in cache anyway (the caller's `stream`), and only on 32-byte aligned
-// addresses: a kernel first copies head elements one by one up to the first aligned one.
+// addresses: a kernel first copies head elements one by one up to the first aligned one. They are weakly ordered:
+// the kernels leave the fence to the caller (stream_fence), once per batch of rows rather than once per row: a fence
+// per row held a 64 MiB broadcast of 16 KiB rows to ~14 GB/s, against ~17.5 without.
 
 // Elements before dst + k * isz is 32-byte aligned, or -1 when no element ever is.
 int64_t elements_to_align32(const char* dst, size_t isz) {
@@ -80,7 +82,6 @@ __attribute__((target("avx2"))) void copy_stream_avx2(char* dst, const char* src
   for (; i + 32 <= bytes; i += 32)
     _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i),
                         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
-  _mm_sfence();
   std::memcpy(dst + i, src + i, bytes - i);
 }
 
@@ -95,7 +96,6 @@ __attribute__((target("avx2"))) void fill_stream_avx2(char* dst, const char* ele
   const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(pattern));
   size_t i = head;
   for (; i + 32 <= bytes; i += 32) _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i), v);
-  _mm_sfence();
   for (; i < bytes; ++i) dst[i] = elem[i % isz];
 }
 
@@ -169,7 +169,6 @@ void gather_stride2(char* dst, const char* src, int64_t n, size_t isz, bool stre
   const int64_t is = static_cast<int64_t>(isz);
   regular(dst, src, head);
   nt(dst + head * is, src + 2 * head * is, n - head);
-  _mm_sfence();
 }
 #endif
 
@@ -424,7 +423,6 @@ __attribute__((target("avx2"))) void transpose_avx2(char* dst, int64_t dr, const
     for (int64_t c = cols_l; c < cols_t; c += T)  // cols % L >= T: one half-line strip
       for (int64_t r = r0; r < r1; r += T) Half(dst + r * dr + c * is, dr, src + r * is + c * sc, sc);
   }
-  if (nt) _mm_sfence();  // order the weakly-ordered streaming stores before whatever the caller does next
   if (cols_t < cols) transpose_scalar<N>(dst + cols_t * is, dr, src + cols_t * sc, sc, rows, cols - cols_t);
   if (rows_t < rows) transpose_scalar<N>(dst + rows_t * dr, dr, src + rows_t * is, sc, rows - rows_t, cols_t);
 }
@@ -456,6 +454,12 @@ void transpose_2d(char* dst, int64_t dr, const char* src, int64_t sc, int64_t ro
     case 16: return transpose_scalar<16>(dst, dr, src, sc, rows, cols);
     default: return transpose_generic(dst, dr, src, sc, rows, cols, isz);
   }
+}
+
+void stream_fence() noexcept {
+#ifdef TW_X86
+  _mm_sfence();
+#endif
 }
 
 void byteswap_1d(char* dst, int64_t stride, int64_t n, size_t isz, size_t unit) {
