@@ -198,6 +198,20 @@ TEST(Tensor, EmptyIsAlignedAndZerosAreZero) {
   EXPECT_EQ(z.numel(), 0);
 }
 
+TEST(Buffer, AllocateHonoursAlignmentAndRefusesImpossibleRequests) {
+  for (size_t align : {size_t{8}, size_t{64}, size_t{4096}}) {
+    auto b = tw::Buffer::allocate(100, align);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(b->base()) % align, 0u) << align;
+    EXPECT_EQ(b->size(), 100u);
+    EXPECT_EQ(b->device(), Device::cpu());
+    std::memset(b->base(), 1, 100);  // writable (AddressSanitizer checks the extent)
+  }
+  EXPECT_EQ(tw::Buffer::allocate(0)->size(), 0u);
+  TW_EXPECT_ERROR(tw::Buffer::allocate(16, 3), ErrorCode::invalid_argument);
+  TW_EXPECT_ERROR(tw::Buffer::allocate(16, 4), ErrorCode::invalid_argument);  // below sizeof(void*)
+  TW_EXPECT_ERROR(tw::Buffer::allocate(std::numeric_limits<size_t>::max()), ErrorCode::overflow);
+}
+
 TEST(Tensor, UndefinedTensorThrowsOnAccess) {
   Tensor t;
   EXPECT_FALSE(t.defined());
