@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Checks the benchmark targets of issue 2 against saved results and prints them as Markdown.
 
-    python bench/targets.py contiguous.json roundtrip.json
+    python bench/targets.py contiguous.json roundtrip.json   # the targets, judged
+    python bench/targets.py --table contiguous.json [THREADS]  # the condensed results table
 
 contiguous.json comes from `bench_contiguous.py --json`, roundtrip.json from `bench_roundtrip.py --json`.
 Each target is judged on every measurement it covers; the table lists the worst and the best case so a target that
@@ -39,7 +40,30 @@ def spread(recs, ratio, threshold, label):
         print(f"|  | misses: {len(misses)} cases, e.g. {'; '.join(misses[:6])} ... | |")
 
 
+def table(contig, sizes=(4 * KiB, 1 * MiB, 16 * MiB, 64 * MiB, 256 * MiB), threads=1):
+    """The condensed results table: every case and dtype at a few sizes, one thread, both operations."""
+    print("| case | dtype | size | tw contiguous() GB/s | NumPy | PyTorch | alloc+memcpy | tw/NumPy | tw/PyTorch | "
+          "tw into buffer GB/s | np.copyto | memcpy | into tw/memcpy |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    by = {(r["case"], r["dtype"], r["bytes"], r["op"], r["threads"]): r for r in contig}
+    cases = list(dict.fromkeys(r["case"] for r in contig))
+    dtypes = list(dict.fromkeys(r["dtype"] for r in contig))
+    for case in cases:
+        for dt in dtypes:
+            for n in sizes:
+                c, i = by.get((case, dt, n, "contiguous", threads)), by.get((case, dt, n, "into", threads))
+                if not c or not i:
+                    continue
+                g, h = c["gbps"], i["gbps"]
+                print(f"| {case} | {dt} | {size(n)} | {g['tw']:.2f} | {g['numpy']:.2f} | {g['torch']:.2f} | "
+                      f"{g['alloc+memcpy']:.2f} | {c['ratio']['vs_numpy']:.2f}x | {c['ratio']['vs_torch']:.2f}x | "
+                      f"{h['tw']:.2f} | {h['numpy']:.2f} | {h['memcpy']:.2f} | {i['ratio']['vs_memcpy']:.2f}x |")
+
+
 def main(argv):
+    if argv[1] == "--table":
+        table(json.load(open(argv[2]))["records"], threads=int(argv[3]) if len(argv) > 3 else 1)
+        return
     contig = json.load(open(argv[1]))["records"]
     rt = json.load(open(argv[2]))["records"] if len(argv) > 2 else []
     sel = lambda **kw: [r for r in contig if all(r[k] == v for k, v in kw.items())]  # noqa: E731
