@@ -293,7 +293,7 @@ void copy(const Tensor& src, const Tensor& dst, CopyOptions options) {
   run_parallel(p, bytes);
   if (options.byteswap) {
     const bool complex = src.dtype().code == kDLComplex;
-    byteswap_all(dst, isz, complex ? isz / 2 : isz / src.dtype().lanes);
+    byteswap_all(dst, isz, complex ? isz / (2 * src.dtype().lanes) : isz / src.dtype().lanes);
   }
 }
 
