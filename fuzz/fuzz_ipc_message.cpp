@@ -18,16 +18,7 @@
 #include <vector>
 
 #include "../src/ipc/ipc_internal.hpp"
-
-#define CHECK(cond, ...)                                                                   \
-  do {                                                                                     \
-    if (!(cond)) {                                                                         \
-      std::fprintf(stderr, "\n%s:%d: property violated: %s\n  ", __FILE__, __LINE__, #cond); \
-      std::fprintf(stderr, __VA_ARGS__);                                                   \
-      std::fprintf(stderr, "\n");                                                          \
-      std::abort();                                                                        \
-    }                                                                                      \
-  } while (0)
+#include "fuzz_util.hpp"
 
 namespace ipc = tw::ipc_detail;
 
@@ -53,13 +44,13 @@ void fuzz_message(const uint8_t* p, size_t n) {
   } catch (const tw::Error&) {
     return;
   }
-  CHECK(m.alloc_offset <= segment_bytes && m.alloc_bytes <= segment_bytes - m.alloc_offset,
+  TW_FUZZ_CHECK(m.alloc_offset <= segment_bytes && m.alloc_bytes <= segment_bytes - m.alloc_offset,
         "allocation [%llu, +%llu) outside a segment of %llu", (unsigned long long)m.alloc_offset,
         (unsigned long long)m.alloc_bytes, (unsigned long long)segment_bytes);
-  CHECK(m.lease_slot < 64, "lease slot %u", m.lease_slot);
+  TW_FUZZ_CHECK(m.lease_slot < 64, "lease slot %u", m.lease_slot);
   if (m.layout.numel() > 0) {
     const tw::ByteSpan sp = m.layout.byte_span();
-    CHECK(m.layout.byte_offset + sp.begin >= 0 &&
+    TW_FUZZ_CHECK(m.layout.byte_offset + sp.begin >= 0 &&
               static_cast<uint64_t>(m.layout.byte_offset + sp.end) <= m.alloc_bytes,
           "span [%lld, %lld) outside an allocation of %llu", (long long)(m.layout.byte_offset + sp.begin),
           (long long)(m.layout.byte_offset + sp.end), (unsigned long long)m.alloc_bytes);
@@ -72,9 +63,9 @@ void fuzz_message(const uint8_t* p, size_t n) {
   try {
     back = ipc::decode_message(again, enc, segment_bytes, 64, 1u << 20);
   } catch (const tw::Error& e) {
-    CHECK(false, "a re-encoded accepted message is refused: %s", e.what());
+    TW_FUZZ_CHECK(false, "a re-encoded accepted message is refused: %s", e.what());
   }
-  CHECK(back.layout.shape == m.layout.shape && back.layout.strides == m.layout.strides &&
+  TW_FUZZ_CHECK(back.layout.shape == m.layout.shape && back.layout.strides == m.layout.strides &&
             back.layout.byte_offset == m.layout.byte_offset && back.layout.dtype == m.layout.dtype &&
             back.metadata == m.metadata,
         "re-encoding changed the message");
@@ -83,9 +74,9 @@ void fuzz_message(const uint8_t* p, size_t n) {
 void fuzz_control(const uint8_t* p, size_t n, size_t nfds) {
   try {
     ipc::ControlMessage m = ipc::decode_control(std::span<const uint8_t>(p, n), nfds);
-    CHECK(n == sizeof(ipc::ControlWire), "accepted a packet of %zu bytes", n);
-    if (m.type == ipc::ControlType::segment) CHECK(nfds == 1 && m.id != 0, "segment without fd or with id 0");
-    if (m.type == ipc::ControlType::welcome) CHECK(nfds == 2, "welcome without its two fds");
+    TW_FUZZ_CHECK(n == sizeof(ipc::ControlWire), "accepted a packet of %zu bytes", n);
+    if (m.type == ipc::ControlType::segment) TW_FUZZ_CHECK(nfds == 1 && m.id != 0, "segment without fd or with id 0");
+    if (m.type == ipc::ControlType::welcome) TW_FUZZ_CHECK(nfds == 2, "welcome without its two fds");
   } catch (const tw::Error&) {
   }
 }

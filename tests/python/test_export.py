@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tensorwire as tw
-from _helpers import aligned, ptr, same_bits
+from _helpers import DLTensor, aligned, ptr, same_bits
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 ml_dtypes = pytest.importorskip("ml_dtypes", reason="ml_dtypes is not installed")
@@ -23,20 +23,6 @@ _capi.PyCapsule_GetName.restype = ctypes.c_char_p
 _capi.PyCapsule_GetName.argtypes = [ctypes.py_object]
 _capi.PyCapsule_GetPointer.restype = ctypes.c_void_p
 _capi.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-
-
-class DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32), ("dtype", DLDataType),
-                ("shape", ctypes.POINTER(ctypes.c_int64)), ("strides", ctypes.POINTER(ctypes.c_int64)),
-                ("byte_offset", ctypes.c_uint64)]
 
 
 class DLManagedTensorVersioned(ctypes.Structure):
