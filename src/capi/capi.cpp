@@ -32,7 +32,7 @@ tw_status guarded(F&& fn) {
   } catch (const tw::Error& e) {
     return fail(static_cast<tw_status>(e.code()), e.what());
   } catch (const std::bad_alloc&) {
-    return fail(TW_ERR_OVERFLOW, "out of memory");
+    return fail(TW_ERR_OUT_OF_MEMORY, "out of memory");
   } catch (const std::exception& e) {
     return fail(TW_ERR_INTERNAL, e.what());
   } catch (...) {
@@ -40,8 +40,13 @@ tw_status guarded(F&& fn) {
   }
 }
 
-tw_status null_arg(const char* what) {
-  return fail(TW_ERR_INVALID_ARGUMENT, (std::string(what) + " is NULL").c_str());
+tw_status null_arg(const char* what) noexcept {
+  try {
+    g_last_error.assign(what).append(" is NULL");
+  } catch (...) {
+    // no memory for the message: the code alone still says what went wrong
+  }
+  return TW_ERR_INVALID_ARGUMENT;
 }
 
 }  // namespace
@@ -80,8 +85,8 @@ tw_status tw_tensor_from_blob(void* data, int32_t ndim, const int64_t* shape, co
   try {
     if (release) keep = std::shared_ptr<void>(ctx, release);
   } catch (...) {
-    release(ctx);
-    return fail(TW_ERR_OVERFLOW, "out of memory");
+    // shared_ptr's constructor has already called release(ctx) when it failed to allocate its control block.
+    return fail(TW_ERR_OUT_OF_MEMORY, "out of memory");
   }
   if (!out) return null_arg("out");
   *out = nullptr;

@@ -90,9 +90,10 @@ ByteSpan Layout::byte_span() const noexcept {
   if (is_packed_subbyte()) {
     const int64_t bits = dtype.total_bits();
     // lo * bits is a multiple of 8 only when aligned; floor toward -inf, ceil the end.
-    int64_t lo_bits = lo * bits, hi_bits = (hi + 1) * bits;
-    int64_t b = lo_bits >= 0 ? lo_bits / 8 : -((-lo_bits + 7) / 8);
-    return {b, (hi_bits + 7) / 8};
+    // validate() proved lo * bits and (hi + 1) * bits representable; round without adding (hi_bits + 7 may not be).
+    const int64_t lo_bits = lo * bits, hi_bits = (hi + 1) * bits;
+    const int64_t b = lo_bits / 8 - (lo_bits % 8 < 0 ? 1 : 0);
+    return {b, hi_bits / 8 + (hi_bits % 8 > 0 ? 1 : 0)};
   }
   const int64_t isz = static_cast<int64_t>(dtype.itemsize());
   return {lo * isz, (hi + 1) * isz};

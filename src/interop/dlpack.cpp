@@ -50,8 +50,15 @@ struct ImportOwner {
 
 template <class Managed>
 Tensor import(Managed* m, bool readonly, bool padded) {
-  // From here on the struct is ours: `owner` calls the deleter if anything below throws.
-  auto owner = std::make_shared<ImportOwner<Managed>>(m);
+  // From here on the struct is ours: `owner` calls the deleter if anything below throws. make_shared itself may
+  // throw before the owner exists: then the deleter runs here.
+  std::shared_ptr<ImportOwner<Managed>> owner;
+  try {
+    owner = std::make_shared<ImportOwner<Managed>>(m);
+  } catch (...) {
+    if (m->deleter) m->deleter(m);
+    throw;
+  }
   const DLTensor& dl = m->dl_tensor;
   Layout l = validate_dltensor(dl, padded);
   Device dev = Device::from_dlpack(dl.device);
@@ -60,13 +67,15 @@ Tensor import(Managed* m, bool readonly, bool padded) {
   const int64_t lo = detail::add(l.byte_offset, sp.begin, "DLPack byte_offset plus the byte span");
   const auto data = reinterpret_cast<uintptr_t>(dl.data);
   if (l.numel() > 0) {
-    if (lo < 0 && data < static_cast<uintptr_t>(-lo))
-      throw Error(ErrorCode::out_of_range, "DLPack tensor: its lowest element would lie below address 0");
+    if (lo < 0 && data <= static_cast<uintptr_t>(-lo))
+      throw Error(ErrorCode::out_of_range, "DLPack tensor: its lowest element would lie at or below address 0");
     // Whatever the sign of lo: with negative strides element 0 can sit above the lowest address and still wrap.
     if (static_cast<__int128>(data) + lo + sp.size() > static_cast<__int128>(UINTPTR_MAX))
       throw Error(ErrorCode::overflow, "DLPack tensor: data + byte_offset overflows the address space");
   }
-  char* base = l.numel() > 0 ? static_cast<char*>(dl.data) + lo : static_cast<char*>(dl.data);
+  // Integer arithmetic: the producer's pointer need not point into one object we could do pointer arithmetic in.
+  char* base = l.numel() > 0 ? reinterpret_cast<char*>(data + static_cast<uintptr_t>(lo))
+                             : static_cast<char*>(dl.data);
   l.byte_offset = l.numel() > 0 ? -sp.begin : 0;
   auto buf = std::make_shared<Buffer>(base, static_cast<size_t>(sp.size()), dev, owner);
   return Tensor::make(std::move(buf), std::move(l), readonly);
