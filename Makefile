@@ -21,7 +21,7 @@ PY_PACKAGES := numpy ml_dtypes pyarrow nanoarrow "jax[cpu]" hypothesis pytest py
 CMAKE_COMMON := -G Ninja -DPython_EXECUTABLE=$(PY) -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DTW_BUILD_TESTS=ON -DTW_BUILD_PYTHON=ON
 
 .PHONY: all demo test deps apt venv build build-asan build-tsan test-cpp test-python test-asan test-tsan test-fuzz \
-        test-install bench clean
+        test-install bench fuzz soak clean
 
 all: build
 
@@ -92,8 +92,14 @@ test-asan: build-asan
 test-tsan: build-tsan
 	@cd $(BUILD)/tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS) -R "Thread|Parallel|Pool|Concurr"
 
+# Deterministic: the committed seeds, then a fixed number of inputs from a fixed seed per target.
 test-fuzz: apt
-	@FUZZ_SECONDS=$${FUZZ_SECONDS:-15} bash fuzz/run.sh $(BUILD)/fuzz
+	@FUZZ_RUNS=$${FUZZ_RUNS:-20000} bash fuzz/run.sh $(BUILD)/fuzz
+
+# Open-ended fuzzing for developers (not part of `make test`): FUZZ_SECONDS per target from random seeds. Commit
+# each crash input it reports under fuzz/corpus/<target>/ once fixed, so `make test` replays it forever after.
+fuzz: apt
+	@FUZZ_SECONDS=$${FUZZ_SECONDS:-300} bash fuzz/run.sh $(BUILD)/fuzz
 
 test-install: build
 	@rm -rf $(BUILD)/install $(BUILD)/consumer

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets, replays every committed seed, then fuzzes each target for a bounded time.
+# Builds the libFuzzer targets, replays every committed seed, then fuzzes each target.
 #
 #   fuzz/run.sh [build dir]          default build dir: build/fuzz (relative to the repository root)
-#   FUZZ_SECONDS=N                   fuzzing time per target (default 20; 0 = replay only)
+#   FUZZ_RUNS=N                      deterministic mode (the default, what `make test` runs): N inputs per target
+#                                    from a fixed seed (FUZZ_SEED, default 1), so a run passes or fails the same
+#                                    way every time on the same commit (default 20000; 0 = replay only)
+#   FUZZ_SECONDS=N                   open-ended mode (`make fuzz`): fuzz each target for N seconds from a random
+#                                    seed; commit what it finds to fuzz/corpus/<target>/ as a seed
 #   FUZZ_JOBS=N                      targets fuzzed at once (default: number of CPUs)
 #   FUZZ_TARGETS="fuzz_a fuzz_b"     a subset of the targets (default: every fuzz/fuzz_*.cpp)
 #
@@ -14,7 +18,18 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=${1:-build/fuzz}
 case "$BUILD" in /*) ;; *) BUILD="$ROOT/$BUILD" ;; esac
-SECONDS_PER_TARGET=${FUZZ_SECONDS:-20}
+SECONDS_PER_TARGET=${FUZZ_SECONDS:-}
+RUNS=${FUZZ_RUNS:-20000}
+SEED=${FUZZ_SEED:-1}
+if [[ -n "$SECONDS_PER_TARGET" ]]; then
+  BUDGET=(-max_total_time="$SECONDS_PER_TARGET")
+  BUDGET_TEXT="${SECONDS_PER_TARGET}s, random seed"
+  [[ "$SECONDS_PER_TARGET" -gt 0 ]] || RUNS=0
+else
+  # -runs counts inputs, and with one fixed seed and one worker libFuzzer's choices repeat exactly.
+  BUDGET=(-runs="$RUNS" -seed="$SEED")
+  BUDGET_TEXT="$RUNS runs, seed $SEED"
+fi
 JOBS=${FUZZ_JOBS:-$(nproc)}
 # Default: every fuzz/fuzz_*.cpp (each is a target in fuzz/CMakeLists.txt with seeds in fuzz/corpus/<target>/).
 TARGETS=${FUZZ_TARGETS:-$(cd "$ROOT/fuzz" && for f in fuzz_*.cpp; do printf '%s ' "${f%.cpp}"; done)}
@@ -56,13 +71,13 @@ for t in $TARGETS; do
   fi
 done
 [[ $fail == 0 ]] || exit 1
-[[ "$SECONDS_PER_TARGET" -gt 0 ]] || exit 0
+[[ "$RUNS" -gt 0 ]] || exit 0
 
 # ---- fuzz each target on a fresh copy of its corpus -------------------------------------------------------------
 fuzz_one() {  # records its exit status in logs/<target>.rc
   local t=$1 work="$BUILD/corpus/$1" rc=0
   rm -rf "$work" && mkdir -p "$work" && cp "$ROOT/fuzz/corpus/$t"/* "$work/"
-  "$BIN/$t" "${FLAGS[@]}" -max_total_time="$SECONDS_PER_TARGET" -artifact_prefix="$BUILD/artifacts/$t-" \
+  "$BIN/$t" "${FLAGS[@]}" "${BUDGET[@]}" -artifact_prefix="$BUILD/artifacts/$t-" \
     "$work" >"$BUILD/logs/$t.fuzz.log" 2>&1 || rc=$?
   echo "$rc" >"$BUILD/logs/$t.rc"
 }
@@ -84,7 +99,7 @@ for t in $TARGETS; do
   if [[ "$rc" == 0 ]]; then
     runs=$(grep -E '^stat::number_of_executed_units' "$log" | awk '{print $2}')
     cov=$(grep -oE 'cov: [0-9]+' "$log" | tail -n 1)
-    echo "fuzz    $t: ok, ${runs:-?} runs in ${SECONDS_PER_TARGET}s, ${cov:-cov: ?}"
+    echo "fuzz    $t: ok, ${runs:-?} runs ($BUDGET_TEXT), ${cov:-cov: ?}"
   else
     echo "fuzz    $t: FAILED with status $rc (log: $log; crash inputs: $BUILD/artifacts/$t-*)"
     grep -E 'ERROR|SUMMARY|property violated|runtime error|terminate' "$log" | head -n 10 || true
