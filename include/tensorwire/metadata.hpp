@@ -32,6 +32,9 @@ class Value {
   static Value list(std::vector<Value> items = {}) { Value v; v.kind_ = Kind::list; v.items_ = std::move(items); return v; }
   static Value tuple(std::vector<Value> items = {}) { Value v; v.kind_ = Kind::tuple; v.items_ = std::move(items); return v; }
   static Value dict() { Value v; v.kind_ = Kind::dict; return v; }
+  /// A dict from parallel keys and values in one step (linear time); throws Error(invalid_argument) naming the
+  /// first duplicate key, or when the sizes differ.
+  static Value dict(std::vector<std::string> keys, std::vector<Value> values);
 
   Kind kind() const noexcept { return kind_; }
   bool is_none() const noexcept { return kind_ == Kind::none; }
@@ -92,6 +95,8 @@ class Metadata {
   const std::vector<Value>& values() const { return root_.values(); }
   /// The whole map as a dict Value.
   const Value& as_value() const noexcept { return root_; }
+  /// Metadata holding a dict Value's entries; throws Error(type_mismatch) for any other kind.
+  static Metadata from_value(Value dict);
 
   friend bool operator==(const Metadata& a, const Metadata& b) noexcept { return a.root_ == b.root_; }
 

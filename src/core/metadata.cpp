@@ -1,5 +1,7 @@
 #include "tensorwire/metadata.hpp"
 
+#include <unordered_set>
+
 #include <algorithm>
 #include <cstring>
 
@@ -55,6 +57,29 @@ void Value::set(std::string key, Value value) {
   }
   keys_.push_back(std::move(key));
   items_.push_back(std::move(value));
+}
+
+Value Value::dict(std::vector<std::string> keys, std::vector<Value> values) {
+  if (keys.size() != values.size())
+    throw Error(ErrorCode::invalid_argument, "Value::dict: " + std::to_string(keys.size()) + " keys but " +
+                                                 std::to_string(values.size()) + " values");
+  std::unordered_set<std::string_view> seen;
+  seen.reserve(keys.size());
+  for (const std::string& k : keys)
+    if (!seen.insert(k).second) throw Error(ErrorCode::invalid_argument, "duplicate key '" + k + "'");
+  Value v;
+  v.kind_ = Kind::dict;
+  v.keys_ = std::move(keys);
+  v.items_ = std::move(values);
+  return v;
+}
+
+Metadata Metadata::from_value(Value dict) {
+  if (dict.kind() != Value::Kind::dict)
+    throw Error(ErrorCode::type_mismatch, std::string("metadata must be a dict, not ") + value_kind_name(dict.kind()));
+  Metadata m;
+  m.root_ = std::move(dict);
+  return m;
 }
 
 const Value* Value::find(std::string_view key) const {
@@ -206,14 +231,20 @@ struct Reader {
         return is_list ? Value::list(std::move(items)) : Value::tuple(std::move(items));
       }
       case kDict: {
+        // Linear in the number of keys (a hash set finds duplicates): 64 MiB of hostile keys must not take hours.
         uint64_t n = count();
-        Value d = Value::dict();
+        std::vector<std::string> keys;
+        std::vector<Value> values;
+        keys.reserve(std::min<uint64_t>(n, 1024));
+        values.reserve(std::min<uint64_t>(n, 1024));
+        std::unordered_set<std::string> seen;
         for (uint64_t i = 0; i < n; ++i) {
           std::string k = str();
-          if (d.find(k)) fail("duplicate key '" + k + "'");
-          d.set(std::move(k), value(depth + 1));
+          if (!seen.insert(k).second) fail("duplicate key '" + k + "'");
+          keys.push_back(std::move(k));
+          values.push_back(value(depth + 1));
         }
-        return d;
+        return Value::dict(std::move(keys), std::move(values));
       }
       default: pos--; fail("unknown tag " + std::to_string(static_cast<uint8_t>(in[pos])));
     }
@@ -237,9 +268,7 @@ Metadata decode_metadata(std::string_view bytes) {
   if (r.pos >= bytes.size() || static_cast<uint8_t>(bytes[r.pos]) != kDict) r.fail("the root is not a dict");
   Value root = r.value(0);
   if (r.pos != bytes.size()) r.fail(std::to_string(bytes.size() - r.pos) + " trailing bytes");
-  Metadata m;
-  for (size_t i = 0; i < root.keys().size(); ++i) m.set(root.keys()[i], root.values()[i]);
-  return m;
+  return Metadata::from_value(std::move(root));
 }
 
 }  // namespace tw
