@@ -21,6 +21,8 @@ enum class ErrorCode : int {
   version_mismatch = 8,   ///< A protocol's major version is not one we understand.
   read_only = 9,          ///< A write was attempted through a read-only tensor.
   internal = 10,          ///< A bug in tensorwire. Please report it.
+  out_of_memory = 11,     ///< Memory (host, shared or device) that cannot be had: nothing was allocated.
+  timeout = 12,           ///< A bounded wait ended with nothing done (see TimeoutError).
 };
 
 /// Returns a stable lower-case name for `code`, e.g. "copy_required".

@@ -39,6 +39,8 @@ typedef enum {
   TW_ERR_VERSION_MISMATCH = 8,
   TW_ERR_READ_ONLY = 9,
   TW_ERR_INTERNAL = 10,
+  TW_ERR_OUT_OF_MEMORY = 11,
+  TW_ERR_TIMEOUT = 12,
 } tw_status;
 
 /* "MAJOR.MINOR.PATCH" of the linked library. */

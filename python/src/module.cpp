@@ -22,6 +22,8 @@ PyObject* exception_for(tw::ErrorCode code) noexcept {
     case tw::ErrorCode::version_mismatch: return PyExc_BufferError;
     case tw::ErrorCode::read_only: return PyExc_ValueError;
     case tw::ErrorCode::internal: return PyExc_RuntimeError;
+    case tw::ErrorCode::out_of_memory: return PyExc_MemoryError;
+    case tw::ErrorCode::timeout: return PyExc_TimeoutError;
   }
   return PyExc_RuntimeError;
 }
@@ -268,6 +270,8 @@ tw::Tensor index_tensor(const tw::Tensor& t, nb::handle index) {
 }
 
 std::string repr(const tw::Tensor& t) {
+  // Never raises: a loan handed over by Publisher.send (or any undefined tensor) says so.
+  if (!t.defined()) return "tensorwire.Tensor(<spent: a loan handed over by Publisher.send>)";
   std::string s = "tensorwire.Tensor(shape=" + t.shape().str() + ", dtype=" + t.dtype().name() +
                   ", device=" + t.device().str();
   if (!t.is_contiguous()) s += ", strides=" + t.strides().str();

@@ -15,6 +15,8 @@ const char* error_code_name(ErrorCode code) noexcept {
     case ErrorCode::version_mismatch: return "version_mismatch";
     case ErrorCode::read_only: return "read_only";
     case ErrorCode::internal: return "internal";
+    case ErrorCode::out_of_memory: return "out_of_memory";
+    case ErrorCode::timeout: return "timeout";
   }
   return "unknown";
 }

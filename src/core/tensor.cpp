@@ -17,7 +17,8 @@ namespace tw {
 namespace {
 
 [[noreturn]] void undefined() {
-  throw Error(ErrorCode::invalid_argument, "operation on an undefined (default-constructed or moved-from) Tensor");
+  throw Error(ErrorCode::invalid_argument, "operation on an undefined Tensor: default-constructed, moved-from, or a loan already "
+                                           "handed over by Publisher::send (send consumes a loan; loan again or send a copy)");
 }
 
 size_t norm_dim(int64_t dim, size_t ndim, const char* op) {
@@ -47,7 +48,7 @@ std::shared_ptr<Buffer> Buffer::allocate(size_t nbytes, size_t alignment) {
     const size_t len = (nbytes + kHugePage - 1) / kHugePage * kHugePage;
     void* m = mmap(nullptr, len + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED)
-      throw Error(ErrorCode::overflow, "Buffer::allocate: out of memory mapping " + std::to_string(nbytes) + " bytes");
+      throw Error(ErrorCode::out_of_memory, "Buffer::allocate: out of memory mapping " + std::to_string(nbytes) + " bytes");
     const uintptr_t lo = reinterpret_cast<uintptr_t>(m), a = (lo + kHugePage - 1) & ~uintptr_t(kHugePage - 1);
     if (a > lo) munmap(m, a - lo);                                       // the unaligned head
     if (lo + kHugePage > a) munmap(reinterpret_cast<void*>(a + len), lo + kHugePage - a);  // and tail
@@ -61,7 +62,7 @@ std::shared_ptr<Buffer> Buffer::allocate(size_t nbytes, size_t alignment) {
   if (rounded < nbytes) throw Error(ErrorCode::overflow, "Buffer::allocate: size overflows");
   void* p = std::aligned_alloc(alignment, rounded);
   if (!p)
-    throw Error(ErrorCode::overflow, "Buffer::allocate: out of memory allocating " + std::to_string(nbytes) + " bytes");
+    throw Error(ErrorCode::out_of_memory, "Buffer::allocate: out of memory allocating " + std::to_string(nbytes) + " bytes");
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   if (nbytes >= kAdviseBytes) {
     const uintptr_t lo = reinterpret_cast<uintptr_t>(p), hi = lo + nbytes;

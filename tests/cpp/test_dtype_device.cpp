@@ -278,6 +278,8 @@ TEST(Error, CodeNamesAreStableAndDistinct) {
       {ErrorCode::version_mismatch, "version_mismatch"},
       {ErrorCode::read_only, "read_only"},
       {ErrorCode::internal, "internal"},
+      {ErrorCode::out_of_memory, "out_of_memory"},
+      {ErrorCode::timeout, "timeout"},
   };
   for (const auto& [c, n] : codes) EXPECT_STREQ(tw::error_code_name(c), n);
   tw::Error e(ErrorCode::copy_required, "needs a copy");
