@@ -55,16 +55,31 @@ class WouldBlockError : public Error {
   explicit WouldBlockError(const std::string& message) : Error(ErrorCode::unsupported, message) {}
 };
 
+/// Thrown by Publisher::send / loan when their timeout passes with nothing done: no subscriber received the
+/// message, no buffer was taken. The message names what was waited for (a full ring, or the subscriber holding
+/// the pool's buffers). Python maps it to TimeoutError.
+class TimeoutError : public Error {
+ public:
+  explicit TimeoutError(const std::string& message) : Error(ErrorCode::timeout, message) {}
+};
+
+/// A wait bound: std::nullopt waits as long as it takes (a dead subscriber is still never waited for).
+using Timeout = std::optional<std::chrono::nanoseconds>;
+
 struct PublisherOptions {
   /// Messages each subscriber's ring holds (>= 1).
   size_t depth = 8;
   OnFull on_full = OnFull::block;
   /// Largest metadata a message carries, in encoded bytes (see encode_metadata).
   size_t max_metadata_bytes = 64 * 1024;
-  /// Pool buffers at most (each buffer is one memfd segment).
-  size_t max_buffers = 64;
-  /// Bytes of shared memory the pool may hold at once (a single buffer larger than this is still allowed).
+  /// Pool buffers at most (each buffer is one memfd segment; each subscriber's channel has a lease counter per
+  /// buffer). The pool grows until pool_bytes or this count, whichever comes first, before send/loan wait.
+  size_t max_buffers = 1024;
+  /// Bytes of shared memory the pool may hold at once (a single buffer larger than this is still allowed, when
+  /// the machine has the memory: a request it cannot have throws Error(out_of_memory) instead).
   size_t pool_bytes = size_t{2} << 30;
+  /// Subscribers served at once; more are refused with an error on their side.
+  size_t max_subscribers = 256;
   /// Accept subscribers of other users (the default accepts the publisher's own uid only).
   bool allow_other_users = false;
 };
@@ -85,7 +100,12 @@ void validate_topic_name(std::string_view name);
 
 /// The sending end of a topic. One publisher per name at a time (a second one throws Error(invalid_argument));
 /// a new one may take the name once the old one is closed or dead. Thread-safe: send and loan may be called from
-/// several threads (messages are ordered by the publisher's internal lock). Not usable in a fork()ed child.
+/// several threads (messages are ordered by the publisher's internal lock). In a fork()ed child every call throws
+/// (the child closes its copies of the publisher's sockets at fork; only the parent publishes).
+///
+/// Waiting: send() and loan() wait when a subscriber's ring is full (OnFull::block) or every pool buffer is held.
+/// They never wait for a subscriber that hung up, and give up after their timeout (TimeoutError, nothing done).
+/// Getters (subscriber_count, dropped, pool_buffers, owns) never wait for a blocked send.
 class Publisher {
  public:
   /// Binds the topic and connects to waiting subscribers. Throws Error on a bad name or a name in use.
@@ -97,17 +117,22 @@ class Publisher {
   Publisher& operator=(const Publisher&) = delete;
 
   /// A writable, C-contiguous, uninitialised host tensor in a shared-memory pool buffer. Fill it, then send() it:
-  /// it crosses with no copy. Write nothing into it after send() (subscribers read the same memory); the buffer
-  /// returns to the pool once this tensor (and all its views) and every subscriber's copy of it are gone.
-  /// An exhausted pool follows the OnFull policy (drop_oldest waits like block when nothing can be dropped).
-  Tensor loan(const Shape& shape, DType dtype);
+  /// it crosses with no copy. After send() its memory is read-only in this process too (a write faults instead of
+  /// changing what subscribers hold); the buffer returns to the pool once this tensor (and all its views) and
+  /// every subscriber's copy of it are gone. An exhausted pool follows the OnFull policy (drop_oldest waits like
+  /// block when nothing can be dropped) for at most `timeout` (TimeoutError). Throws Error(out_of_memory) when the
+  /// machine cannot provide the buffer.
+  Tensor loan(const Shape& shape, DType dtype, Timeout timeout = std::nullopt);
 
-  /// Delivers `t` to every current subscriber, with t.metadata() merged with `extra` (extra wins). A tensor that is
-  /// a view of a pool buffer (from loan()) crosses with no copy, keeping its strides and offset; any other host
-  /// tensor is packed into a pool buffer with one tw::copy. Returns the number of subscribers that got it.
-  /// Throws Error(invalid_argument) when closed, Error(unsupported) for non-host memory, Error(invalid_argument)
-  /// for oversized metadata, WouldBlockError under OnFull::raise.
-  size_t send(const Tensor& t, const Metadata& extra = {});
+  /// Delivers `t` to every current subscriber, or to none: with t.metadata() merged with `extra` (extra wins). A
+  /// tensor that is a view of a pool buffer (from loan()) crosses with no copy, keeping its strides and offset,
+  /// and its buffer becomes read-only here; any other host tensor is packed into a pool buffer with one tw::copy.
+  /// Returns the number of subscribers that got it. Throws Error(invalid_argument) when closed or in a fork()ed
+  /// child, Error(unsupported) for non-host memory, Error(invalid_argument) for oversized metadata,
+  /// WouldBlockError under OnFull::raise, TimeoutError when `timeout` passes first (then nobody got it).
+  size_t send(const Tensor& t, const Metadata& extra = {}, Timeout timeout = std::nullopt);
+  /// The same, consuming the tensor: `send(std::move(loan))` leaves nothing in the caller to write through.
+  size_t send(Tensor&& t, const Metadata& extra = {}, Timeout timeout = std::nullopt);
 
   /// Ends the stream: subscribers drain what is queued, then see end-of-stream. Loaned tensors stay valid.
   /// Idempotent.
@@ -125,16 +150,15 @@ class Publisher {
   /// True when `t` views one of this publisher's pool buffers (a loan): send() passes it with no copy.
   bool owns(const Tensor& t) const;
 
-  /// Internal (bindings): called about every 50 ms while send()/loan() wait; may throw to abandon the wait.
-  void set_wait_hook(std::function<void()> hook);
-
  private:
   std::unique_ptr<ipc_detail::PublisherImpl> impl_;
 };
 
 /// The receiving end of a topic. It may be created before or after the publisher; it receives every message sent
-/// after both exist (subject to the publisher's OnFull policy). Not thread-safe for concurrent recv calls on one
-/// object (calls are serialised internally); received tensors may be used and dropped on any thread.
+/// after both exist (subject to the publisher's OnFull policy). Several threads may recv() on one Subscriber (each
+/// message goes to one of them; they wait without holding its lock); received tensors may be used and dropped on
+/// any thread. Received tensors hold the publisher's buffers: keep copies of those you keep for long, or the
+/// publisher's pool runs dry. In a fork()ed child every call throws (only the parent subscribes).
 class Subscriber {
  public:
   explicit Subscriber(std::string_view name, SubscriberOptions options = {});
@@ -173,6 +197,9 @@ class Subscriber {
 
   /// Internal (bindings): like recv(timeout), but returns early (empty) when a wait is interrupted by a signal.
   std::optional<Tensor> recv_interruptible(std::chrono::nanoseconds timeout, bool& interrupted);
+  /// Internal (bindings): a message if one waits, never blocking — not even on the internal lock (`busy` then
+  /// says another thread holds it and nothing was looked at).
+  std::optional<Tensor> poll_nowait(bool& busy);
 
  private:
   std::unique_ptr<ipc_detail::SubscriberImpl> impl_;

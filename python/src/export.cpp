@@ -50,17 +50,21 @@ std::string numpy_typestr(tw::DType d) {
   }
 }
 
+// Lives as long as the buffer view. It shares the tensor's Buffer, so a live buffer export counts in the Buffer's
+// use count: that is how Publisher.send knows a loan still has exports (memoryviews, NumPy arrays on them).
 struct BufferInfo {
   std::vector<Py_ssize_t> shape, strides;
+  std::shared_ptr<const tw::Buffer> keep;
 };
 
-int tensor_getbuffer(PyObject* self, Py_buffer* view, int flags) {
+int tensor_getbuffer_impl(PyObject* self, Py_buffer* view, int flags) {
   view->obj = nullptr;
   const tw::Tensor& t = unwrap(self);
   auto refuse = [&](const std::string& why) {
     PyErr_SetString(PyExc_BufferError, ("tensorwire.Tensor buffer export: " + why).c_str());
     return -1;
   };
+  if (!t.defined()) return refuse("the tensor is spent (a loan handed over by Publisher.send)");
   if (!t.device().is_host_accessible()) return refuse("memory on " + t.device().str() + " is not host-accessible");
   const char* fmt = buffer_format(t.dtype());
   if (!fmt)
@@ -81,6 +85,7 @@ int tensor_getbuffer(PyObject* self, Py_buffer* view, int flags) {
     return refuse(e.what());
   }
   auto* info = new BufferInfo();
+  info->keep = t.buffer_ptr();
   const int64_t isz = static_cast<int64_t>(t.dtype().itemsize());
   for (size_t i = 0; i < t.ndim(); ++i) {
     info->shape.push_back(static_cast<Py_ssize_t>(t.shape()[i]));
@@ -100,7 +105,22 @@ int tensor_getbuffer(PyObject* self, Py_buffer* view, int flags) {
   return 0;
 }
 
-void tensor_releasebuffer(PyObject*, Py_buffer* view) { delete static_cast<BufferInfo*>(view->internal); }
+// A CPython slot: no C++ exception may leave it.
+int tensor_getbuffer(PyObject* self, Py_buffer* view, int flags) noexcept {
+  try {
+    return tensor_getbuffer_impl(self, view, flags);
+  } catch (const std::exception& e) {
+    if (view->obj) Py_CLEAR(view->obj);
+    PyErr_SetString(PyExc_BufferError, (std::string("tensorwire.Tensor buffer export: ") + e.what()).c_str());
+    return -1;
+  } catch (...) {
+    if (view->obj) Py_CLEAR(view->obj);
+    PyErr_SetString(PyExc_BufferError, "tensorwire.Tensor buffer export failed");
+    return -1;
+  }
+}
+
+void tensor_releasebuffer(PyObject*, Py_buffer* view) noexcept { delete static_cast<BufferInfo*>(view->internal); }
 
 // Capsule destructors: an unconsumed capsule still owns its struct and must call the deleter.
 void versioned_capsule_destructor(PyObject* cap) {

@@ -1,5 +1,8 @@
 // ipc.cpp — tw.Publisher and tw.Subscriber: bindings of tw::Publisher / tw::Subscriber (include/tensorwire/ipc.hpp).
-// Waits release the GIL and run in slices so Ctrl-C (and any Python signal handler) interrupts them.
+// Nothing here takes an internal lock of the publisher or subscriber with the GIL held (every call that may wait
+// for one releases it first; the receive fast path only try-locks), and no C++ wait ever takes the GIL back: long
+// waits run as C++ calls bounded to a slice, and between slices the binding checks for signals (Ctrl-C) with the
+// GIL. A timed-out slice of send() or loan() has done nothing, so retrying it is exact.
 #include <nanobind/stl/string.h>
 
 #include <chrono>
@@ -48,8 +51,7 @@ tw::DType dtype_from(nb::handle h) {
 }
 
 tw::Metadata metadata_from(nb::handle h) {
-  tw::Metadata m;
-  if (h.is_none()) return m;
+  if (h.is_none()) return tw::Metadata();
   if (!PyDict_Check(h.ptr())) {
     if (!nb::hasattr(h, "keys"))
       throw tw::Error(tw::ErrorCode::type_mismatch, std::string("metadata must be a dict with str keys, not ") +
@@ -58,6 +60,11 @@ tw::Metadata metadata_from(nb::handle h) {
     for (nb::handle k : h.attr("keys")()) d[k] = h[k];
     return metadata_from(d);
   }
+  // Built in one step (a dict's keys are unique already): linear in the number of keys.
+  std::vector<std::string> keys;
+  std::vector<tw::Value> values;
+  keys.reserve(static_cast<size_t>(PyDict_Size(h.ptr())));
+  values.reserve(keys.capacity());
   PyObject *k, *v;
   Py_ssize_t pos = 0;
   while (PyDict_Next(h.ptr(), &pos, &k, &v)) {
@@ -65,15 +72,20 @@ tw::Metadata metadata_from(nb::handle h) {
       throw tw::Error(tw::ErrorCode::type_mismatch,
                       std::string("metadata keys must be str, not ") + Py_TYPE(k)->tp_name);
     std::string key = nb::borrow<nb::str>(k).c_str();
-    m.set(key, to_value(v, "['" + key + "']"));
+    values.push_back(to_value(v, "['" + key + "']"));
+    keys.push_back(std::move(key));
   }
-  return m;
+  return tw::Metadata::from_value(tw::Value::dict(std::move(keys), std::move(values)));
 }
 
 std::chrono::nanoseconds timeout_from(nb::handle h, bool& forever) {
   forever = h.is_none();
   if (forever) return std::chrono::nanoseconds(0);
-  const double s = nb::cast<double>(h);
+  if (PyBool_Check(h.ptr()) || !(PyFloat_Check(h.ptr()) || PyLong_Check(h.ptr())))
+    throw tw::Error(tw::ErrorCode::type_mismatch,
+                    std::string("timeout must be None or a number of seconds, not ") + Py_TYPE(h.ptr())->tp_name);
+  const double s = PyFloat_AsDouble(h.ptr());
+  if (s == -1.0 && PyErr_Occurred()) throw nb::python_error();
   if (std::isnan(s) || s < 0) throw nb::value_error("timeout must be None or a number >= 0");
   if (s > 1e9) {
     forever = true;
@@ -82,32 +94,62 @@ std::chrono::nanoseconds timeout_from(nb::handle h, bool& forever) {
   return std::chrono::nanoseconds(static_cast<int64_t>(s * 1e9));
 }
 
-// Python references held by the caller of send(pub, buf): the variable and the argument on the stack.
-constexpr Py_ssize_t kCallerRefs = 2;
+// Whether anything but plain references sees a loaned tensor's memory, counted exactly: every export through
+// tensorwire's own slots shares the tensor's Buffer — other tw.Tensor views, DLPack capsules, and buffer-protocol
+// exports (memoryviews, and the NumPy arrays np.asarray / __array__ build on them) hold it until released. What
+// cannot be counted — a raw pointer copied out of __array_interface__, or a consumer such as torch.frombuffer that
+// releases its buffer view at once and keeps only the pointer — is caught differently: after send() the loan's
+// memory is read-only in this process, so a stale write through it faults instead of corrupting a message.
+bool has_other_exports(const tw::Tensor& t) { return t.buffer_ptr().use_count() > 1; }
 
-// Whether anything but plain references sees a loaned tensor's memory: other tw.Tensor views or DLPack capsules
-// (they share its Buffer) and buffer-protocol exports — memoryviews and the NumPy arrays built on them, which
-// reference the tensor through a 'managedbuffer'. Plain references (a variable in an outer frame, a list) only
-// cost a scan of the referrers when there are more than the caller's own.
-bool has_other_exports(nb::handle obj, const tw::Tensor& t) {
-  if (t.buffer_ptr().use_count() > 1) return true;
-  if (Py_REFCNT(obj.ptr()) <= kCallerRefs) return false;
-  nb::object refs = nb::module_::import_("gc").attr("get_referrers")(obj);
-  for (nb::handle r : refs) {
-    const char* tn = Py_TYPE(r.ptr())->tp_name;
-    if (PyMemoryView_Check(r.ptr()) || std::strcmp(tn, "managedbuffer") == 0) return true;
+bool closed_nogil(const tw::Subscriber& s) {
+  nb::gil_scoped_release nogil;
+  return s.closed();
+}
+
+// A C++ send/loan bounded to `timeout`, in slices with a signal check between them (see the top of this file).
+template <class F>
+auto sliced(nb::handle timeout_h, F&& attempt) {
+  bool forever;
+  const auto timeout = timeout_from(timeout_h, forever);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - std::chrono::steady_clock::now());
+    const auto slice = forever ? std::chrono::nanoseconds(kSlice)
+                               : std::clamp<std::chrono::nanoseconds>(left, std::chrono::nanoseconds(0), kSlice);
+    std::string timed_out;
+    {
+      nb::gil_scoped_release nogil;
+      try {
+        return attempt(tw::Timeout(slice));
+      } catch (const tw::TimeoutError& e) {
+        timed_out = e.what();
+      }
+    }
+    if (PyErr_CheckSignals() != 0) throw nb::python_error();
+    if (!forever && std::chrono::steady_clock::now() >= deadline) {
+      PyErr_SetString(PyExc_TimeoutError, timed_out.c_str());
+      throw nb::python_error();
+    }
   }
-  return false;
 }
 
 nb::object recv(tw::Subscriber& s, nb::handle timeout_h) {
   bool forever;
   const auto timeout = timeout_from(timeout_h, forever);
-  if (auto t = s.try_recv()) return wrap(std::move(*t));  // a waiting message: no GIL round trip
-  if (!forever && timeout.count() == 0) {  // a poll: answer now
+  bool busy = false;
+  if (auto t = s.poll_nowait(busy)) return wrap(std::move(*t));  // a waiting message: no GIL round trip
+  if (!forever && timeout.count() == 0 && !busy) {  // a poll: answer now
+    std::optional<tw::Tensor> r;
+    {
+      nb::gil_scoped_release nogil;
+      r = s.try_recv();  // also notices end-of-stream and a dead publisher
+    }
+    if (r) return wrap(std::move(*r));
+    const bool closed = closed_nogil(s);
     // Returning a null object with the error set raises it without a C++ throw (unwinding costs microseconds,
     // and busy pollers raise TimeoutError all the time).
-    if (s.closed()) PyErr_SetString(PyExc_EOFError, ("tensorwire.Subscriber('" + s.name() + "'): end of stream").c_str());
+    if (closed) PyErr_SetString(PyExc_EOFError, ("tensorwire.Subscriber('" + s.name() + "'): end of stream").c_str());
     else PyErr_SetString(PyExc_TimeoutError, "no message waiting");
     return nb::object();
   }
@@ -123,7 +165,7 @@ nb::object recv(tw::Subscriber& s, nb::handle timeout_h) {
     }
     if (r) return wrap(std::move(*r));
     if (PyErr_CheckSignals() != 0) throw nb::python_error();
-    if (s.closed()) {
+    if (closed_nogil(s)) {
       PyErr_SetString(PyExc_EOFError, ("tensorwire.Subscriber('" + s.name() + "'): end of stream").c_str());
       throw nb::python_error();
     }
@@ -149,67 +191,85 @@ void register_ipc(nb::module_& m) {
 
   nb::class_<tw::Publisher>(m, "Publisher",
                             "The sending end of a shared-memory topic: Publisher(name, *, depth=8, on_full='block').\n\n"
-                            "send(obj, metadata=None) delivers anything tw.asarray accepts to every subscriber "
-                            "(one copy, or none for a loan()ed tensor); on_full is 'block', 'drop_oldest' or 'raise' "
-                            "(BlockingIOError).")
+                            "send(obj, metadata=None, *, timeout=None) delivers anything tw.asarray accepts to every "
+                            "subscriber or to none (one copy, or none for a loan()ed tensor); on_full is 'block', "
+                            "'drop_oldest' or 'raise' (BlockingIOError); a blocked send raises TimeoutError after "
+                            "`timeout` seconds, naming the subscriber it waited for.")
       .def("__init__",
            [](tw::Publisher* self, const std::string& name, size_t depth, const std::string& on_full,
-              size_t max_metadata_bytes, size_t max_buffers, size_t pool_bytes) {
+              size_t max_metadata_bytes, size_t max_buffers, size_t pool_bytes, size_t max_subscribers) {
              tw::PublisherOptions o;
              o.depth = depth;
              o.on_full = tw::on_full_from_string(on_full);
              o.max_metadata_bytes = max_metadata_bytes;
              o.max_buffers = max_buffers;
              o.pool_bytes = pool_bytes;
+             o.max_subscribers = max_subscribers;
+             nb::gil_scoped_release nogil;
              new (self) tw::Publisher(name, o);
-             self->set_wait_hook([] {
-               nb::gil_scoped_acquire gil;
-               if (PyErr_CheckSignals() != 0) throw nb::python_error();
-             });
            },
            "name"_a, nb::kw_only(), "depth"_a = 8, "on_full"_a = "block", "max_metadata_bytes"_a = 64 * 1024,
-           "max_buffers"_a = 64, "pool_bytes"_a = size_t{2} << 30)
+           "max_buffers"_a = 1024, "pool_bytes"_a = size_t{2} << 30, "max_subscribers"_a = 256)
       .def("send",
-           [](tw::Publisher& p, nb::handle obj, nb::handle metadata) {
+           [](tw::Publisher& p, nb::handle obj, nb::handle metadata, nb::handle timeout) {
              if (p.closed())
                throw tw::Error(tw::ErrorCode::invalid_argument, "send on a closed tensorwire.Publisher('" + p.name() + "')");
              nb::object converted;
              const bool is_t = is_tensor(obj);
              if (!is_t) converted = nb::module_::import_("tensorwire").attr("asarray")(obj);
              tw::Tensor& src = unwrap(is_t ? obj : nb::handle(converted));
+             if (!src.defined())
+               throw tw::Error(tw::ErrorCode::invalid_argument,
+                               "Publisher.send: this tensor is spent (a loan is handed over by the send that "
+                               "delivers it; loan again, or send a copy)");
              tw::Metadata extra = metadata_from(metadata);
-             const bool loaned = is_t && p.owns(src);
-             if (loaned && has_other_exports(obj, src))
+             bool loaned;
+             {
+               nb::gil_scoped_release nogil;
+               loaned = is_t && p.owns(src);
+             }
+             if (loaned && has_other_exports(src))
                throw nb::buffer_error("tensorwire.Publisher.send: this loaned tensor has other live exports "
                                       "(views, NumPy arrays, memoryviews or DLPack capsules); release them "
                                       "before sending, or send a copy");
-             tw::Tensor t = src;
-             {
-               nb::gil_scoped_release nogil;
-               p.send(t, extra);
-             }
-             if (loaned) src = tw::Tensor();  // the loan is handed over: the Python object is now invalid
+             sliced(timeout, [&](tw::Timeout slice) { return p.send(src, extra, slice); });
+             if (loaned) src = tw::Tensor();  // the loan is handed over: the Python object is now spent
            },
-           "obj"_a, "metadata"_a = nb::none(),
-           "Delivers obj (anything tw.asarray accepts) to every current subscriber with its metadata merged with "
-           "`metadata`. A loan()ed tensor crosses with no copy and becomes invalid; anything else is copied once.")
+           "obj"_a, "metadata"_a = nb::none(), nb::kw_only(), "timeout"_a = nb::none(),
+           "Delivers obj (anything tw.asarray accepts) to every current subscriber, or to none, with its metadata "
+           "merged with `metadata`. A loan()ed tensor crosses with no copy and is spent afterwards (its memory "
+           "becomes read-only here); anything else is copied once. Waits for full subscribers (on_full='block') "
+           "at most `timeout` seconds, then raises TimeoutError naming the subscriber; nobody got the message then.")
       .def("loan",
-           [](tw::Publisher& p, nb::handle shape, nb::handle dtype) {
+           [](tw::Publisher& p, nb::handle shape, nb::handle dtype, nb::handle timeout) {
              const tw::Dims s = shape_from(shape);
              const tw::DType d = dtype_from(dtype);
-             nb::gil_scoped_release nogil;
-             return p.loan(s, d);
+             return sliced(timeout, [&](tw::Timeout slice) { return p.loan(s, d, slice); });
            },
-           "shape"_a, "dtype"_a = "float32",
-           "A writable tensor in shared memory: fill it, then send() it with no copy.")
-      .def("close", [](tw::Publisher& p) { p.close(); })
+           "shape"_a, "dtype"_a = "float32", nb::kw_only(), "timeout"_a = nb::none(),
+           "A writable tensor in shared memory: fill it, then send() it with no copy. Waits at most `timeout` "
+           "seconds for a free pool buffer (TimeoutError names who holds them); MemoryError when the machine "
+           "cannot provide it.")
+      .def("close", &tw::Publisher::close, nb::call_guard<nb::gil_scoped_release>())
       .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
-      .def("__exit__", [](tw::Publisher& p, nb::args) { p.close(); })
+      .def("__exit__", [](tw::Publisher& p, nb::args) {
+        nb::gil_scoped_release nogil;
+        p.close();
+      })
       .def_prop_ro("closed", &tw::Publisher::closed)
       .def_prop_ro("name", &tw::Publisher::name)
-      .def_prop_ro("subscribers", &tw::Publisher::subscriber_count, "Subscribers currently connected.")
-      .def_prop_ro("dropped", &tw::Publisher::dropped, "Messages dropped under on_full='drop_oldest'.")
-      .def_prop_ro("pool_buffers", &tw::Publisher::pool_buffers)
+      .def_prop_ro("subscribers", [](const tw::Publisher& p) {
+        nb::gil_scoped_release nogil;
+        return p.subscriber_count();
+      }, "Subscribers currently connected.")
+      .def_prop_ro("dropped", [](const tw::Publisher& p) {
+        nb::gil_scoped_release nogil;
+        return p.dropped();
+      }, "Messages dropped under on_full='drop_oldest'.")
+      .def_prop_ro("pool_buffers", [](const tw::Publisher& p) {
+        nb::gil_scoped_release nogil;
+        return p.pool_buffers();
+      })
       .def("__repr__", [](const tw::Publisher& p) {
         return "tensorwire.Publisher('" + p.name() + "'" + (p.closed() ? ", closed" : "") + ")";
       });
@@ -218,8 +278,10 @@ void register_ipc(nb::module_& m) {
                              "The receiving end of a shared-memory topic: Subscriber(name). recv(timeout=None) "
                              "returns a read-only tw.Tensor (zero-copy), raising TimeoutError or EOFError at "
                              "end-of-stream; iterate until end-of-stream; fileno() for selectors and asyncio.")
-      .def("__init__", [](tw::Subscriber* self, const std::string& name) { new (self) tw::Subscriber(name); },
-           "name"_a)
+      .def("__init__", [](tw::Subscriber* self, const std::string& name) {
+             nb::gil_scoped_release nogil;
+             new (self) tw::Subscriber(name);
+           }, "name"_a)
       .def("recv", &recv, "timeout"_a = nb::none(),
            "The next message as a read-only tensor. timeout=None waits (interruptible, GIL released); raises "
            "TimeoutError when the timeout passes and EOFError at end-of-stream.")
@@ -232,17 +294,27 @@ void register_ipc(nb::module_& m) {
           throw;
         }
       })
-      .def("fileno", &tw::Subscriber::fileno,
+      .def("fileno", &tw::Subscriber::fileno, nb::call_guard<nb::gil_scoped_release>(),
            "A descriptor that polls readable while a message (or end-of-stream) waits.")
-      .def("close", [](tw::Subscriber& s) { s.close(); })
+      .def("close", &tw::Subscriber::close, nb::call_guard<nb::gil_scoped_release>())
       .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
-      .def("__exit__", [](tw::Subscriber& s, nb::args) { s.close(); })
-      .def_prop_ro("closed", &tw::Subscriber::closed, "True once the stream ended (or after close()).")
-      .def_prop_ro("connected", &tw::Subscriber::connected)
-      .def_prop_ro("dropped", &tw::Subscriber::dropped, "Messages the publisher dropped for this subscriber.")
+      .def("__exit__", [](tw::Subscriber& s, nb::args) {
+        nb::gil_scoped_release nogil;
+        s.close();
+      })
+      .def_prop_ro("closed", [](const tw::Subscriber& s) { return closed_nogil(s); },
+                   "True once the stream ended (or after close()).")
+      .def_prop_ro("connected", [](const tw::Subscriber& s) {
+        nb::gil_scoped_release nogil;
+        return s.connected();
+      })
+      .def_prop_ro("dropped", [](const tw::Subscriber& s) {
+        nb::gil_scoped_release nogil;
+        return s.dropped();
+      }, "Messages the publisher dropped for this subscriber; still readable after close().")
       .def_prop_ro("name", &tw::Subscriber::name)
       .def("__repr__", [](const tw::Subscriber& s) {
-        return "tensorwire.Subscriber('" + s.name() + "'" + (s.closed() ? ", closed" : "") + ")";
+        return "tensorwire.Subscriber('" + s.name() + "'" + (closed_nogil(s) ? ", closed" : "") + ")";
       });
 }
 

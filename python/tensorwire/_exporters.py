@@ -24,6 +24,18 @@ def _negative(t):
     return None
 
 
+def _torch_cannot(t):
+    why = _negative(t)
+    if why is not None:
+        return why
+    if t.readonly:
+        # PyTorch has no read-only tensors (torch.from_dlpack ignores DLPack's read-only flag): a zero-copy export
+        # would let an in-place op write into memory that is not ours — for a received tensor, a read-only mapping
+        # of another process's buffer (SIGSEGV) that other subscribers read too.
+        return "the tensor is read-only and PyTorch tensors are always writable"
+    return None
+
+
 def _jax_cannot(t):
     if not t.is_contiguous("any"):
         return f"strides {t.strides} for shape {t.shape} have gaps or broadcasts (XLA takes dense layouts only)"
@@ -42,11 +54,11 @@ def to_numpy(x, *, copy=None):
 
 
 def to_torch(x, *, copy=None):
-    """x as a torch.Tensor through DLPack. PyTorch refuses negative strides: such views are copied (or refused
-    with copy=False)."""
+    """x as a torch.Tensor through DLPack. PyTorch refuses negative strides and has no read-only tensors: such
+    tensors (a received tw.Subscriber message among them) are copied, or refused with copy=False."""
     import torch
 
-    t, _ = _prepare(asarray(x), copy, "PyTorch", _negative)
+    t, _ = _prepare(asarray(x), copy, "PyTorch", _torch_cannot)
     return torch.from_dlpack(t)
 
 

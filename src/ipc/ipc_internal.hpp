@@ -70,8 +70,11 @@ class Mapping {
   Mapping& operator=(const Mapping&) = delete;
   ~Mapping() { reset(); }
 
-  /// Maps `size` bytes of `fd` shared; read-only unless `writable`. MAP_POPULATE when `prefault`.
+  /// Maps `size` bytes of `fd` shared; read-only unless `writable`. Pre-faults (MAP_POPULATE) when `prefault` and
+  /// prefault_allowed(size). Throws Error(out_of_memory) when the address space or memory is exhausted.
   static Mapping map(int fd, size_t size, bool writable, bool prefault);
+  /// Makes the mapping read-only or writable again (a sent loan). Returns false when the kernel refused.
+  bool protect(bool writable) noexcept;
 
   char* data() const noexcept { return static_cast<char*>(p_); }
   size_t size() const noexcept { return n_; }
@@ -90,8 +93,19 @@ void add_seals(int fd, int seals);
 /// Checks that `fd` is a memfd sealed against shrinking whose size is at least `size`; throws Error otherwise.
 void check_sealed(int fd, uint64_t size);
 
-/// Errors from the OS: Error(internal) with strerror(errno) and the call.
+/// Errors from the OS: Error(internal) with strerror(errno) and the call (Error(out_of_memory) for ENOMEM/ENOSPC).
 [[noreturn]] void throw_errno(const std::string& what);
+
+/// Bytes of memory this process can still obtain: the smallest of MemAvailable (/proc/meminfo), the headroom of
+/// its cgroup v2 memory.max, and what RLIMIT_AS leaves of the address space. UINT64_MAX when none can be read.
+uint64_t memory_headroom() noexcept;
+/// Throws Error(out_of_memory) naming `what` when `bytes` of shared memory cannot be had (more than
+/// memory_headroom()): the kernel's OOM killer must never be how a too-large request ends.
+void check_memory_available(uint64_t bytes, const std::string& what);
+/// Whether a mapping of `bytes` may be pre-faulted: at most kMaxPrefaultBytes and half the headroom. Larger ones
+/// fault in lazily (a peer chooses segment and channel sizes; pre-faulting them would let it allocate for us).
+inline constexpr uint64_t kMaxPrefaultBytes = uint64_t{1} << 30;
+bool prefault_allowed(uint64_t bytes) noexcept;
 
 // ---- sockets ----------------------------------------------------------------------------------------------------
 
@@ -114,9 +128,16 @@ struct PeerCred {
 };
 PeerCred peer_credentials(int sock);
 
-/// Sends one packet with up to 4 fds. Waits for room up to `timeout_ms`; returns false when the peer is gone or
-/// stays full.
-bool send_packet(int sock, const void* data, size_t n, std::span<const int> fds, int timeout_ms);
+/// What send_packet achieved.
+enum class SendResult : uint8_t {
+  sent,  ///< the whole packet is queued at the peer
+  full,  ///< the peer's socket buffer stayed full for the whole timeout (a slow reader, still alive)
+  gone,  ///< the peer hung up, or the socket failed
+};
+/// Sends one packet with up to 4 fds, waiting for room up to `timeout_ms` (0: not at all).
+SendResult send_packet(int sock, const void* data, size_t n, std::span<const int> fds, int timeout_ms);
+/// Whether `fd` is an eventfd (a peer could send a pipe or a socket instead, which would block readers).
+bool is_eventfd(int fd) noexcept;
 /// Receives one packet without blocking. Returns: >0 bytes read (fds appended to `fds`, each owned),
 /// 0 when the peer closed, -1 when nothing waits, -2 for a truncated packet (too long or too many fds).
 long recv_packet(int sock, void* buf, size_t cap, std::vector<Fd>& fds);
@@ -213,6 +234,7 @@ static_assert(sizeof(ChannelHeader) == 192);
 /// Sizes of a channel for a depth, metadata capacity and lease table; fills a header (magic, version, layout).
 ChannelHeader make_channel_header(size_t depth, size_t max_metadata_bytes, size_t lease_slots, uint32_t pid);
 /// Validates a channel header read from a peer against the mapping's size; throws Error(invalid_argument).
+/// Call it on a private copy, and build the Ring from that copy.
 void validate_channel(const ChannelHeader& h, uint64_t mapped_bytes);
 
 /// Control messages, one SOCK_SEQPACKET packet each (publisher -> subscriber).
@@ -221,6 +243,13 @@ enum class ControlType : uint16_t {
   segment = 2,  ///< fds: segment memfd; id, size: segment id and bytes
   retire = 3,   ///< id: a segment that leaves the pool (drop the cached mapping)
   bye = 4,      ///< the publisher closes the stream
+  refused = 5,  ///< the publisher turns this subscriber away; id: a RefuseReason
+};
+
+/// Why a publisher refused a subscriber (ControlType::refused).
+enum class RefuseReason : uint64_t {
+  too_many_subscribers = 1,  ///< PublisherOptions::max_subscribers reached
+  no_resources = 2,          ///< the publisher ran out of fds or memory making the channel
 };
 struct ControlWire {
   uint32_t magic;
@@ -273,23 +302,54 @@ inline std::atomic_ref<T> aref(T& x) noexcept {
   return std::atomic_ref<T>(x);
 }
 
+/// What a pop found.
+enum class Pop : uint8_t {
+  empty,    ///< nothing queued
+  popped,   ///< a message was claimed and read
+  corrupt,  ///< the ring's words contradict the protocol (a peer rewrote them): drop that peer
+};
+
 /// A view of a mapped channel: the ring operations both sides use. Single producer (the publisher); consumers are
 /// the subscriber and, to drop the oldest message, the publisher. Cells are claimed by CAS on `head` before being
 /// read, so no cell is ever read while it is written.
+///
+/// The geometry (depth, cells, cell size, offsets, lease slots) is a private copy taken from a header validated
+/// once (or built by make_channel_header); it is never read from shared memory again, so a peer that rewrites the
+/// header cannot make an index or a division go wrong here. Only the protocol words (head, tail, seq, counters)
+/// are read from shared memory, and each is treated as hostile.
 class Ring {
  public:
   Ring() = default;
-  /// `base` points at a channel whose header has been validated (or built by make_channel_header).
-  explicit Ring(char* base) noexcept : base_(base), h_(reinterpret_cast<ChannelHeader*>(base)) {}
+  /// `base` points at the mapped channel; `validated` is a private copy of its header that passed
+  /// validate_channel (or came from make_channel_header).
+  Ring(char* base, const ChannelHeader& validated) noexcept
+      : base_(base),
+        h_(reinterpret_cast<ChannelHeader*>(base)),
+        cells_offset_(validated.cells_offset),
+        cell_bytes_(validated.cell_bytes),
+        leases_offset_(validated.leases_offset),
+        cells_(validated.cells),
+        depth_(validated.depth),
+        lease_slots_(validated.lease_slots),
+        max_metadata_bytes_(validated.max_metadata_bytes) {}
 
+  /// The shared header: only its protocol words may be used (the geometry is in the accessors below).
   ChannelHeader& header() const noexcept { return *h_; }
+  uint32_t depth() const noexcept { return depth_; }
+  uint32_t lease_slots() const noexcept { return lease_slots_; }
+  uint32_t max_metadata_bytes() const noexcept { return max_metadata_bytes_; }
   CellHeader& cell(uint64_t pos) const noexcept {
-    return *reinterpret_cast<CellHeader*>(base_ + h_->cells_offset + (pos % h_->cells) * h_->cell_bytes);
+    return *reinterpret_cast<CellHeader*>(base_ + cells_offset_ + (pos % cells_) * cell_bytes_);
   }
   char* cell_metadata(CellHeader& c) const noexcept { return reinterpret_cast<char*>(&c) + sizeof(CellHeader); }
-  uint32_t& released(uint32_t slot) const noexcept {
-    return reinterpret_cast<uint32_t*>(base_ + h_->leases_offset)[slot];
+  /// The release counter of `slot`, or nullptr when `slot` is outside the lease table.
+  uint32_t* released(uint32_t slot) const noexcept {
+    if (slot >= lease_slots_) return nullptr;
+    return reinterpret_cast<uint32_t*>(base_ + leases_offset_) + slot;
   }
+  /// Publisher side: whether head and tail are consistent (head <= tail <= head + cells). A subscriber that moved
+  /// head past tail, or far behind, broke the protocol.
+  bool sane() const noexcept;
 
   /// Initialises cells' sequence words (publisher, before the channel is shared).
   void init_cells() noexcept;
@@ -297,7 +357,7 @@ class Ring {
   // -- producer --
   /// Messages queued (pushed, not yet claimed).
   uint64_t queued() const noexcept;
-  bool full() const noexcept { return queued() >= h_->depth; }
+  bool full() const noexcept { return queued() >= depth_; }
   /// The cell for the next push, or nullptr when the ring is full or a reader still copies out of that cell.
   CellHeader* begin_push() noexcept;
   /// Publishes the cell from begin_push; wakes a sleeping subscriber. Returns true when the subscriber asked for
@@ -307,9 +367,10 @@ class Ring {
   void close() noexcept;
 
   // -- consumers --
-  /// Claims the oldest message and calls read(CellHeader&) on it before freeing the cell. False when empty.
+  /// Claims the oldest message and calls read(CellHeader&) on it before freeing the cell. Bounded: never spins
+  /// on a cell whose sequence word contradicts head.
   template <class F>
-  bool try_pop(F&& read);
+  Pop try_pop(F&& read);
   bool empty() const noexcept;
   /// After a pop: tells a publisher waiting for room.
   void signal_space() noexcept;
@@ -318,26 +379,31 @@ class Ring {
  private:
   char* base_ = nullptr;
   ChannelHeader* h_ = nullptr;
+  uint64_t cells_offset_ = 0, cell_bytes_ = 0, leases_offset_ = 0;
+  uint32_t cells_ = 1, depth_ = 0, lease_slots_ = 0, max_metadata_bytes_ = 0;
 };
 
 template <class F>
-bool Ring::try_pop(F&& read) {
+Pop Ring::try_pop(F&& read) {
   auto head = aref(h_->head);
-  for (;;) {
+  // Two consumers at most (the subscriber, and the publisher dropping the oldest): a lost CAS means the other one
+  // made progress, so a bounded number of rounds is plenty; more means someone rewrites head under us.
+  for (int round = 0; round < 1024; ++round) {
     uint64_t h = head.load(std::memory_order_seq_cst);
     CellHeader& c = cell(h);
     const uint64_t seq = aref(c.seq).load(std::memory_order_acquire);
     const int64_t diff = static_cast<int64_t>(seq - (h + 1));
-    if (diff < 0) return false;  // not yet written: empty
-    if (diff > 0) {              // another consumer claimed h meanwhile: reload head
-      if (head.load(std::memory_order_seq_cst) == h) return false;  // ...or a corrupt cell: never spin on it
+    if (diff < 0) return Pop::empty;  // not yet written
+    if (diff > 0) {                   // another consumer claimed h meanwhile: reload head
+      if (head.load(std::memory_order_seq_cst) == h) return Pop::corrupt;  // ...or a cell ahead of head
       continue;
     }
     if (!head.compare_exchange_weak(h, h + 1, std::memory_order_acq_rel, std::memory_order_relaxed)) continue;
     read(c);
-    aref(c.seq).store(h + h_->cells, std::memory_order_release);
-    return true;
+    aref(c.seq).store(h + cells_, std::memory_order_release);
+    return Pop::popped;
   }
+  return Pop::corrupt;
 }
 
 }  // namespace tw::ipc_detail

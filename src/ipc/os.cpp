@@ -4,13 +4,16 @@
 #include <linux/futex.h>
 #include <poll.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <climits>
 #include <cstring>
 #include <fstream>
@@ -23,7 +26,113 @@ namespace tw::ipc_detail {
 
 void throw_errno(const std::string& what) {
   const int e = errno;
-  throw Error(ErrorCode::internal, "tensorwire ipc: " + what + " failed: " + std::strerror(e));
+  const ErrorCode code = (e == ENOMEM || e == ENOSPC || e == EFBIG) ? ErrorCode::out_of_memory : ErrorCode::internal;
+  throw Error(code, "tensorwire ipc: " + what + " failed: " + std::strerror(e));
+}
+
+namespace {
+
+// One number from a "Key:   123 kB" line of /proc/meminfo, in bytes; UINT64_MAX when absent.
+uint64_t meminfo_bytes(const char* key) noexcept {
+  FILE* f = std::fopen("/proc/meminfo", "re");
+  if (!f) return UINT64_MAX;
+  char line[256];
+  uint64_t out = UINT64_MAX;
+  const size_t klen = std::strlen(key);
+  while (std::fgets(line, sizeof line, f)) {
+    if (std::strncmp(line, key, klen) == 0 && line[klen] == ':') {
+      unsigned long long kb = 0;
+      if (std::sscanf(line + klen + 1, "%llu", &kb) == 1) out = static_cast<uint64_t>(kb) * 1024;
+      break;
+    }
+  }
+  std::fclose(f);
+  return out;
+}
+
+// A number in a one-line cgroup file ("max" or unreadable: UINT64_MAX).
+uint64_t cgroup_value(const std::string& path) noexcept {
+  FILE* f = std::fopen(path.c_str(), "re");
+  if (!f) return UINT64_MAX;
+  unsigned long long v = 0;
+  const bool ok = std::fscanf(f, "%llu", &v) == 1;
+  std::fclose(f);
+  return ok ? static_cast<uint64_t>(v) : UINT64_MAX;
+}
+
+// The cgroup v2 directory of this process ("" when not on the unified hierarchy).
+std::string cgroup_dir() {
+  FILE* f = std::fopen("/proc/self/cgroup", "re");
+  if (!f) return "";
+  char line[4096];
+  std::string dir;
+  while (std::fgets(line, sizeof line, f)) {
+    if (std::strncmp(line, "0::", 3) == 0) {
+      dir = line + 3;
+      while (!dir.empty() && (dir.back() == '\n' || dir.back() == '\r')) dir.pop_back();
+      break;
+    }
+  }
+  std::fclose(f);
+  return dir.empty() ? "" : "/sys/fs/cgroup" + (dir == "/" ? std::string() : dir);
+}
+
+}  // namespace
+
+uint64_t memory_headroom() noexcept {
+  uint64_t room = meminfo_bytes("MemAvailable");
+  try {
+    // Every cgroup from ours up to the root may limit us: the tightest headroom counts.
+    for (std::string dir = cgroup_dir(); dir.size() > std::strlen("/sys/fs/cgroup");
+         dir = dir.substr(0, dir.rfind('/'))) {
+      const uint64_t max = cgroup_value(dir + "/memory.max"), cur = cgroup_value(dir + "/memory.current");
+      if (max != UINT64_MAX && cur != UINT64_MAX) room = std::min(room, max > cur ? max - cur : 0);
+    }
+  } catch (...) {
+    // no memory for the path strings: MemAvailable alone
+  }
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+    // What the address space has left: the limit minus what is mapped now (VmSize in /proc/self/status).
+    uint64_t vm = UINT64_MAX;
+    if (FILE* f = std::fopen("/proc/self/status", "re")) {
+      char line[256];
+      while (std::fgets(line, sizeof line, f)) {
+        unsigned long long kb;
+        if (std::sscanf(line, "VmSize: %llu kB", &kb) == 1) {
+          vm = static_cast<uint64_t>(kb) * 1024;
+          break;
+        }
+      }
+      std::fclose(f);
+    }
+    if (vm != UINT64_MAX) room = std::min<uint64_t>(room, rl.rlim_cur > vm ? rl.rlim_cur - vm : 0);
+  }
+  return room;
+}
+
+void check_memory_available(uint64_t bytes, const std::string& what) {
+  const uint64_t room = memory_headroom();
+  if (bytes > room)
+    throw Error(ErrorCode::out_of_memory, "tensorwire ipc: " + what + " needs " + std::to_string(bytes) +
+                                              " bytes of shared memory but this process can get about " +
+                                              std::to_string(room) + " (available memory, cgroup and address-space "
+                                              "limits); ask for less, or free memory first");
+}
+
+bool prefault_allowed(uint64_t bytes) noexcept {
+  if (bytes > kMaxPrefaultBytes) return false;
+  const uint64_t room = memory_headroom();
+  return room == UINT64_MAX || bytes <= room / 2;
+}
+
+bool is_eventfd(int fd) noexcept {
+  char path[64], target[64];
+  std::snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  const ssize_t n = ::readlink(path, target, sizeof target - 1);
+  if (n <= 0) return false;
+  target[n] = 0;
+  return std::strcmp(target, "anon_inode:[eventfd]") == 0;
 }
 
 void Fd::reset(int fd) noexcept {
@@ -33,10 +142,14 @@ void Fd::reset(int fd) noexcept {
 
 Mapping Mapping::map(int fd, size_t size, bool writable, bool prefault) {
   int flags = MAP_SHARED;
-  if (prefault) flags |= MAP_POPULATE;
+  if (prefault && prefault_allowed(size)) flags |= MAP_POPULATE;
   void* p = ::mmap(nullptr, size, writable ? PROT_READ | PROT_WRITE : PROT_READ, flags, fd, 0);
   if (p == MAP_FAILED) throw_errno("mmap of " + std::to_string(size) + " bytes");
   return Mapping(p, size);
+}
+
+bool Mapping::protect(bool writable) noexcept {
+  return p_ && ::mprotect(p_, n_, writable ? PROT_READ | PROT_WRITE : PROT_READ) == 0;
 }
 
 void Mapping::reset() noexcept {
@@ -145,7 +258,7 @@ PeerCred peer_credentials(int sock) {
   return PeerCred{c.uid, c.pid};
 }
 
-bool send_packet(int sock, const void* data, size_t n, std::span<const int> fds, int timeout_ms) {
+SendResult send_packet(int sock, const void* data, size_t n, std::span<const int> fds, int timeout_ms) {
   iovec iov{const_cast<void*>(data), n};
   msghdr m{};
   m.msg_iov = &iov;
@@ -164,15 +277,17 @@ bool send_packet(int sock, const void* data, size_t n, std::span<const int> fds,
   }
   for (;;) {
     ssize_t r = ::sendmsg(sock, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (r == static_cast<ssize_t>(n)) return true;
-    if (r >= 0) return false;  // SOCK_SEQPACKET sends whole packets; a short write means trouble
+    if (r == static_cast<ssize_t>(n)) return SendResult::sent;
+    if (r >= 0) return SendResult::gone;  // SOCK_SEQPACKET sends whole packets; a short write means trouble
     if (errno == EINTR) continue;
-    if (errno != EAGAIN) return false;
+    if (errno != EAGAIN && errno != ENOBUFS) return SendResult::gone;
+    if (timeout_ms <= 0) return SendResult::full;
     pollfd p{sock, POLLOUT, 0};
     int pr = ::poll(&p, 1, timeout_ms);
-    if (pr == 0) return false;
-    if (pr < 0 && errno != EINTR) return false;
-    if (p.revents & (POLLHUP | POLLERR)) return false;
+    if (pr == 0) return SendResult::full;
+    if (pr < 0 && errno != EINTR) return SendResult::gone;
+    if (p.revents & (POLLHUP | POLLERR)) return SendResult::gone;
+    timeout_ms = 0;  // one wait at most: a second EAGAIN reports full
   }
 }
 

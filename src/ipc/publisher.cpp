@@ -1,11 +1,20 @@
-// publisher.cpp — the sending end: buffer pool, subscriber channels, the monitor thread that accepts subscribers
-// and notices when they go away.
+// publisher.cpp — the sending end: buffer pool, subscriber channels, the send policy (room, drops, deadlines) and
+// the monitor thread that accepts subscribers and notices when they go away.
 //
-// Locking: one mutex guards the subscriber list and the pool. send() and loan() hold it for the whole operation
-// (messages are thereby ordered); the monitor takes it to add or remove a subscriber, and marks a subscriber dead
-// with an atomic flag *before* taking it, so a send() waiting on a dead subscriber's ring never waits for the
-// monitor. Loaned tensors release their loan with an atomic decrement, from any thread, without the lock.
+// Locking, two mutexes, always taken in this order:
+//  - send_mu_ orders send() and loan(): held for a whole operation, waits included. Nothing else takes it.
+//  - mu_ guards the subscriber list and the pool's slot table. Held only for short steps that never wait: not
+//    across a sleep, a copy of the payload or a blocking syscall. Getters and the monitor take only mu_, so a
+//    send() blocked on a full subscriber never blocks them, and no caller can hold mu_ while waiting for anything
+//    a getter's caller holds (the Python GIL included).
+// A waiting send() watches the subscribers it waits for itself (a zero-timeout poll for hang-up), so a SIGKILLed
+// subscriber releases it without help from the monitor.
+//
+// Delivery is all or none: send() first waits until every live subscriber's ring has a free cell (or makes room
+// under drop_oldest), then pushes to all of them in one critical section. A timeout, an interrupted wait or
+// WouldBlockError leaves every ring as it was.
 #include <poll.h>
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -14,7 +23,9 @@
 #include <algorithm>
 #include <bit>
 #include <chrono>
+#include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "tensorwire/copy.hpp"
@@ -34,6 +45,7 @@ struct Slot {
   Fd fd;
   Mapping map;
   std::atomic<int32_t> loans{0};  // loaned tensors (and their views) alive in this process
+  bool writable = true;           // false once a loan of it was sent: this process's mapping is read-only then
 };
 
 struct Pool {
@@ -59,14 +71,18 @@ struct Sub {
   Ring ring;
   std::vector<uint32_t> sent;       // per slot: messages pushed holding that slot, minus those the publisher dropped
   std::vector<uint64_t> announced;  // per slot: the segment id this subscriber was told about
-  std::atomic<bool> dead{false};
+  std::atomic<bool> dead{false};    // hung up (or broke the protocol): its leases are void
+  bool stalled = false;             // too slow to read control messages: stopped (no more messages), leases kept
   int32_t pid = 0;
 
   bool detached() const noexcept { return aref(ring.header().detached).load(std::memory_order_acquire) != 0; }
+  bool active() const noexcept { return !dead.load(std::memory_order_acquire) && !stalled && !detached(); }
   uint32_t released(size_t slot) const noexcept {
-    return aref(ring.released(static_cast<uint32_t>(slot))).load(std::memory_order_acquire);
+    uint32_t* r = ring.released(static_cast<uint32_t>(slot));
+    return r ? aref(*r).load(std::memory_order_acquire) : 0;
   }
   bool holds(size_t slot) const noexcept { return sent[slot] != released(slot); }
+  uint32_t held(size_t slot) const noexcept { return sent[slot] - released(slot); }
   void notify() noexcept {
     uint64_t one = 1;
     [[maybe_unused]] ssize_t r = ::write(efd.get(), &one, sizeof one);
@@ -80,51 +96,74 @@ struct Sub {
   }
 };
 
-// Waits with a growing pause: spin, then yield, then sleep up to 1 ms. Calls the hook about every 50 ms.
+// A deadline from a Timeout.
+struct Deadline {
+  explicit Deadline(Timeout t) : forever(!t) {
+    if (t) at = Clock::now() + std::clamp(*t, std::chrono::nanoseconds(0), std::chrono::nanoseconds(std::chrono::hours(24 * 365)));
+  }
+  bool expired() const { return !forever && Clock::now() >= at; }
+  int64_t left_ns() const {
+    if (forever) return INT64_MAX;
+    return std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::nanoseconds>(at - Clock::now()).count());
+  }
+  bool forever;
+  Clock::time_point at{};
+};
+
+// A growing pause: spin, then yield, then sleep up to 1 ms (never past the deadline).
 class Backoff {
  public:
-  explicit Backoff(const std::function<void()>* hook) : hook_(hook), last_hook_(Clock::now()) {}
-  void pause() {
+  void pause(const Deadline& d) {
     ++n_;
     if (n_ < 64) {
       __builtin_ia32_pause();
     } else if (n_ < 128) {
       std::this_thread::yield();
     } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(std::min<int>(1000, 20 * (n_ - 127))));
-    }
-    if ((n_ & 15) == 0) tick_hook();
-  }
-  // Calls the hook when 50 ms passed since the last call.
-  void tick_hook() {
-    if (!hook_ || !*hook_) return;
-    auto now = Clock::now();
-    if (now - last_hook_ > std::chrono::milliseconds(50)) {
-      last_hook_ = now;
-      (*hook_)();
+      const int64_t us = std::min<int64_t>({1000, 20 * (n_ - 127), d.left_ns() / 1000 + 1});
+      std::this_thread::sleep_for(std::chrono::microseconds(us));
     }
   }
+  int rounds() const { return n_; }
 
  private:
-  const std::function<void()>* hook_;
-  Clock::time_point last_hook_;
   int n_ = 0;
 };
 
+std::string mib(uint64_t bytes) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  return b;
+}
+
 }  // namespace
+
+class PublisherImpl;
+
+// Every live publisher, so that a fork()ed child can drop its copies of their sockets at once (see on_fork_child).
+struct PublisherRegistry {
+  std::mutex mu;
+  std::set<PublisherImpl*> live;
+};
+PublisherRegistry& publisher_registry() {
+  static auto* r = new PublisherRegistry();  // never destroyed: atfork handlers may run during exit
+  return *r;
+}
+void publishers_prepare_fork() noexcept;
+void publishers_after_fork_parent() noexcept;
+void publishers_after_fork_child() noexcept;
 
 class PublisherImpl {
  public:
-  PublisherImpl(std::string_view name, PublisherOptions opt) : name_(name), opt_(opt) {
+  PublisherImpl(std::string_view name, PublisherOptions opt) : name_(name), opt_(opt), pid_(::getpid()) {
     validate_topic_name(name);
+    if (opt_.max_subscribers < 1)
+      throw Error(ErrorCode::invalid_argument, "max_subscribers must be at least 1");
     channel_proto_ = make_channel_header(opt_.depth, opt_.max_metadata_bytes, opt_.max_buffers,
-                                         static_cast<uint32_t>(::getpid()));
+                                         static_cast<uint32_t>(pid_));
     pool_ = std::make_shared<Pool>(opt_.max_buffers);
     listener_ = listen_abstract(publisher_address(name_));
-    if (!listener_)
-      throw Error(ErrorCode::invalid_argument, "a publisher of topic '" + name_ +
-                                                   "' is already running for this user; close it first or pick "
-                                                   "another name");
+    if (!listener_) throw name_in_use();
     wake_ = Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
     if (!wake_) throw_errno("eventfd");
     {
@@ -139,20 +178,38 @@ class PublisherImpl {
         }
       }
     }
-    monitor_ = std::thread([this] { monitor(); });
+    static std::once_flag atfork_once;
+    std::call_once(atfork_once, [] {
+      ::pthread_atfork(publishers_prepare_fork, publishers_after_fork_parent, publishers_after_fork_child);
+    });
+    {
+      std::lock_guard reg(publisher_registry().mu);
+      publisher_registry().live.insert(this);
+    }
+    monitor_ = std::make_unique<std::thread>([this] { monitor(); });
   }
 
-  ~PublisherImpl() { close(); }
+  ~PublisherImpl() {
+    close();
+    {
+      std::lock_guard reg(publisher_registry().mu);
+      publisher_registry().live.erase(this);
+    }
+    // The thread does not exist in a fork()ed child: never join it there (the handle is leaked on purpose).
+    if (forked_ || ::getpid() != pid_) (void)monitor_.release();
+  }
 
   const std::string& name() const noexcept { return name_; }
   bool closed() const noexcept { return closed_.load(std::memory_order_acquire); }
 
   void close() noexcept {
     if (closed_.exchange(true)) return;
+    if (forked_ || ::getpid() != pid_) return;  // a child's copy: the parent's subscribers are not ours to end
     stop_.store(true);
     uint64_t one = 1;
     [[maybe_unused]] ssize_t r = ::write(wake_.get(), &one, sizeof one);
-    if (monitor_.joinable()) monitor_.join();
+    if (monitor_ && monitor_->joinable()) monitor_->join();
+    std::lock_guard send_lock(send_mu_);  // no send is half done past this point
     std::lock_guard lock(mu_);
     const ControlWire bye = encode_control(ControlType::bye, 0, 0);
     for (auto& s : subs_) {
@@ -165,7 +222,7 @@ class PublisherImpl {
     wake_.reset();
     // Give back every segment no loaned tensor still uses: a closed publisher holds no fds or mappings beyond
     // those (the rest go with the last loan).
-    for (size_t i = 0; i < pool_->count; ++i) {
+    for (size_t i = 0; i < slot_end_; ++i) {
       Slot& sl = pool_->slots[i];
       if (sl.segment_id && sl.loans.load(std::memory_order_acquire) == 0) {
         sl.segment_id = 0;
@@ -179,7 +236,7 @@ class PublisherImpl {
     std::lock_guard lock(mu_);
     reap();
     size_t n = 0;
-    for (auto& s : subs_) n += s->detached() ? 0u : 1u;
+    for (auto& s : subs_) n += s->active() ? 1u : 0u;
     return n;
   }
 
@@ -193,23 +250,21 @@ class PublisherImpl {
   size_t pool_buffers() {
     std::lock_guard lock(mu_);
     size_t n = 0;
-    for (size_t i = 0; i < pool_->count; ++i) n += pool_->slots[i].segment_id ? 1u : 0u;
+    for (size_t i = 0; i < slot_end_; ++i) n += pool_->slots[i].segment_id ? 1u : 0u;
     return n;
   }
 
-  void set_wait_hook(std::function<void()> hook) {
-    std::lock_guard lock(mu_);
-    hook_ = std::move(hook);
-  }
-
-  Tensor loan(const Shape& shape, DType dtype) {
+  Tensor loan(const Shape& shape, DType dtype, Timeout timeout) {
     Layout l{dtype, shape, Layout::contiguous_strides(shape), 0, false};
     l.validate();
-    std::lock_guard lock(mu_);
-    check_open("loan");
-    reap();
-    const size_t slot = acquire_slot(static_cast<size_t>(l.nbytes()));
+    const Deadline deadline(timeout);
+    check_usable("loan");  // before send_mu_: in a fork()ed child it may be held by a thread that is not there
+    std::lock_guard send_lock(send_mu_);
+    std::unique_lock lock(mu_);
+    check_usable("loan");
+    const size_t slot = acquire_slot(static_cast<size_t>(l.nbytes()), deadline, lock, "loan");
     Slot& s = pool_->slots[slot];
+    make_writable(s);
     s.loans.fetch_add(1, std::memory_order_relaxed);
     auto owner = std::make_shared<LoanRef>(pool_, slot);
     auto buf = std::make_shared<Buffer>(s.map.data(), s.map.size(), Device::cpu(), std::move(owner));
@@ -223,8 +278,9 @@ class PublisherImpl {
     return find_slot_of(t.buffer(), off) >= 0;
   }
 
-  size_t send(const Tensor& t, const Metadata& extra) {
-    if (!t.defined()) throw Error(ErrorCode::invalid_argument, "Publisher::send: the tensor is undefined");
+  size_t send(const Tensor& t, const Metadata& extra, Timeout timeout) {
+    if (!t.defined()) throw Error(ErrorCode::invalid_argument, "Publisher::send: the tensor is undefined (a loan "
+                                                               "can be sent once: send consumes it)");
     if (t.device().type != kDLCPU && t.device().type != kDLCUDAHost)
       throw Error(ErrorCode::unsupported, "Publisher::send: a tensor on " + t.device().str() +
                                               " cannot be published through shared memory; copy it to the host first");
@@ -238,9 +294,16 @@ class PublisherImpl {
                                                      std::to_string(meta.size()) + " bytes, more than max_metadata_bytes (" +
                                                      std::to_string(opt_.max_metadata_bytes) + ")");
     }
-    std::lock_guard lock(mu_);
-    check_open("send");
+    const Deadline deadline(timeout);
+    check_usable("send");  // before send_mu_: in a fork()ed child it may be held by a thread that is not there
+    std::lock_guard send_lock(send_mu_);
+    std::unique_lock lock(mu_);
+    check_usable("send");
     reap();
+    if (active_count() == 0) return 0;
+    // 1. Room in every ring first (nothing is packed twice when a wait is retried).
+    wait_for_room(deadline, lock);
+    // 2. The buffer: a loan as it is, or a pool buffer the tensor is packed into.
     size_t alloc_offset = 0;
     long found = find_slot_of(t.buffer(), alloc_offset);
     Layout layout;
@@ -250,40 +313,86 @@ class PublisherImpl {
       layout = t.layout();
       alloc_bytes = t.buffer().size();
     } else {
-      if (active_count() == 0) return 0;
-      check_ring_room_for_raise();
       layout = Layout{t.dtype(), t.shape(), Layout::contiguous_strides(t.shape()), 0, t.subbyte_padded()};
-      slot = acquire_slot(static_cast<size_t>(layout.nbytes()));
+      slot = acquire_slot(static_cast<size_t>(layout.nbytes()), deadline, lock, "send");
       Slot& s = pool_->slots[slot];
+      make_writable(s);
       alloc_bytes = s.map.size();
+      char* dst = s.map.data();
+      // The slot is ours until pushed (only send/loan take slots, and send_mu_ orders them): pack without mu_.
+      lock.unlock();
       if (t.numel() > 0 && t.is_contiguous()) {
         // One memcpy: tw::copy would plan (costly for small messages) and split large copies across its thread
         // pool, which competes with busy-polling peers for the same cores.
-        std::memcpy(s.map.data(), t.data_ptr(), static_cast<size_t>(layout.nbytes()));
+        std::memcpy(dst, t.data_ptr(), static_cast<size_t>(layout.nbytes()));
       } else if (t.numel() > 0) {
-        auto dst_buf = std::make_shared<Buffer>(s.map.data(), s.map.size(), Device::cpu(), nullptr);
+        auto dst_buf = std::make_shared<Buffer>(dst, alloc_bytes, Device::cpu(), nullptr);
         copy(t, Tensor::make(std::move(dst_buf), layout, false));
       }
+      lock.lock();
     }
-    if (active_count() == 0) return 0;
-    const uint64_t seg = pool_->slots[slot].segment_id;
-    for (auto& s : subs_) {
-      if (s->detached() || s->announced[slot] == seg) continue;
-      announce(*s, slot);
-    }
+    // 3. Push to every live subscriber in one critical section. Rings only gain room while we hold send_mu_, and a
+    //    subscriber that joined meanwhile has an empty ring.
     reap();
-    check_ring_room_for_raise();
+    Slot& s = pool_->slots[slot];
+    if (found >= 0 && s.writable) {
+      // A sent loan is read-only here from now on: a stale write through a raw pointer (an __array_interface__
+      // consumer, torch.frombuffer) faults instead of changing what subscribers hold.
+      if (s.map.protect(false)) s.writable = false;
+    }
+    const uint64_t seg = s.segment_id;
     const uint64_t seqno = ++sequence_;
     size_t delivered = 0;
-    for (auto& s : subs_) {
-      if (s->detached() || s->dead.load()) continue;
-      delivered += push(*s, layout, seqno, seg, alloc_offset, alloc_bytes, slot, meta) ? 1u : 0u;
+    for (auto& sp : subs_) {
+      Sub& sub = *sp;
+      if (!sub.active()) continue;
+      if (sub.announced[slot] != seg && !announce(sub, slot)) continue;
+      delivered += push(sub, layout, seqno, seg, alloc_offset, alloc_bytes, slot, meta) ? 1u : 0u;
     }
     return delivered;
   }
 
+  // In a fork()ed child (pthread_atfork, every lock held by publishers_prepare_fork): drop the copies of the
+  // parent's sockets and eventfds, so the parent's subscribers see the parent's hang-up and nothing of the child.
+  void on_fork_child() noexcept {
+    forked_ = true;
+    closed_.store(true);
+    for (auto& s : subs_) {
+      s->sock.reset();
+      s->efd.reset();
+    }
+    subs_.clear();
+    listener_.reset();
+    wake_.reset();
+  }
+  std::mutex& mutex() noexcept { return mu_; }
+
  private:
-  void check_open(const char* what) const {
+  Error name_in_use() const {
+    // Abstract sockets have no permissions: tell another user's squatter from our own running publisher.
+    std::string who;
+    try {
+      if (Fd c = connect_abstract(publisher_address(name_))) {
+        const PeerCred cred = peer_credentials(c.get());
+        if (cred.uid != ::getuid())
+          return Error(ErrorCode::invalid_argument,
+                       "the socket of topic '" + name_ + "' is held by a process of another user (uid " +
+                           std::to_string(cred.uid) + ", pid " + std::to_string(cred.pid) +
+                           "): abstract sockets have no permissions, so any local user can squat a name; pick "
+                           "another topic name");
+        who = " (pid " + std::to_string(cred.pid) + ")";
+      }
+    } catch (const Error&) {
+    }
+    return Error(ErrorCode::invalid_argument, "a publisher of topic '" + name_ + "' is already running for this user" +
+                                                  who + "; close it first or pick another name");
+  }
+
+  void check_usable(const char* what) const {
+    if (forked_ || ::getpid() != pid_)
+      throw Error(ErrorCode::invalid_argument, std::string("Publisher::") + what + ": this publisher of '" + name_ +
+                                                   "' belongs to process " + std::to_string(pid_) +
+                                                   "; a fork()ed child cannot use it (create a new Publisher there)");
     if (closed_.load())
       throw Error(ErrorCode::invalid_argument, std::string("Publisher::") + what + ": the publisher of '" + name_ +
                                                    "' is closed");
@@ -291,22 +400,20 @@ class PublisherImpl {
 
   size_t active_count() const {
     size_t n = 0;
-    for (auto& s : subs_) n += (!s->detached() && !s->dead.load()) ? 1u : 0u;
+    for (auto& s : subs_) n += s->active() ? 1u : 0u;
     return n;
   }
 
-  void check_ring_room_for_raise() {
-    if (opt_.on_full != OnFull::raise) return;
-    for (auto& s : subs_)
-      if (!s->detached() && !s->dead.load() && s->ring.full())
-        throw WouldBlockError("Publisher::send: a subscriber of '" + name_ + "' has " +
-                              std::to_string(opt_.depth) + " unread messages (on_full='raise')");
+  void make_writable(Slot& s) {
+    if (s.writable) return;
+    if (!s.map.protect(true)) throw_errno("mprotect of a pool buffer");
+    s.writable = true;
   }
 
   // The slot whose mapping contains the buffer, or -1. `off` receives the buffer's offset in the segment.
   long find_slot_of(const Buffer& b, size_t& off) const {
     const char* base = static_cast<const char*>(b.base());
-    for (size_t i = 0; i < pool_->count; ++i) {
+    for (size_t i = 0; i < slot_end_; ++i) {
       const Slot& s = pool_->slots[i];
       if (!s.segment_id) continue;
       const char* lo = s.map.data();
@@ -326,18 +433,45 @@ class PublisherImpl {
     return true;
   }
 
+  // Says who holds the pool's buffers: the message of a timeout on an exhausted pool.
+  std::string exhausted_message(const char* what, uint64_t total) const {
+    std::map<int32_t, uint64_t> by_pid;
+    uint64_t loaned = 0, buffers = 0;
+    for (size_t i = 0; i < slot_end_; ++i) {
+      const Slot& s = pool_->slots[i];
+      if (!s.segment_id) continue;
+      ++buffers;
+      if (s.loans.load(std::memory_order_relaxed) != 0) ++loaned;
+      for (auto& sub : subs_)
+        if (!sub->dead.load() && sub->holds(i)) by_pid[sub->pid] += 1;
+    }
+    std::string m = "Publisher::" + std::string(what) + " on '" + name_ + "' timed out: the buffer pool is exhausted (" +
+                    std::to_string(buffers) + " buffers, " + mib(total) + "; max_buffers " +
+                    std::to_string(opt_.max_buffers) + ", pool_bytes " + mib(opt_.pool_bytes) + ")";
+    std::string holders;
+    for (auto& [pid, n] : by_pid)
+      holders += (holders.empty() ? "" : ", ") + ("subscriber pid " + std::to_string(pid) + " holds " +
+                                                  std::to_string(n) + " received tensor(s)' buffers");
+    if (loaned) holders += (holders.empty() ? "" : ", ") + std::to_string(loaned) + " loan(s) alive in this process";
+    if (!holders.empty()) m += ": " + holders;
+    return m + ". A subscriber that keeps received tensors for long should keep copies (np.array(t)) so their "
+               "buffers return to the pool; or raise max_buffers/pool_bytes";
+  }
+
   // A free pool slot of at least `nbytes`, creating or replacing segments as the budget allows; follows the OnFull
-  // policy when the pool is exhausted.
-  size_t acquire_slot(size_t nbytes) {
+  // policy when the pool is exhausted, waiting (without mu_) until the deadline.
+  size_t acquire_slot(size_t nbytes, const Deadline& deadline, std::unique_lock<std::mutex>& lock, const char* what) {
     const size_t cls = std::bit_ceil(std::max(nbytes, kMinSegment));
-    Backoff backoff(&hook_);
+    Backoff backoff;
     for (;;) {
+      reap();
       long empty = -1, exact = -1, larger = -1, other = -1;
-      size_t total = 0;
+      uint64_t total = 0;
       for (size_t i = 0; i < pool_->count; ++i) {
         Slot& s = pool_->slots[i];
         if (!s.segment_id) {
           if (empty < 0) empty = static_cast<long>(i);
+          if (i >= slot_end_) break;  // nothing beyond
           continue;
         }
         total += s.map.size();
@@ -351,7 +485,8 @@ class PublisherImpl {
       }
       if (exact >= 0) return static_cast<size_t>(exact);
       if (larger >= 0) return static_cast<size_t>(larger);
-      if (empty >= 0 && (total + cls <= opt_.pool_bytes || total == 0)) return create_segment(static_cast<size_t>(empty), cls);
+      if (empty >= 0 && (total + cls <= opt_.pool_bytes || total == 0))
+        return create_segment(static_cast<size_t>(empty), cls, what);
       if (other >= 0) {  // make room: retire a free segment of another size
         retire(static_cast<size_t>(other));
         continue;
@@ -359,24 +494,35 @@ class PublisherImpl {
       // Exhausted: every buffer is loaned, queued or held by a subscriber.
       if (opt_.on_full == OnFull::raise)
         throw WouldBlockError("tensorwire publisher '" + name_ + "': the buffer pool is exhausted (" +
-                              std::to_string(pool_->count) + " buffers, pool_bytes " + std::to_string(opt_.pool_bytes) +
-                              "); subscribers hold every buffer (on_full='raise')");
+                              std::to_string(pool_->count) + " buffers at most, pool_bytes " +
+                              std::to_string(opt_.pool_bytes) + "); subscribers hold every buffer (on_full='raise')");
       if (opt_.on_full == OnFull::drop_oldest && drop_one_queued()) continue;
-      backoff.pause();
-      reap();
+      // Never wait for the dead: look at the holders ourselves (the monitor may be busy).
+      bool any_died = false;
+      for (auto& sub : subs_)
+        if (!sub->dead.load() && sub->hung_up()) any_died = true;
+      if (any_died) continue;
+      if (deadline.expired()) throw TimeoutError(exhausted_message(what, total));
+      lock.unlock();
+      backoff.pause(deadline);
+      lock.lock();
+      check_usable(what);
     }
   }
 
-  size_t create_segment(size_t i, size_t bytes) {
+  size_t create_segment(size_t i, size_t bytes, const char* what) {
+    check_memory_available(bytes, std::string("Publisher::") + what + " on '" + name_ + "'");
     Slot& s = pool_->slots[i];
     const uint64_t id = next_segment_id_++;
     Fd fd = make_memfd("tensorwire:" + name_ + ":" + std::to_string(id), bytes);
-    Mapping map = Mapping::map(fd.get(), bytes, true, true);  // pre-faulted: a fresh page costs ~10 us later
+    Mapping map = Mapping::map(fd.get(), bytes, true, true);  // pre-faulted (within bounds): a fresh page costs ~10 us
     // Readers map it read-only, and no peer can ever map it writable again (our mapping stays writable).
     add_seals(fd.get(), F_SEAL_FUTURE_WRITE | F_SEAL_SEAL);
     s.fd = std::move(fd);
     s.map = std::move(map);
     s.segment_id = id;
+    s.writable = true;
+    slot_end_ = std::max(slot_end_, i + 1);
     return i;
   }
 
@@ -385,22 +531,105 @@ class PublisherImpl {
     const ControlWire w = encode_control(ControlType::retire, s.segment_id, 0);
     for (auto& sub : subs_)
       if (sub->announced[i] == s.segment_id) {
-        if (!send_packet(sub->sock.get(), &w, sizeof w, {}, 1000)) sub->dead.store(true);
+        // Not sent: the subscriber keeps a stale mapping (harmless: no message names that segment again) unless
+        // it is gone; a full socket stops the subscriber.
+        control_failed(*sub, send_packet(sub->sock.get(), &w, sizeof w, {}, 0));
         sub->announced[i] = 0;
       }
     s.segment_id = 0;
     s.map.reset();
     s.fd.reset();
+    s.writable = true;
   }
 
-  void announce(Sub& sub, size_t slot) {
+  // Announces a slot's segment; false when the subscriber could not take it (then it is stopped or dead).
+  bool announce(Sub& sub, size_t slot) {
     const Slot& s = pool_->slots[slot];
     const ControlWire w = encode_control(ControlType::segment, s.segment_id, s.map.size());
     const int fd = s.fd.get();
-    if (send_packet(sub.sock.get(), &w, sizeof w, std::span<const int>(&fd, 1), 1000))
+    const SendResult r = send_packet(sub.sock.get(), &w, sizeof w, std::span<const int>(&fd, 1), 0);
+    if (r == SendResult::sent) {
       sub.announced[slot] = s.segment_id;
-    else
+      return true;
+    }
+    control_failed(sub, r);
+    return false;
+  }
+
+  // A control packet did not go out: a hung-up peer is dead (its leases go); a live one whose socket buffer is
+  // full reads too lazily to follow the pool: it is stopped — its stream ends after what it has queued — but its
+  // leases are honoured until it actually hangs up, because it still maps the buffers.
+  void control_failed(Sub& sub, SendResult r) {
+    if (r == SendResult::sent) return;
+    if (r == SendResult::gone) {
       sub.dead.store(true);
+      return;
+    }
+    if (!sub.stalled) {
+      sub.stalled = true;
+      sub.ring.close();
+      sub.notify();
+    }
+  }
+
+  // A subscriber that broke the ring protocol is dropped: its socket is shut down, so it sees its stream end.
+  void drop_broken(Sub& sub) {
+    sub.dead.store(true);
+    ::shutdown(sub.sock.get(), SHUT_RDWR);
+  }
+
+  // Waits until every active subscriber's ring has a free cell, applying the OnFull policy to full ones.
+  void wait_for_room(const Deadline& deadline, std::unique_lock<std::mutex>& lock) {
+    Backoff backoff;
+    for (;;) {
+      reap();
+      std::shared_ptr<Sub> blocked;
+      for (auto& sp : subs_) {
+        Sub& s = *sp;
+        if (!s.active()) continue;
+        if (!s.ring.sane()) {
+          drop_broken(s);
+          continue;
+        }
+        if (s.ring.begin_push()) continue;
+        if (s.ring.full()) {
+          if (opt_.on_full == OnFull::raise)
+            throw WouldBlockError("Publisher::send: a subscriber of '" + name_ + "' (pid " + std::to_string(s.pid) +
+                                  ") has " + std::to_string(opt_.depth) + " unread messages (on_full='raise')");
+          if (opt_.on_full == OnFull::drop_oldest) {
+            if (drop_oldest(s) == Pop::corrupt) {
+              drop_broken(s);
+              continue;
+            }
+            if (s.ring.begin_push()) continue;
+          }
+        }
+        blocked = sp;
+        break;
+      }
+      if (!blocked) return;
+      if (blocked->hung_up()) continue;
+      if (deadline.expired())
+        throw TimeoutError("Publisher::send on '" + name_ + "' timed out: subscriber pid " +
+                           std::to_string(blocked->pid) + " has " + std::to_string(blocked->ring.queued()) +
+                           " unread messages (depth " + std::to_string(opt_.depth) +
+                           "); nobody received this message. Use on_full='drop_oldest' to never wait for a slow "
+                           "subscriber");
+      lock.unlock();
+      if (backoff.rounds() < 128) {
+        backoff.pause(deadline);  // a reader still copying out of the cell, or a ring about to drain
+      } else {
+        // Sleep until the subscriber pops (it bumps space_word), in slices that re-check its liveness.
+        ChannelHeader& h = blocked->ring.header();
+        const uint32_t seen = aref(h.space_word).load(std::memory_order_seq_cst);
+        aref(h.producer_waiting).store(1, std::memory_order_seq_cst);
+        if (!blocked->ring.begin_push()) futex_wait(&h.space_word, seen, std::min<int64_t>(deadline.left_ns(), 2'000'000));
+        aref(h.producer_waiting).store(0, std::memory_order_relaxed);
+      }
+      blocked.reset();
+      lock.lock();
+      check_usable("send");
+    }
   }
 
   // Drops the oldest queued message of the subscriber with the most queued (drop_oldest on an exhausted pool).
@@ -408,84 +637,97 @@ class PublisherImpl {
     Sub* victim = nullptr;
     uint64_t most = 0;
     for (auto& s : subs_) {
-      if (s->dead.load()) continue;
+      if (!s->active()) continue;
       uint64_t q = s->ring.queued();
       if (q > most) most = q, victim = s.get();
     }
-    return victim && drop_oldest(*victim);
+    if (!victim) return false;
+    const Pop r = drop_oldest(*victim);
+    if (r == Pop::corrupt) drop_broken(*victim);
+    return r != Pop::empty;
   }
 
-  bool drop_oldest(Sub& s) {
+  // Pops one message the subscriber has not read and forgets its lease (the lease slot read back from the ring is
+  // hostile: checked before use).
+  Pop drop_oldest(Sub& s) {
     uint32_t slot = UINT32_MAX;
-    if (!s.ring.try_pop([&](CellHeader& c) { slot = c.msg.lease_slot; })) return false;
-    if (slot < s.sent.size()) --s.sent[slot];
+    const Pop r = s.ring.try_pop([&](CellHeader& c) { slot = aref(c.msg.lease_slot).load(std::memory_order_relaxed); });
+    if (r != Pop::popped) return r;
+    if (slot < s.sent.size() && s.sent[slot] != 0) --s.sent[slot];
     aref(s.ring.header().dropped).fetch_add(1, std::memory_order_relaxed);
-    return true;
+    return r;
   }
 
   bool push(Sub& s, const Layout& layout, uint64_t seqno, uint64_t seg, size_t alloc_offset, size_t alloc_bytes,
             size_t slot, const std::string& meta) {
-    Backoff backoff(&hook_);
-    for (int attempt = 0;; ++attempt) {
-      if (CellHeader* c = s.ring.begin_push()) {
-        encode_message(c->msg, layout, seqno, seg, alloc_offset, alloc_bytes, static_cast<uint32_t>(slot),
-                       static_cast<uint32_t>(meta.size()));
-        if (!meta.empty()) std::memcpy(s.ring.cell_metadata(*c), meta.data(), meta.size());
-        ++s.sent[slot];
-        if (s.ring.commit_push()) s.notify();
-        return true;
-      }
-      if (s.hung_up() || s.detached()) return false;
-      if (opt_.on_full == OnFull::drop_oldest && s.ring.full()) {
-        drop_oldest(s);
+    CellHeader* c = s.ring.begin_push();
+    if (!c) return false;  // cannot happen after wait_for_room; never wait here (all or none)
+    encode_message(c->msg, layout, seqno, seg, alloc_offset, alloc_bytes, static_cast<uint32_t>(slot),
+                   static_cast<uint32_t>(meta.size()));
+    if (!meta.empty()) std::memcpy(s.ring.cell_metadata(*c), meta.data(), meta.size());
+    ++s.sent[slot];
+    if (s.ring.commit_push()) s.notify();
+    return true;
+  }
+
+  // Removes subscribers marked dead; their leases go with them. A detached subscriber (closed, still holding
+  // tensors) delivers nothing more: a message pushed after it detached is taken back here so its lease is not lost.
+  void reap() {
+    for (auto it = subs_.begin(); it != subs_.end();) {
+      Sub& s = **it;
+      if (s.dead.load()) {
+        dropped_gone_ += aref(s.ring.header().dropped).load(std::memory_order_relaxed);
+        it = subs_.erase(it);
         continue;
       }
-      if (attempt < 128) {  // a reader still copying out of the cell, or a ring about to drain
-        backoff.pause();
-        continue;
+      if (s.detached()) {
+        for (int i = 0; i < 4096; ++i) {
+          uint32_t slot = UINT32_MAX;
+          const Pop r = s.ring.try_pop([&](CellHeader& c) { slot = aref(c.msg.lease_slot).load(std::memory_order_relaxed); });
+          if (r != Pop::popped) break;
+          if (slot < s.sent.size() && s.sent[slot] != 0) --s.sent[slot];
+        }
       }
-      // Sleep until the subscriber pops (it bumps space_word), in slices that re-check its liveness.
-      ChannelHeader& h = s.ring.header();
-      const uint32_t seen = aref(h.space_word).load(std::memory_order_seq_cst);
-      aref(h.producer_waiting).store(1, std::memory_order_seq_cst);
-      if (!s.ring.begin_push()) futex_wait(&h.space_word, seen, 2'000'000);
-      aref(h.producer_waiting).store(0, std::memory_order_relaxed);
-      backoff.tick_hook();
+      ++it;
     }
   }
 
-  // Removes subscribers marked dead; their leases go with them.
-  void reap() {
-    for (auto it = subs_.begin(); it != subs_.end();) {
-      if ((*it)->dead.load()) {
-        dropped_gone_ += aref((*it)->ring.header().dropped).load(std::memory_order_relaxed);
-        it = subs_.erase(it);
-      } else {
-        ++it;
-      }
-    }
+  void refuse(Fd& sock, RefuseReason why) {
+    const ControlWire w = encode_control(ControlType::refused, static_cast<uint64_t>(why), 0);
+    send_packet(sock.get(), &w, sizeof w, {}, 0);
   }
 
   void add_subscriber(Fd sock) {
     const PeerCred cred = peer_credentials(sock.get());
     if (!opt_.allow_other_users && cred.uid != ::getuid()) return;  // refused: closing the socket tells the peer
+    reap();
+    if (subs_.size() >= opt_.max_subscribers) {
+      refuse(sock, RefuseReason::too_many_subscribers);
+      return;
+    }
     auto sub = std::make_shared<Sub>();
     sub->pid = cred.pid;
     const ChannelHeader& proto = channel_proto_;
-    Fd chan_fd = make_memfd("tensorwire:" + name_ + ":channel", proto.total_bytes);
-    sub->chan = Mapping::map(chan_fd.get(), proto.total_bytes, true, true);
-    std::memcpy(sub->chan.data(), &proto, sizeof proto);
-    add_seals(chan_fd.get(), F_SEAL_SEAL);
-    sub->ring = Ring(sub->chan.data());
-    sub->ring.init_cells();
-    sub->efd = Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-    if (!sub->efd) throw_errno("eventfd");
+    Fd chan_fd;
+    try {
+      chan_fd = make_memfd("tensorwire:" + name_ + ":channel", proto.total_bytes);
+      sub->chan = Mapping::map(chan_fd.get(), proto.total_bytes, true, true);
+      std::memcpy(sub->chan.data(), &proto, sizeof proto);
+      add_seals(chan_fd.get(), F_SEAL_SEAL);
+      sub->ring = Ring(sub->chan.data(), proto);
+      sub->ring.init_cells();
+      sub->efd = Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+      if (!sub->efd) throw_errno("eventfd");
+    } catch (const Error&) {
+      refuse(sock, RefuseReason::no_resources);
+      return;
+    }
     sub->sock = std::move(sock);
     sub->sent.assign(pool_->count, 0);
     sub->announced.assign(pool_->count, 0);
     const ControlWire w = encode_control(ControlType::welcome, 0, proto.total_bytes);
     const int fds[2] = {chan_fd.get(), sub->efd.get()};
-    if (!send_packet(sub->sock.get(), &w, sizeof w, fds, 1000)) return;
+    if (send_packet(sub->sock.get(), &w, sizeof w, fds, 100) != SendResult::sent) return;
     subs_.push_back(std::move(sub));
     uint64_t one = 1;
     [[maybe_unused]] ssize_t r = ::write(wake_.get(), &one, sizeof one);
@@ -494,11 +736,13 @@ class PublisherImpl {
   void monitor() {
     std::vector<pollfd> fds;
     std::vector<std::shared_ptr<Sub>> watched;
+    Clock::time_point accept_paused_until{};
     while (!stop_.load()) {
       fds.clear();
       watched.clear();
+      const bool accepting = Clock::now() >= accept_paused_until;
       fds.push_back({wake_.get(), POLLIN, 0});
-      fds.push_back({listener_.get(), POLLIN, 0});
+      fds.push_back({accepting ? listener_.get() : -1, POLLIN, 0});
       {
         std::lock_guard lock(mu_);
         for (auto& s : subs_) {
@@ -506,13 +750,13 @@ class PublisherImpl {
           watched.push_back(s);
         }
       }
-      if (::poll(fds.data(), fds.size(), -1) < 0) continue;
+      if (::poll(fds.data(), fds.size(), accepting ? -1 : 100) < 0) continue;
       if (fds[0].revents) {
         uint64_t v;
         [[maybe_unused]] ssize_t r = ::read(wake_.get(), &v, sizeof v);
       }
       if (stop_.load()) break;
-      // First mark the dead (no lock: a send() may be waiting on one of them), then take the lock.
+      // First mark the dead (no lock needed), then take the lock to remove them.
       bool any_dead = false;
       for (size_t i = 0; i < watched.size(); ++i) {
         const short ev = fds[i + 2].revents;
@@ -533,10 +777,16 @@ class PublisherImpl {
         std::lock_guard lock(mu_);
         reap();
       }
-      if (fds[1].revents & POLLIN) {
-        for (;;) {
+      if (accepting && (fds[1].revents & POLLIN)) {
+        for (int n = 0; n < 64; ++n) {
           Fd s(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
-          if (!s) break;
+          if (!s) {
+            // Out of fds: the connection stays queued and the listener stays readable; pause accepting for a
+            // while instead of spinning on it.
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+              accept_paused_until = Clock::now() + std::chrono::milliseconds(100);
+            break;
+          }
           std::lock_guard lock(mu_);
           try {
             add_subscriber(std::move(s));
@@ -550,16 +800,40 @@ class PublisherImpl {
 
   std::string name_;
   PublisherOptions opt_;
+  pid_t pid_;
   ChannelHeader channel_proto_{};
   std::shared_ptr<Pool> pool_;
+  size_t slot_end_ = 0;  // 1 + the highest slot index that ever held a segment: scans stop there
   Fd listener_, wake_;
-  std::mutex mu_;
+  std::mutex send_mu_, mu_;
   std::vector<std::shared_ptr<Sub>> subs_;
-  std::function<void()> hook_;
   uint64_t next_segment_id_ = 1, sequence_ = 0, dropped_gone_ = 0;
   std::atomic<bool> closed_{false}, stop_{false};
-  std::thread monitor_;
+  bool forked_ = false;
+  std::unique_ptr<std::thread> monitor_;
 };
+
+// pthread_atfork: hold every publisher's state lock across fork() (it is only ever held briefly) so the child sees
+// consistent state, then drop the child's copies of their sockets. send_mu_ is not taken: a send blocked on a slow
+// subscriber must not hold up fork(); the child never takes send_mu_ (it checks that it is a child first).
+void publishers_prepare_fork() noexcept {
+  auto& reg = publisher_registry();
+  reg.mu.lock();
+  for (PublisherImpl* p : reg.live) p->mutex().lock();
+}
+void publishers_after_fork_parent() noexcept {
+  auto& reg = publisher_registry();
+  for (PublisherImpl* p : reg.live) p->mutex().unlock();
+  reg.mu.unlock();
+}
+void publishers_after_fork_child() noexcept {
+  auto& reg = publisher_registry();
+  for (PublisherImpl* p : reg.live) {
+    p->on_fork_child();
+    p->mutex().unlock();
+  }
+  reg.mu.unlock();
+}
 
 }  // namespace ipc_detail
 
@@ -576,8 +850,17 @@ ipc_detail::PublisherImpl& get(const std::unique_ptr<ipc_detail::PublisherImpl>&
 }
 }  // namespace
 
-Tensor Publisher::loan(const Shape& shape, DType dtype) { return get(impl_, "loan").loan(shape, dtype); }
-size_t Publisher::send(const Tensor& t, const Metadata& extra) { return get(impl_, "send").send(t, extra); }
+Tensor Publisher::loan(const Shape& shape, DType dtype, Timeout timeout) {
+  return get(impl_, "loan").loan(shape, dtype, timeout);
+}
+size_t Publisher::send(const Tensor& t, const Metadata& extra, Timeout timeout) {
+  return get(impl_, "send").send(t, extra, timeout);
+}
+size_t Publisher::send(Tensor&& t, const Metadata& extra, Timeout timeout) {
+  const size_t n = get(impl_, "send").send(t, extra, timeout);
+  t = Tensor();  // consumed only once delivered: a failed send leaves the caller's tensor usable
+  return n;
+}
 void Publisher::close() noexcept {
   if (impl_) impl_->close();
 }
@@ -590,6 +873,5 @@ size_t Publisher::subscriber_count() const { return get(impl_, "subscriber_count
 uint64_t Publisher::dropped() const { return get(impl_, "dropped").dropped(); }
 size_t Publisher::pool_buffers() const { return get(impl_, "pool_buffers").pool_buffers(); }
 bool Publisher::owns(const Tensor& t) const { return impl_ && impl_->owns(t); }
-void Publisher::set_wait_hook(std::function<void()> hook) { get(impl_, "set_wait_hook").set_wait_hook(std::move(hook)); }
 
 }  // namespace tw

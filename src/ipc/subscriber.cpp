@@ -1,6 +1,14 @@
 // subscriber.cpp — the receiving end: connection (or waiting for a publisher), the channel, cached segment
-// mappings, leases, and the wait strategy (bounded spin, then a futex sleep in slices that also watch the socket).
+// mappings, leases, and the wait strategy (a short spin that yields the core, then a futex sleep in slices that
+// also watch the socket).
+//
+// Locking: mu_ guards the connection state and the segment cache and orders takes from the ring. It is held only
+// for short steps and never while waiting: threads in recv() sleep on the ring's futex without it, so several
+// threads may wait in recv() on one Subscriber, and getters never wait for a sleeping recv().
+#include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -9,6 +17,7 @@
 #include <chrono>
 #include <cstdio>
 #include <mutex>
+#include <set>
 #include <unordered_map>
 
 #include "ipc_internal.hpp"
@@ -19,9 +28,10 @@ namespace ipc_detail {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr auto kSpin = std::chrono::microseconds(50);          // busy hand-off window before sleeping
-constexpr int64_t kSliceNs = 50'000'000;                        // futex sleeps in slices that check the socket
-constexpr size_t kMaxSegments = 1 << 16;                        // mappings a publisher may make us cache
+constexpr auto kSpin = std::chrono::microseconds(50);  // busy hand-off window before sleeping
+constexpr auto kPureSpin = std::chrono::microseconds(2);  // ...of which the first part never yields the core
+constexpr int64_t kSliceNs = 50'000'000;                  // futex sleeps in slices that check the socket
+constexpr size_t kMaxSegments = 1 << 16;                  // mappings a publisher may make us cache
 
 // The channel and the connection, shared by the subscriber and every lease: the socket stays open (so the
 // publisher keeps our leases) until the subscriber is closed *and* the last received tensor is gone.
@@ -29,7 +39,7 @@ struct Channel {
   Fd conn;
   Mapping map;
   Ring ring;
-  uint32_t lease_slots = 0;
+  pid_t pid = ::getpid();  // the process whose leases these are: a fork()ed child never releases them
 };
 
 // Owner of a received tensor's Buffer.
@@ -38,7 +48,10 @@ struct Lease {
       : chan(std::move(c)), segment(std::move(s)), slot(sl) {}
   Lease(const Lease&) = delete;
   Lease& operator=(const Lease&) = delete;
-  ~Lease() { aref(chan->ring.released(slot)).fetch_add(1, std::memory_order_release); }
+  ~Lease() {
+    if (::getpid() != chan->pid) return;  // a fork()ed child's copy of the parent's tensor: not its lease
+    if (uint32_t* r = chan->ring.released(slot)) aref(*r).fetch_add(1, std::memory_order_release);
+  }
   std::shared_ptr<Channel> chan;
   std::shared_ptr<Mapping> segment;
   uint32_t slot;
@@ -46,11 +59,29 @@ struct Lease {
 
 std::atomic<uint32_t> g_listener_counter{0};
 
+[[noreturn]] void broken(const std::string& name, const std::string& what) {
+  throw Error(ErrorCode::invalid_argument,
+              "Subscriber('" + name + "'): the publisher broke the protocol (" + what + "); its stream is ended");
+}
+
 }  // namespace
+
+class SubscriberImpl;
+struct SubscriberRegistry {
+  std::mutex mu;
+  std::set<SubscriberImpl*> live;
+};
+SubscriberRegistry& subscriber_registry() {
+  static auto* r = new SubscriberRegistry();  // never destroyed: atfork handlers may run during exit
+  return *r;
+}
+void subscribers_prepare_fork() noexcept;
+void subscribers_after_fork_parent() noexcept;
+void subscribers_after_fork_child() noexcept;
 
 class SubscriberImpl {
  public:
-  SubscriberImpl(std::string_view name, SubscriberOptions opt) : name_(name), opt_(opt) {
+  SubscriberImpl(std::string_view name, SubscriberOptions opt) : name_(name), opt_(opt), pid_(::getpid()) {
     validate_topic_name(name);
     epfd_ = Fd(::epoll_create1(EPOLL_CLOEXEC));
     if (!epfd_) throw_errno("epoll_create1");
@@ -63,20 +94,38 @@ class SubscriberImpl {
     }
     if (!listener_) throw Error(ErrorCode::internal, "Subscriber: no free socket address for topic '" + name_ + "'");
     watch(listener_.get(), EPOLLIN);
-    std::lock_guard lock(mu_);
-    if (Fd c = connect_abstract(publisher_address(name_))) {
-      adopt_connection(std::move(c));
-      // Wait for the publisher's welcome so every message sent after this constructor returns reaches us.
-      const auto deadline = Clock::now() + std::chrono::seconds(2);
-      while (!welcomed_ && !peer_gone_ && Clock::now() < deadline) {
-        pollfd p{chan_->conn.get(), POLLIN, 0};
-        ::poll(&p, 1, 20);
-        process_control();
+    static std::once_flag atfork_once;
+    std::call_once(atfork_once, [] {
+      ::pthread_atfork(subscribers_prepare_fork, subscribers_after_fork_parent, subscribers_after_fork_child);
+    });
+    {
+      std::lock_guard reg(subscriber_registry().mu);
+      subscriber_registry().live.insert(this);
+    }
+    try {
+      std::lock_guard lock(mu_);
+      if (Fd c = connect_abstract(publisher_address(name_))) {
+        adopt_connection(std::move(c));
+        // Wait for the publisher's welcome so every message sent after this constructor returns reaches us.
+        const auto deadline = Clock::now() + std::chrono::seconds(2);
+        while (!welcomed_ && !peer_gone_ && Clock::now() < deadline) {
+          pollfd p{chan_->conn.get(), POLLIN, 0};
+          ::poll(&p, 1, 20);
+          process_control();
+        }
       }
+    } catch (...) {
+      std::lock_guard reg(subscriber_registry().mu);
+      subscriber_registry().live.erase(this);
+      throw;
     }
   }
 
-  ~SubscriberImpl() { close(); }
+  ~SubscriberImpl() {
+    close();
+    std::lock_guard reg(subscriber_registry().mu);
+    subscriber_registry().live.erase(this);
+  }
 
   const std::string& name() const noexcept { return name_; }
 
@@ -84,13 +133,18 @@ class SubscriberImpl {
     std::lock_guard lock(mu_);
     if (user_closed_) return;
     user_closed_ = true;
-    if (chan_ && welcomed_) {
+    user_closed_flag_.store(true, std::memory_order_release);
+    if (chan_ && welcomed_ && !forked_) {
+      dropped_ = aref(chan_->ring.header().dropped).load(std::memory_order_relaxed);
       // Tell the publisher to deliver nothing more; release what is queued. Leases of tensors still alive keep the
       // socket (and with it our claim on their buffers) open until they are gone.
       aref(chan_->ring.header().detached).store(1, std::memory_order_seq_cst);
-      while (chan_->ring.try_pop([&](CellHeader& c) { release_slot(c.msg.lease_slot); })) {
-      }
+      for (int i = 0; i < (1 << 20); ++i)
+        if (chan_->ring.try_pop([&](CellHeader& c) { release_slot(c.msg.lease_slot); }) != Pop::popped) break;
       chan_->ring.signal_space();
+      // Wake every thread asleep in recv(): they see the subscriber closed.
+      aref(chan_->ring.header().futex_word).fetch_add(1, std::memory_order_seq_cst);
+      futex_wake_all(&chan_->ring.header().futex_word);
     }
     chan_.reset();
     segments_.clear();
@@ -106,17 +160,18 @@ class SubscriberImpl {
 
   bool connected() const noexcept {
     std::lock_guard lock(mu_);
-    return !user_closed_ && welcomed_ && !peer_gone_ && !chan_->ring.closed();
+    return !user_closed_ && !forked_ && welcomed_ && !peer_gone_ && !chan_->ring.closed();
   }
 
   uint64_t dropped() const noexcept {
     std::lock_guard lock(mu_);
-    if (!chan_ || !welcomed_) return 0;
+    if (!chan_ || !welcomed_) return dropped_;  // kept at close(): the count stays readable
     return aref(chan_->ring.header().dropped).load(std::memory_order_relaxed);
   }
 
   int fileno() {
     std::lock_guard lock(mu_);
+    check_usable("fileno");
     if (user_closed_) throw Error(ErrorCode::invalid_argument, "Subscriber::fileno: the subscriber is closed");
     // A publisher that already connected to our waiting socket: take it now, so that socket does not read as a
     // message waiting. (One that connects later makes the descriptor readable once; recv then handles it.)
@@ -128,76 +183,137 @@ class SubscriberImpl {
     return epfd_.get();
   }
 
+  // One look, never waiting for anything: a message, or empty. `busy` is set (and nothing done) when another
+  // thread holds the lock — for callers that must not block (the Python binding with the GIL held).
+  std::optional<Tensor> poll_nowait(bool& busy) {
+    std::unique_lock lock(mu_, std::try_to_lock);
+    busy = !lock.owns_lock();
+    if (busy || user_closed_ || forked_ || !welcomed_) return std::nullopt;
+    return try_take();
+  }
+
   std::optional<Tensor> recv(Clock::time_point deadline, bool interruptible, bool& interrupted) {
-    std::lock_guard lock(mu_);
     interrupted = false;
-    if (user_closed_) return std::nullopt;
     bool spun = false;
     for (;;) {
-      if (!welcomed_ && !peer_gone_) wait_for_publisher(0);  // accept / read the welcome without blocking
-      if (welcomed_) {
-        if (auto t = try_take()) return t;
-        if (peer_gone_ || chan_->ring.closed()) {
-          if (chan_->ring.empty()) {
-            eos_ = true;
-            if (fd_mode_) settle_eventfd();
-            return std::nullopt;
+      std::shared_ptr<Channel> chan;
+      int wait_fd = -1;
+      {
+        std::lock_guard lock(mu_);
+        check_usable("recv");
+        if (user_closed_) return std::nullopt;
+        if (!welcomed_ && !peer_gone_) wait_for_publisher(0);  // accept / read the welcome without blocking
+        if (welcomed_) {
+          if (auto t = try_take()) return t;
+          if (peer_gone_ || chan_->ring.closed()) {
+            if (chan_->ring.empty()) {
+              set_eos();
+              return std::nullopt;
+            }
+            continue;
           }
-          continue;
+        } else if (peer_gone_) {
+          set_eos();
+          return std::nullopt;
         }
-      } else if (peer_gone_) {
-        eos_ = true;
-        return std::nullopt;
-      }
-      const auto now = Clock::now();
-      if (now >= deadline) {
-        // Notice a dead publisher even when polled with zero timeouts, without a syscall on every poll.
-        if (chan_ && (fd_mode_ || now - last_peer_check_ > std::chrono::milliseconds(5))) {
-          last_peer_check_ = now;
-          process_control();
+        const auto now = Clock::now();
+        if (now >= deadline) {
+          // Notice a dead publisher even when polled with zero timeouts, without a syscall on every poll.
+          if (chan_ && (fd_mode_ || now - last_peer_check_ > std::chrono::milliseconds(5))) {
+            last_peer_check_ = now;
+            process_control();
+          }
+          if (fd_mode_ && welcomed_) settle_eventfd();
+          if (welcomed_ && !chan_->ring.empty()) continue;  // try_take above settles it next round: bounded
+          return std::nullopt;
         }
-        if (fd_mode_ && welcomed_) settle_eventfd();
-        if (welcomed_ && !chan_->ring.empty()) continue;
-        return std::nullopt;
+        if (!welcomed_) {
+          wait_fd = chan_ ? chan_->conn.get() : listener_.get();
+        } else {
+          chan = chan_;
+        }
       }
-      if (!welcomed_) {
-        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();
-        wait_for_publisher(static_cast<int>(std::clamp<int64_t>(left, 1, 50)));
+      // Wait without the lock.
+      if (!chan) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+        pollfd p{wait_fd, POLLIN, 0};
+        if (::poll(&p, 1, static_cast<int>(std::clamp<int64_t>(left, 1, 50))) < 0 && errno == EINTR && interruptible) {
+          interrupted = true;
+          return std::nullopt;
+        }
         continue;
       }
-      if (!spun) {  // busy hand-off: poll the ring for a short while before sleeping
+      Ring& ring = chan->ring;
+      if (!spun) {
+        // Busy hand-off: poll the ring for a short while before sleeping. After the first couple of microseconds
+        // each round yields the core, so a peer scheduled on the same core gets to run (a pure spin there would
+        // starve the very process we wait for).
         spun = true;
-        const auto spin_end = std::min(deadline, now + kSpin);
+        const auto start = Clock::now();
+        const auto spin_end = std::min(deadline, start + kSpin), pure_end = start + kPureSpin;
         for (unsigned i = 0;; ++i) {
-          if (!chan_->ring.empty() || chan_->ring.closed()) break;
-          __builtin_ia32_pause();
-          if ((i & 63) == 63 && Clock::now() >= spin_end) break;
+          if (!ring.empty() || ring.closed()) break;
+          if ((i & 15) == 15) {
+            const auto t = Clock::now();
+            if (t >= spin_end) break;
+            if (t >= pure_end) ::sched_yield();
+          } else {
+            __builtin_ia32_pause();
+          }
         }
         continue;
       }
       // Sleep on the futex: announce ourselves, re-check, then wait while the word is unchanged.
-      ChannelHeader& h = chan_->ring.header();
+      ChannelHeader& h = ring.header();
       const uint32_t seen = aref(h.futex_word).load(std::memory_order_seq_cst);
       aref(h.waiters).fetch_add(1, std::memory_order_seq_cst);
       bool ok = true;
-      if (chan_->ring.empty() && !chan_->ring.closed()) {
+      if (ring.empty() && !ring.closed() && !user_closed_flag_.load(std::memory_order_acquire)) {
         const int64_t left = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - Clock::now()).count();
-        ok = futex_wait(&h.futex_word, seen, std::min(left, kSliceNs));
+        ok = futex_wait(&h.futex_word, seen, std::clamp<int64_t>(left, 0, kSliceNs));
       }
       aref(h.waiters).fetch_sub(1, std::memory_order_seq_cst);
       if (!ok && interruptible) {
         interrupted = true;
         return std::nullopt;
       }
-      if (chan_->ring.empty()) check_peer();
+      if (ring.empty()) {
+        std::lock_guard lock(mu_);
+        if (chan_ == chan) check_peer();
+      }
     }
   }
 
+  // In a fork()ed child (every subscriber's lock held by subscribers_prepare_fork): drop the copies of the
+  // parent's connection, so the publisher sees the parent's hang-up, not a child keeping its leases alive.
+  void on_fork_child() noexcept {
+    forked_ = true;
+    if (chan_) chan_->conn.reset();
+    listener_.reset();
+    efd_.reset();
+    epfd_.reset();
+  }
+  std::mutex& mutex() noexcept { return mu_; }
+
  private:
+  void check_usable(const char* what) const {
+    if (forked_ || ::getpid() != pid_)
+      throw Error(ErrorCode::invalid_argument, std::string("Subscriber::") + what + ": this subscriber of '" + name_ +
+                                                   "' belongs to process " + std::to_string(pid_) +
+                                                   "; a fork()ed child cannot use it (create a new Subscriber there)");
+  }
+
   bool closed_locked() const noexcept {
-    if (user_closed_ || eos_) return true;
+    if (user_closed_ || eos_ || forked_) return true;
     if (!peer_gone_ && !(welcomed_ && chan_->ring.closed())) return false;
     return !welcomed_ || chan_->ring.empty();
+  }
+
+  // End of stream: nothing more will arrive. Cached segment mappings go now (tensors still alive keep their own).
+  void set_eos() {
+    eos_ = true;
+    segments_.clear();
+    if (fd_mode_) settle_eventfd();
   }
 
   void watch(int fd, uint32_t events) {
@@ -210,10 +326,14 @@ class SubscriberImpl {
   void adopt_connection(Fd c) {
     const PeerCred cred = peer_credentials(c.get());
     if (!opt_.allow_other_users && cred.uid != ::getuid())
-      throw Error(ErrorCode::invalid_argument, "Subscriber: the publisher of '" + name_ + "' runs as uid " +
-                                                   std::to_string(cred.uid) + ", not this user's; refused");
+      throw Error(ErrorCode::invalid_argument,
+                  "Subscriber: the socket of topic '" + name_ + "' is held by a process of another user (uid " +
+                      std::to_string(cred.uid) + ", pid " + std::to_string(cred.pid) +
+                      "), not by a publisher of this user; refused (abstract sockets have no permissions, so any local "
+                      "user can squat a name: pick another topic name)");
     chan_ = std::make_shared<Channel>();
     chan_->conn = std::move(c);
+    publisher_pid_ = cred.pid;
     watch(chan_->conn.get(), EPOLLIN | EPOLLRDHUP);
     if (listener_) {
       ::epoll_ctl(epfd_.get(), EPOLL_CTL_DEL, listener_.get(), nullptr);
@@ -241,14 +361,15 @@ class SubscriberImpl {
 
   // Whether the publisher hung up (checked when the ring is empty after a sleep slice).
   void check_peer() {
+    if (!chan_) return;
     pollfd p{chan_->conn.get(), POLLIN | POLLRDHUP, 0};
     if (::poll(&p, 1, 0) > 0) process_control();
   }
 
-  // Reads every control packet waiting on the connection.
+  // Reads every control packet waiting on the connection (bounded: a flood is read in later calls).
   void process_control() {
     if (!chan_ || peer_gone_) return;
-    for (;;) {
+    for (int i = 0; i < 4096; ++i) {
       alignas(8) uint8_t buf[sizeof(ControlWire) + 8];
       std::vector<Fd> fds;
       const long n = recv_packet(chan_->conn.get(), buf, sizeof buf, fds);
@@ -258,12 +379,15 @@ class SubscriberImpl {
         return;
       }
       try {
-        if (n < 0) throw Error(ErrorCode::invalid_argument, "tensorwire ipc: oversized control packet from the publisher");
+        if (n < 0) broken(name_, "an oversized control packet");
         handle(decode_control(std::span<const uint8_t>(buf, static_cast<size_t>(n)), fds.size()), fds);
-      } catch (const Error&) {
+      } catch (const Error& e) {
         // A hostile or broken publisher: stop listening to it (end-of-stream) and report the error once.
         peer_gone_ = true;
-        throw;
+        if (e.code() == ErrorCode::invalid_argument || e.code() == ErrorCode::version_mismatch) throw;
+        throw Error(ErrorCode::invalid_argument, "Subscriber('" + name_ + "'): the publisher (pid " +
+                                                     std::to_string(publisher_pid_) + ") sent what cannot be used: " +
+                                                     e.what());
       }
     }
   }
@@ -271,47 +395,61 @@ class SubscriberImpl {
   void handle(const ControlMessage& m, std::vector<Fd>& fds) {
     switch (m.type) {
       case ControlType::welcome: {
-        if (welcomed_) throw Error(ErrorCode::invalid_argument, "tensorwire ipc: a second welcome from the publisher");
+        if (welcomed_) broken(name_, "a second welcome");
+        if (!is_eventfd(fds[1].get())) broken(name_, "its wake-up descriptor is not an eventfd");
         check_sealed(fds[0].get(), m.size);
         Mapping map = Mapping::map(fds[0].get(), m.size, true, true);
-        ChannelHeader h;
+        ChannelHeader h;  // the private copy: validated once, never read from shared memory again
         std::memcpy(&h, map.data(), sizeof h);
         validate_channel(h, m.size);
         chan_->map = std::move(map);
-        chan_->ring = Ring(chan_->map.data());
-        chan_->lease_slots = h.lease_slots;
-        max_metadata_ = h.max_metadata_bytes;
+        chan_->ring = Ring(chan_->map.data(), h);
         efd_ = std::move(fds[1]);
+        // Ours to poll and read without blocking, whatever the publisher set.
+        const int fl = ::fcntl(efd_.get(), F_GETFL);
+        if (fl < 0 || ::fcntl(efd_.get(), F_SETFL, fl | O_NONBLOCK) != 0) throw_errno("fcntl(O_NONBLOCK) on the eventfd");
         watch(efd_.get(), EPOLLIN);
         welcomed_ = true;
         if (fd_mode_) arm_eventfd();
         break;
       }
       case ControlType::segment: {
-        if (segments_.size() >= kMaxSegments)
-          throw Error(ErrorCode::invalid_argument, "tensorwire ipc: the publisher announced too many segments");
+        if (segments_.size() >= kMaxSegments) broken(name_, "more than 65536 segments announced");
         check_sealed(fds[0].get(), m.size);
         segments_[m.id] = std::make_shared<Mapping>(Mapping::map(fds[0].get(), m.size, false, true));
         break;
       }
       case ControlType::retire: segments_.erase(m.id); break;
       case ControlType::bye: peer_gone_ = true; break;
+      case ControlType::refused:
+        peer_gone_ = true;
+        throw Error(ErrorCode::invalid_argument,
+                    "Subscriber('" + name_ + "'): the publisher (pid " + std::to_string(publisher_pid_) +
+                        ") refused this subscriber: " +
+                        (m.id == static_cast<uint64_t>(RefuseReason::too_many_subscribers)
+                             ? std::string("it already serves its max_subscribers")
+                             : std::string("it is out of file descriptors or memory")));
     }
   }
 
   void release_slot(uint32_t slot) noexcept {
-    if (slot < chan_->lease_slots) aref(chan_->ring.released(slot)).fetch_add(1, std::memory_order_release);
+    if (uint32_t* r = chan_->ring.released(slot)) aref(*r).fetch_add(1, std::memory_order_release);
   }
 
   std::optional<Tensor> try_take() {
     MessageDescriptor d;
     std::string meta;
-    const bool got = chan_->ring.try_pop([&](CellHeader& c) {
-      std::memcpy(&d, &c.msg, sizeof d);
-      const size_t n = std::min<size_t>(d.metadata_bytes, max_metadata_);
+    const uint32_t cap = chan_->ring.max_metadata_bytes();
+    const Pop r = chan_->ring.try_pop([&](CellHeader& c) {
+      std::memcpy(&d, &c.msg, sizeof d);  // one copy: validated below, never re-read from shared memory
+      const size_t n = std::min<size_t>(d.metadata_bytes, cap);
       if (n) meta.assign(chan_->ring.cell_metadata(c), n);
     });
-    if (!got) return std::nullopt;
+    if (r == Pop::corrupt) {
+      peer_gone_ = true;
+      broken(name_, "a ring cell whose sequence word is ahead of the ring's head");
+    }
+    if (r == Pop::empty) return std::nullopt;
     chan_->ring.signal_space();
     if (fd_mode_) settle_eventfd();
     std::shared_ptr<Mapping> seg;
@@ -323,7 +461,7 @@ class SubscriberImpl {
     if (it != segments_.end()) seg = it->second;
     DecodedMessage m;
     try {
-      m = decode_message(d, meta, seg ? seg->size() : 0, chan_->lease_slots, max_metadata_);
+      m = decode_message(d, meta, seg ? seg->size() : 0, chan_->ring.lease_slots(), cap);
     } catch (...) {
       release_slot(d.lease_slot);
       throw;
@@ -343,7 +481,7 @@ class SubscriberImpl {
   }
 
   void settle_eventfd() {
-    if (!efd_) return;
+    if (!efd_ || !chan_) return;
     const bool pending = !chan_->ring.empty() || chan_->ring.closed() || peer_gone_;
     if (pending) {
       uint64_t one = 1;
@@ -361,14 +499,36 @@ class SubscriberImpl {
 
   std::string name_;
   SubscriberOptions opt_;
+  pid_t pid_;
   mutable std::mutex mu_;
   Fd listener_, efd_, epfd_;
   std::shared_ptr<Channel> chan_;
   std::unordered_map<uint64_t, std::shared_ptr<Mapping>> segments_;
-  uint32_t max_metadata_ = 0;
   Clock::time_point last_peer_check_{};
-  bool welcomed_ = false, peer_gone_ = false, user_closed_ = false, eos_ = false, fd_mode_ = false;
+  uint64_t dropped_ = 0;
+  int32_t publisher_pid_ = 0;
+  std::atomic<bool> user_closed_flag_{false};
+  bool welcomed_ = false, peer_gone_ = false, user_closed_ = false, eos_ = false, fd_mode_ = false, forked_ = false;
 };
+
+void subscribers_prepare_fork() noexcept {
+  auto& reg = subscriber_registry();
+  reg.mu.lock();
+  for (SubscriberImpl* s : reg.live) s->mutex().lock();
+}
+void subscribers_after_fork_parent() noexcept {
+  auto& reg = subscriber_registry();
+  for (SubscriberImpl* s : reg.live) s->mutex().unlock();
+  reg.mu.unlock();
+}
+void subscribers_after_fork_child() noexcept {
+  auto& reg = subscriber_registry();
+  for (SubscriberImpl* s : reg.live) {
+    s->on_fork_child();
+    s->mutex().unlock();
+  }
+  reg.mu.unlock();
+}
 
 }  // namespace ipc_detail
 
@@ -401,6 +561,7 @@ std::optional<Tensor> Subscriber::recv() {
 std::optional<Tensor> Subscriber::recv_interruptible(std::chrono::nanoseconds timeout, bool& interrupted) {
   return get(impl_, "recv").recv(deadline_after(timeout), true, interrupted);
 }
+std::optional<Tensor> Subscriber::poll_nowait(bool& busy) { return get(impl_, "recv").poll_nowait(busy); }
 bool Subscriber::closed() const noexcept { return !impl_ || impl_->closed(); }
 bool Subscriber::connected() const noexcept { return impl_ && impl_->connected(); }
 int Subscriber::fileno() { return get(impl_, "fileno").fileno(); }

@@ -105,7 +105,13 @@ void validate_channel(const ChannelHeader& h, uint64_t mapped_bytes) {
 // ---- ring -------------------------------------------------------------------------------------------------------
 
 void Ring::init_cells() noexcept {
-  for (uint64_t i = 0; i < h_->cells; ++i) aref(cell(i).seq).store(i, std::memory_order_relaxed);
+  for (uint64_t i = 0; i < cells_; ++i) aref(cell(i).seq).store(i, std::memory_order_relaxed);
+}
+
+bool Ring::sane() const noexcept {
+  const uint64_t t = aref(h_->tail).load(std::memory_order_relaxed);
+  const uint64_t hd = aref(h_->head).load(std::memory_order_acquire);
+  return hd <= t && t - hd <= cells_;
 }
 
 uint64_t Ring::queued() const noexcept {
@@ -116,7 +122,7 @@ uint64_t Ring::queued() const noexcept {
 
 CellHeader* Ring::begin_push() noexcept {
   const uint64_t pos = aref(h_->tail).load(std::memory_order_relaxed);
-  if (queued() >= h_->depth) return nullptr;
+  if (queued() >= depth_) return nullptr;
   CellHeader& c = cell(pos);
   if (aref(c.seq).load(std::memory_order_acquire) != pos) return nullptr;  // a reader is still copying out
   return &c;
@@ -252,6 +258,7 @@ ControlMessage decode_control(std::span<const uint8_t> bytes, size_t nfds) {
       break;
     case static_cast<uint16_t>(ControlType::retire): m.type = ControlType::retire; break;
     case static_cast<uint16_t>(ControlType::bye): m.type = ControlType::bye; break;
+    case static_cast<uint16_t>(ControlType::refused): m.type = ControlType::refused; break;
     default: bad("control type " + std::to_string(w.type));
   }
   if (nfds != want) bad("control packet with " + std::to_string(nfds) + " fds, expected " + std::to_string(want));

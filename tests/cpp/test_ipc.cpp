@@ -270,7 +270,7 @@ TEST(IpcWire, ValidateChannelRefusesInconsistentHeaders) {
 struct LocalChannel {
   explicit LocalChannel(size_t depth) : h(ipc::make_channel_header(depth, 64, 4, 1)), mem(h.total_bytes) {
     std::memcpy(mem.data(), &h, sizeof h);
-    ring = ipc::Ring(mem.data());
+    ring = ipc::Ring(mem.data(), h);
     ring.init_cells();
   }
   ipc::ChannelHeader h;
@@ -289,7 +289,7 @@ TEST(IpcRingConcurrent, OrderedAndNothingLostWithProducerDrops) {
       for (;;) {
         bool finished = done.load();
         uint64_t seq = 0;
-        if (ch.ring.try_pop([&](ipc::CellHeader& c) { seq = c.msg.sequence; })) {
+        if (ch.ring.try_pop([&](ipc::CellHeader& c) { seq = c.msg.sequence; }) == ipc::Pop::popped) {
           EXPECT_GT(seq, last);
           last = seq;
           ++received;
@@ -305,7 +305,7 @@ TEST(IpcRingConcurrent, OrderedAndNothingLostWithProducerDrops) {
           ch.ring.commit_push();
           break;
         }
-        if (ch.ring.full() && ch.ring.try_pop([](ipc::CellHeader&) {})) ++dropped;  // drop_oldest
+        if (ch.ring.full() && ch.ring.try_pop([](ipc::CellHeader&) {}) == ipc::Pop::popped) ++dropped;  // drop_oldest
       }
     }
     done.store(true);

@@ -1,0 +1,403 @@
+"""The shared-memory transport under misuse and faults: no peer, misuse or fault may corrupt, crash, hang or starve it.
+
+Each test here failed on the transport as it first landed: touching a sent loan aborted the interpreter, a getter
+deadlocked against a blocked send, a huge loan woke the OOM killer, a subscriber keeping tensors deadlocked both
+sides, writing through tw.to_torch(received) was a SIGSEGV, counters reset at close(), a SIGKILLed subscriber could
+leave a send blocked forever, stale writes into a sent loan corrupted messages, delivery could be partial, and a
+fork()ed child kept the publisher's sockets. Scenarios that could take the test process down run in a child
+interpreter; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+import tensorwire as tw
+
+UNDER_ASAN = os.environ.get("TW_UNDER_ASAN") == "1"
+CTX = mp.get_context("spawn")
+
+
+def topic(what: str) -> str:
+    return f"pytest/{os.getpid()}/{what}/{uuid.uuid4().hex[:8]}"
+
+
+def run_child(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Runs `code` in a fresh interpreter with this one's import path; a hang is killed by the watchdog inside the
+    child (faulthandler prints every thread's stack) and by `timeout` here."""
+    prelude = "import faulthandler, sys; faulthandler.dump_traceback_later(%d, exit=True)\n" % int(timeout * 0.8)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+# ---- 1. a spent loan raises, never aborts ------------------------------------------------------------------------
+
+
+def test_every_slot_of_a_sent_loan_raises_and_repr_never_does():
+    r = run_child(f"""
+        import numpy as np, tensorwire as tw
+        name = {topic("spent")!r}
+        with tw.Publisher(name) as pub, tw.Subscriber(name) as sub:
+            b = pub.loan((3,), "uint8")
+            pub.send(b)
+            assert "spent" in repr(b), repr(b)
+            for what, f in [("asarray", lambda: np.asarray(b)), ("memoryview", lambda: memoryview(b)),
+                            ("from_dlpack", lambda: np.from_dlpack(b)), ("shape", lambda: b.shape),
+                            ("array_interface", lambda: b.__array_interface__), ("dlpack", lambda: b.__dlpack__()),
+                            ("contiguous", lambda: b.contiguous()), ("send again", lambda: pub.send(b)),
+                            ("slice", lambda: b[1:]), ("nbytes", lambda: b.nbytes)]:
+                try:
+                    f()
+                except (ValueError, BufferError, TypeError, AttributeError) as e:
+                    assert str(e), what
+                else:
+                    raise SystemExit(what + " did not raise")
+            print("OK")
+    """)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr
+
+
+# ---- 2. no internal lock is taken with the GIL held while a send waits --------------------------------------------
+
+
+def test_getters_send_and_close_never_deadlock_against_a_blocked_send():
+    r = run_child(f"""
+        import threading, time, numpy as np, tensorwire as tw
+        name = {topic("gil")!r}
+        pub = tw.Publisher(name, depth=1)
+        sub = tw.Subscriber(name)          # never reads: its ring of one fills at once
+        pub.send(np.zeros(4, np.float32))
+        outcome = []
+        def blocked():
+            try:
+                pub.send(np.ones(4, np.float32))      # waits for room, forever unless closed
+                outcome.append("sent")
+            except Exception as e:
+                outcome.append(type(e).__name__)
+        a = threading.Thread(target=blocked)
+        a.start()
+        time.sleep(0.3)
+        assert a.is_alive()
+        # With the GIL held by this thread: none of these may wait for the lock the blocked send used to hold.
+        assert pub.subscribers == 1 and pub.dropped == 0 and pub.pool_buffers >= 1
+        t = tw.asarray(np.arange(3.0))
+        try:
+            pub.send(t, timeout=0.2)
+        except TimeoutError as e:
+            assert "unread messages" in str(e), e
+        else:
+            raise SystemExit("a send into a full ring did not time out")
+        pub.close()
+        a.join(10)
+        assert not a.is_alive() and outcome == ["ValueError"], outcome
+        print("OK")
+    """)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr
+
+
+def test_threads_receiving_on_one_subscriber_all_make_progress():
+    name = topic("threads")
+    n_threads, per = 4, 200
+    with tw.Publisher(name, depth=64) as pub, tw.Subscriber(name) as sub:
+        got = []
+        lock = threading.Lock()
+
+        def worker():
+            while True:
+                try:
+                    t = sub.recv(timeout=10)
+                except EOFError:
+                    return
+                with lock:
+                    got.append(int(np.asarray(t)[0]))
+
+        ts = [threading.Thread(target=worker) for _ in range(n_threads)]
+        for t in ts:
+            t.start()
+        for i in range(n_threads * per):
+            pub.send(np.array([i], np.int64), timeout=10)
+        pub.close()
+        for t in ts:
+            t.join(30)
+        assert not any(t.is_alive() for t in ts)
+    assert sorted(got) == list(range(n_threads * per))
+
+
+# ---- 3. a request the machine cannot satisfy is a MemoryError ------------------------------------------------------
+
+
+def test_a_huge_loan_raises_memory_error():
+    with tw.Publisher(topic("huge")) as pub:
+        with pytest.raises(MemoryError, match="shared memory"):
+            pub.loan((1 << 40,), "uint8")
+        assert pub.pool_buffers == 0
+        small = pub.loan((16,), "uint8")  # the publisher still works
+        assert small.nbytes == 16
+
+
+@pytest.mark.skipif(UNDER_ASAN, reason="ASan reserves terabytes of address space: RLIMIT_AS cannot be lowered under it")
+def test_a_loan_beyond_the_address_space_limit_raises_memory_error():
+    r = run_child(f"""
+        import resource, tensorwire as tw
+        resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
+        with tw.Publisher({topic("rlimit")!r}) as pub:
+            try:
+                pub.loan((8 << 30,), "uint8")
+            except MemoryError as e:
+                print("OK", e)
+    """)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr
+
+
+# ---- 4. back-pressure is visible and bounded ----------------------------------------------------------------------
+
+
+def test_a_subscriber_keeping_tensors_grows_the_pool_then_a_timeout_names_it():
+    name = topic("keep")
+    with tw.Publisher(name, pool_bytes=1 << 20) as pub, tw.Subscriber(name) as sub:
+        kept = []
+        for i in range(200):  # more than the 64 buffers the pool used to stop at
+            pub.send(np.full(1024, i, np.int32), timeout=5)
+            kept.append(sub.recv(timeout=5))
+        assert pub.pool_buffers == 200
+        with pytest.raises(TimeoutError, match=rf"subscriber pid {os.getpid()} holds \d+ .*copies"):
+            for i in range(100):
+                pub.send(np.full(1024, i, np.int32), timeout=0.2)
+                kept.append(sub.recv(timeout=5))
+        assert [int(np.asarray(t)[0]) for t in kept[:200]] == list(range(200))
+        del kept
+        pub.send(np.zeros(1024, np.int32), timeout=5)  # released buffers return to the pool
+        assert sub.recv(timeout=5).shape == (1024,)
+
+
+def test_delivery_is_all_or_none_when_one_subscriber_is_full():
+    name = topic("allornone")
+    with tw.Publisher(name, depth=1) as pub, tw.Subscriber(name) as full, tw.Subscriber(name) as idle:
+        pub.send(np.zeros(2))
+        assert idle.recv(timeout=5) is not None
+        with pytest.raises(TimeoutError):
+            pub.send(np.ones(2), timeout=0.2)
+        with pytest.raises(TimeoutError):
+            idle.recv(timeout=0)  # the idle subscriber did not get the message nobody else got
+        assert full.recv(timeout=5) is not None
+        pub.send(np.full(2, 7.0), timeout=5)
+        assert float(np.asarray(idle.recv(timeout=5))[0]) == 7.0
+        assert float(np.asarray(full.recv(timeout=5))[0]) == 7.0
+
+
+def test_loan_times_out_naming_who_holds_the_pool():
+    name = topic("loanwait")
+    with tw.Publisher(name, max_buffers=2) as pub:
+        a = pub.loan((4,), "uint8")
+        b = pub.loan((4,), "uint8")
+        with pytest.raises(TimeoutError, match="2 loan"):
+            pub.loan((4,), "uint8", timeout=0.1)
+        del a
+        assert pub.loan((4,), "uint8", timeout=1).shape == (4,)
+        del b
+
+
+# ---- 5. writing through a consumer that ignores read-only --------------------------------------------------------
+
+
+def test_to_torch_of_a_received_tensor_is_a_private_copy():
+    torch = pytest.importorskip("torch")
+    name = topic("torchwrite")
+    with tw.Publisher(name) as pub, tw.Subscriber(name) as s1, tw.Subscriber(name) as s2:
+        pub.send(np.arange(8, dtype=np.float32))
+        t1, t2 = s1.recv(timeout=5), s2.recv(timeout=5)
+        x = tw.to_torch(t1)
+        x.mul_(2)  # PyTorch has no read-only tensors: this must write into a copy, not the shared buffer
+        assert torch.equal(x, torch.arange(8, dtype=torch.float32) * 2)
+        np.testing.assert_array_equal(np.asarray(t1), np.arange(8, dtype=np.float32))
+        np.testing.assert_array_equal(np.asarray(t2), np.arange(8, dtype=np.float32))
+        with pytest.raises(tw.CopyError, match="read-only"):
+            tw.to_torch(t1, copy=False)
+
+
+# ---- 6. counters after close ---------------------------------------------------------------------------------------
+
+
+def test_subscriber_dropped_stays_readable_after_close():
+    name = topic("dropped")
+    with tw.Publisher(name, depth=1, on_full="drop_oldest") as pub:
+        sub = tw.Subscriber(name)
+        for i in range(5):
+            pub.send(np.array([i]))
+        assert sub.dropped == 4
+        sub.close()
+        assert sub.dropped == 4 and sub.closed
+
+
+# ---- 6a. a SIGKILLed subscriber never leaves a send blocked -------------------------------------------------------
+
+
+def _child_hold(name, n, ready):
+    sub = tw.Subscriber(name)
+    ready.set()
+    held = [sub.recv(timeout=30) for _ in range(n)]
+    ready.set()
+    time.sleep(120)
+    del held
+
+
+def test_send_blocked_on_a_pool_held_by_a_killed_subscriber_returns():
+    name = topic("killhold")
+    with tw.Publisher(name, max_buffers=2) as pub:
+        ready = CTX.Event()
+        child = CTX.Process(target=_child_hold, args=(name, 2, ready))
+        child.start()
+        try:
+            assert ready.wait(30)
+            ready.clear()
+            deadline = time.monotonic() + 30
+            while pub.subscribers < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            for i in range(2):
+                pub.send(np.full(64, i, np.uint8), timeout=10)
+            assert ready.wait(30)  # the child holds both buffers
+            outcome = []
+
+            def blocked():
+                t0 = time.monotonic()
+                pub.send(np.full(64, 9, np.uint8), timeout=30)
+                outcome.append(time.monotonic() - t0)
+
+            th = threading.Thread(target=blocked)
+            th.start()
+            time.sleep(0.3)
+            assert th.is_alive()
+            late = tw.Subscriber(name)  # a subscriber connecting meanwhile (this used to freeze the monitor)
+            os.kill(child.pid, signal.SIGKILL)
+            th.join(20)
+            assert not th.is_alive() and outcome and outcome[0] < 15
+            assert int(np.asarray(late.recv(timeout=5))[0]) == 9
+            late.close()
+        finally:
+            child.kill()
+            child.join()
+
+
+# ---- 6b. a stale write into a sent loan faults instead of corrupting --------------------------------------------
+
+
+def _subscribe_then_report(name, ready, out):
+    with tw.Subscriber(name) as sub:
+        ready.set()
+        t = sub.recv(timeout=30)
+        time.sleep(0.5)  # the publisher writes (and dies) meanwhile
+        out.put(np.asarray(t).copy())
+
+
+@pytest.mark.parametrize("how", ["array_interface", "torch_frombuffer"])
+def test_a_stale_write_into_a_sent_loan_faults_and_subscribers_keep_their_data(how):
+    if how == "torch_frombuffer":
+        pytest.importorskip("torch")
+    if UNDER_ASAN:
+        pytest.skip("ASan turns the intended SIGSEGV into its own report and exit code")
+    name = topic("stale")
+    ready, out = CTX.Event(), CTX.Queue()
+    child = CTX.Process(target=_subscribe_then_report, args=(name, ready, out))
+    child.start()
+    try:
+        assert ready.wait(30)
+        r = run_child(f"""
+            import ctypes, time, numpy as np, tensorwire as tw
+            pub = tw.Publisher({name!r})
+            deadline = time.monotonic() + 20
+            while pub.subscribers < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            buf = pub.loan((4096,), "uint8")
+            if {how!r} == "array_interface":
+                ptr = buf.__array_interface__["data"][0]
+                stale = (ctypes.c_uint8 * 4096).from_address(ptr)   # a raw pointer: no export to count
+                for i in range(4096): stale[i] = 7
+            else:
+                import torch
+                stale = torch.frombuffer(buf, dtype=torch.uint8)    # releases its buffer view at once
+                stale.fill_(7)
+            pub.send(buf)
+            print("sent", flush=True)
+            if {how!r} == "array_interface":
+                stale[0] = 9
+            else:
+                stale.fill_(9)
+            print("wrote after send", flush=True)
+        """)
+        assert "sent" in r.stdout, r.stdout + r.stderr
+        assert "wrote after send" not in r.stdout and r.returncode == -signal.SIGSEGV, (r.returncode, r.stdout, r.stderr)
+        got = out.get(timeout=30)
+        assert (got == 7).all()
+    finally:
+        child.join(30)
+        if child.is_alive():
+            child.kill()
+
+
+# ---- 6c / 10. fork() without exec ----------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(UNDER_ASAN, reason="fork() of a multi-threaded ASan process is not supported by the runtime")
+def test_a_forked_child_cannot_send_and_does_not_keep_the_publishers_socket():
+    name = topic("fork")
+    pub = tw.Publisher(name)
+    sub = tw.Subscriber(name)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: refuses to send on the parent's publisher, then lingers
+        code = 1
+        try:
+            pub.send(np.zeros(1))
+        except ValueError as e:
+            code = 0 if "fork" in str(e) else 2
+        os.write(w, bytes([code]))
+        time.sleep(5)
+        os._exit(0)
+    try:
+        assert os.read(r, 1) == b"\x00"
+        pub.send(np.ones(1))  # the parent still publishes
+        assert float(np.asarray(sub.recv(timeout=5))[0]) == 1.0
+        pub.close()
+        with pytest.raises(EOFError):
+            sub.recv(timeout=5)
+        # The child still lives; had it kept a copy of the listening socket, the name would still be taken.
+        again = tw.Publisher(name)
+        again.close()
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(r)
+        os.close(w)
+        sub.close()
+
+
+# ---- misc. from the review ------------------------------------------------------------------------------------------
+
+
+def test_timeouts_of_the_wrong_type_are_type_errors():
+    name = topic("badtimeout")
+    with tw.Publisher(name) as pub, tw.Subscriber(name) as sub:
+        with pytest.raises(TypeError, match="timeout"):
+            sub.recv(timeout="1")
+        with pytest.raises(TypeError, match="timeout"):
+            pub.send(np.zeros(1), timeout="1")
+
+
+def test_too_many_subscribers_are_refused_with_a_clear_error():
+    name = topic("cap")
+    with tw.Publisher(name, max_subscribers=1) as pub, tw.Subscriber(name):
+        with pytest.raises(ValueError, match="max_subscribers"):
+            tw.Subscriber(name)
+        assert pub.subscribers == 1
