@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <atomic>
 #include <memory>
 
 #include "tensorwire/device.hpp"
@@ -27,11 +28,18 @@ class Buffer {
   Device device() const noexcept { return device_; }
   const std::shared_ptr<const void>& owner() const noexcept { return owner_; }
 
+  /// Records that a raw pointer into this memory left tensorwire's accounting (a NumPy __array_interface__, a
+  /// data_ptr, a consumer that asked for a writable buffer view and may keep the pointer after releasing it).
+  /// Transports that must know whether anyone can still write the memory (Publisher::send of a loan) read it.
+  void mark_escaped() const noexcept { escaped_.store(true, std::memory_order_relaxed); }
+  bool escaped() const noexcept { return escaped_.load(std::memory_order_relaxed); }
+
  private:
   void* base_;
   size_t size_;
   Device device_;
   std::shared_ptr<const void> owner_;
+  mutable std::atomic<bool> escaped_{false};
 };
 
 }  // namespace tw

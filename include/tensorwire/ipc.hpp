@@ -80,6 +80,11 @@ struct PublisherOptions {
   size_t pool_bytes = size_t{2} << 30;
   /// Subscribers served at once; more are refused with an error on their side.
   size_t max_subscribers = 256;
+  /// Make a sent loan's memory read-only in this process until the buffer is loaned again whenever something could
+  /// still write it after send() (a kept handle or view, an escaped raw pointer), so that a stale write faults
+  /// instead of changing a message subscribers hold. Costs two mprotect calls, O(pages), for such loans only
+  /// (bench/RESULTS.md); turn off only where nothing writes after send().
+  bool protect_sent_loans = true;
   /// Accept subscribers of other users (the default accepts the publisher's own uid only).
   bool allow_other_users = false;
 };
@@ -117,21 +122,26 @@ class Publisher {
   Publisher& operator=(const Publisher&) = delete;
 
   /// A writable, C-contiguous, uninitialised host tensor in a shared-memory pool buffer. Fill it, then send() it:
-  /// it crosses with no copy. After send() its memory is read-only in this process too (a write faults instead of
-  /// changing what subscribers hold); the buffer returns to the pool once this tensor (and all its views) and
+  /// it crosses with no copy. Write nothing through it after send(): where that is still possible its memory is
+  /// read-only (see send), so the write faults instead of changing what subscribers hold; the buffer returns to the
+  /// pool once this tensor (and all its views) and
   /// every subscriber's copy of it are gone. An exhausted pool follows the OnFull policy (drop_oldest waits like
   /// block when nothing can be dropped) for at most `timeout` (TimeoutError). Throws Error(out_of_memory) when the
   /// machine cannot provide the buffer.
   Tensor loan(const Shape& shape, DType dtype, Timeout timeout = std::nullopt);
 
   /// Delivers `t` to every current subscriber, or to none: with t.metadata() merged with `extra` (extra wins). A
-  /// tensor that is a view of a pool buffer (from loan()) crosses with no copy, keeping its strides and offset,
-  /// and its buffer becomes read-only here; any other host tensor is packed into a pool buffer with one tw::copy.
+  /// tensor that is a view of a pool buffer (from loan()) crosses with no copy, keeping its strides and offset;
+  /// any other host tensor is packed into a pool buffer with one tw::copy. A loan someone could still write after
+  /// this call (this overload keeps the caller's handle) becomes read-only in this process until loaned again, so
+  /// a stale write faults instead of changing what subscribers hold (PublisherOptions::protect_sent_loans).
   /// Returns the number of subscribers that got it. Throws Error(invalid_argument) when closed or in a fork()ed
   /// child, Error(unsupported) for non-host memory, Error(invalid_argument) for oversized metadata,
   /// WouldBlockError under OnFull::raise, TimeoutError when `timeout` passes first (then nobody got it).
   size_t send(const Tensor& t, const Metadata& extra = {}, Timeout timeout = std::nullopt);
-  /// The same, consuming the tensor: `send(std::move(loan))` leaves nothing in the caller to write through.
+  /// The same, consuming the tensor: `send(std::move(loan))` leaves nothing in the caller to write through, so a
+  /// loan with no other views, copies or escaped raw pointers (Buffer::escaped) is not made read-only (faster).
+  /// The tensor is consumed only when the send succeeds.
   size_t send(Tensor&& t, const Metadata& extra = {}, Timeout timeout = std::nullopt);
 
   /// Ends the stream: subscribers drain what is queued, then see end-of-stream. Loaned tensors stay valid.
@@ -197,9 +207,11 @@ class Subscriber {
 
   /// Internal (bindings): like recv(timeout), but returns early (empty) when a wait is interrupted by a signal.
   std::optional<Tensor> recv_interruptible(std::chrono::nanoseconds timeout, bool& interrupted);
-  /// Internal (bindings): a message if one waits, never blocking — not even on the internal lock (`busy` then
-  /// says another thread holds it and nothing was looked at).
-  std::optional<Tensor> poll_nowait(bool& busy);
+  /// What poll_nowait found.
+  enum class PollStatus : uint8_t { message, empty, ended, busy };
+  /// Internal (bindings): recv with a zero timeout that never blocks — not even on the internal lock (`busy`:
+  /// another thread holds it, and nothing was looked at).
+  std::optional<Tensor> poll_nowait(PollStatus& status);
 
  private:
   std::unique_ptr<ipc_detail::SubscriberImpl> impl_;

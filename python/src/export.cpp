@@ -84,6 +84,9 @@ int tensor_getbuffer_impl(PyObject* self, Py_buffer* view, int flags) {
   } catch (const std::exception& e) {
     return refuse(e.what());
   }
+  // A consumer asking for a writable view may keep the pointer after releasing the view (torch.frombuffer does):
+  // the memory counts as escaped from then on. Read-only requests (np.asarray, memoryview) do not mark it.
+  if ((flags & PyBUF_WRITABLE) == PyBUF_WRITABLE) t.buffer().mark_escaped();
   auto* info = new BufferInfo();
   info->keep = t.buffer_ptr();
   const int64_t isz = static_cast<int64_t>(t.dtype().itemsize());
@@ -336,6 +339,7 @@ void register_export(nb::class_<tw::Tensor>& cls, nb::module_&) {
       throw nb::attribute_error(("__array_interface__: NumPy has no built-in type for " + t.dtype().name() +
                                  "; np.asarray() uses __array__ and returns an ml_dtypes array")
                                     .c_str());
+    t.buffer().mark_escaped();  // a raw address, held by whoever reads the dict: not countable
     nb::dict d;
     d["version"] = 3;
     d["shape"] = shape_tuple(t);
@@ -352,6 +356,7 @@ void register_export(nb::class_<tw::Tensor>& cls, nb::module_&) {
     std::string ts = numpy_typestr(t.dtype());
     if (ts.empty() || t.layout().is_packed_subbyte())
       throw nb::attribute_error(("__cuda_array_interface__ has no typestr for " + t.dtype().name() + "; use __dlpack__").c_str());
+    t.buffer().mark_escaped();
     nb::dict d;
     d["version"] = 3;
     d["shape"] = shape_tuple(t);

@@ -137,20 +137,15 @@ auto sliced(nb::handle timeout_h, F&& attempt) {
 nb::object recv(tw::Subscriber& s, nb::handle timeout_h) {
   bool forever;
   const auto timeout = timeout_from(timeout_h, forever);
-  bool busy = false;
-  if (auto t = s.poll_nowait(busy)) return wrap(std::move(*t));  // a waiting message: no GIL round trip
-  if (!forever && timeout.count() == 0 && !busy) {  // a poll: answer now
-    std::optional<tw::Tensor> r;
-    {
-      nb::gil_scoped_release nogil;
-      r = s.try_recv();  // also notices end-of-stream and a dead publisher
-    }
-    if (r) return wrap(std::move(*r));
-    const bool closed = closed_nogil(s);
+  tw::Subscriber::PollStatus st;
+  if (auto t = s.poll_nowait(st)) return wrap(std::move(*t));  // a waiting message: no GIL round trip
+  if (!forever && timeout.count() == 0 && st != tw::Subscriber::PollStatus::busy) {  // a poll: answer now
     // Returning a null object with the error set raises it without a C++ throw (unwinding costs microseconds,
     // and busy pollers raise TimeoutError all the time).
-    if (closed) PyErr_SetString(PyExc_EOFError, ("tensorwire.Subscriber('" + s.name() + "'): end of stream").c_str());
-    else PyErr_SetString(PyExc_TimeoutError, "no message waiting");
+    if (st == tw::Subscriber::PollStatus::ended)
+      PyErr_SetString(PyExc_EOFError, ("tensorwire.Subscriber('" + s.name() + "'): end of stream").c_str());
+    else
+      PyErr_SetString(PyExc_TimeoutError, "no message waiting");
     return nb::object();
   }
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -197,7 +192,8 @@ void register_ipc(nb::module_& m) {
                             "`timeout` seconds, naming the subscriber it waited for.")
       .def("__init__",
            [](tw::Publisher* self, const std::string& name, size_t depth, const std::string& on_full,
-              size_t max_metadata_bytes, size_t max_buffers, size_t pool_bytes, size_t max_subscribers) {
+              size_t max_metadata_bytes, size_t max_buffers, size_t pool_bytes, size_t max_subscribers,
+              bool protect_sent_loans) {
              tw::PublisherOptions o;
              o.depth = depth;
              o.on_full = tw::on_full_from_string(on_full);
@@ -205,11 +201,13 @@ void register_ipc(nb::module_& m) {
              o.max_buffers = max_buffers;
              o.pool_bytes = pool_bytes;
              o.max_subscribers = max_subscribers;
+             o.protect_sent_loans = protect_sent_loans;
              nb::gil_scoped_release nogil;
              new (self) tw::Publisher(name, o);
            },
            "name"_a, nb::kw_only(), "depth"_a = 8, "on_full"_a = "block", "max_metadata_bytes"_a = 64 * 1024,
-           "max_buffers"_a = 1024, "pool_bytes"_a = size_t{2} << 30, "max_subscribers"_a = 256)
+           "max_buffers"_a = 1024, "pool_bytes"_a = size_t{2} << 30, "max_subscribers"_a = 256,
+           "protect_sent_loans"_a = true)
       .def("send",
            [](tw::Publisher& p, nb::handle obj, nb::handle metadata, nb::handle timeout) {
              if (p.closed())
@@ -232,8 +230,19 @@ void register_ipc(nb::module_& m) {
                throw nb::buffer_error("tensorwire.Publisher.send: this loaned tensor has other live exports "
                                       "(views, NumPy arrays, memoryviews or DLPack capsules); release them "
                                       "before sending, or send a copy");
-             sliced(timeout, [&](tw::Timeout slice) { return p.send(src, extra, slice); });
-             if (loaned) src = tw::Tensor();  // the loan is handed over: the Python object is now spent
+             if (!loaned) {
+               sliced(timeout, [&](tw::Timeout slice) { return p.send(src, extra, slice); });
+               return;
+             }
+             // A loan is handed over whole: the Python object is spent once it is sent (and stays usable when the
+             // send fails: an rvalue send consumes only on success).
+             tw::Tensor t = std::move(src);
+             try {
+               sliced(timeout, [&](tw::Timeout slice) { return p.send(std::move(t), extra, slice); });
+             } catch (...) {
+               src = std::move(t);
+               throw;
+             }
            },
            "obj"_a, "metadata"_a = nb::none(), nb::kw_only(), "timeout"_a = nb::none(),
            "Delivers obj (anything tw.asarray accepts) to every current subscriber, or to none, with its metadata "

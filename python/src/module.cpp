@@ -377,7 +377,10 @@ NB_MODULE(_tensorwire, m) {
       .def_prop_ro("size", [](const tw::Tensor& t) { return t.numel(); }, "Number of elements.")
       .def_prop_ro("itemsize", [](const tw::Tensor& t) { return t.dtype().itemsize(); })
       .def_prop_ro("readonly", [](const tw::Tensor& t) { return t.readonly(); })
-      .def_prop_ro("data_ptr", [](const tw::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()); },
+      .def_prop_ro("data_ptr", [](const tw::Tensor& t) {
+        t.buffer().mark_escaped();  // a raw address: whoever holds it can write without being counted
+        return reinterpret_cast<uintptr_t>(t.data_ptr());
+      },
                    "Address of element (0, ..., 0): allocation base + byte_offset.")
       .def_prop_ro("allocation", [](const tw::Tensor& t) {
         return nb::make_tuple(reinterpret_cast<uintptr_t>(t.buffer().base()), t.buffer().size());

@@ -214,7 +214,8 @@ struct ChannelHeader {
   uint32_t futex_word;          ///< bumped on every push and on close; the subscriber sleeps on it
   uint32_t closed;              ///< 1 once the publisher closed the stream
   uint32_t producer_waiting;    ///< 1 while the publisher sleeps on space_word for room in the ring
-  uint8_t pad1[kCacheLine - 28];
+  uint32_t producer_cpu;        ///< the CPU the publisher last pushed from (a hint for the subscriber's spin)
+  uint8_t pad1[kCacheLine - 32];
   // -- written by the subscriber (and by the publisher when it drops) --
   uint64_t head;                ///< next position to read
   uint32_t waiters;             ///< subscriber threads asleep on futex_word
@@ -228,6 +229,7 @@ static_assert(offsetof(ChannelHeader, cell_bytes) == 16);
 static_assert(offsetof(ChannelHeader, leases_offset) == 40);
 static_assert(offsetof(ChannelHeader, tail) == 64);
 static_assert(offsetof(ChannelHeader, futex_word) == 80);
+static_assert(offsetof(ChannelHeader, producer_cpu) == 92);
 static_assert(offsetof(ChannelHeader, head) == 128);
 static_assert(sizeof(ChannelHeader) == 192);
 

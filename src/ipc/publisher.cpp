@@ -278,7 +278,8 @@ class PublisherImpl {
     return find_slot_of(t.buffer(), off) >= 0;
   }
 
-  size_t send(const Tensor& t, const Metadata& extra, Timeout timeout) {
+  // `consumed`: the caller hands its handle over (send(Tensor&&)); otherwise it may keep writing through it.
+  size_t send(const Tensor& t, const Metadata& extra, Timeout timeout, bool consumed) {
     if (!t.defined()) throw Error(ErrorCode::invalid_argument, "Publisher::send: the tensor is undefined (a loan "
                                                                "can be sent once: send consumes it)");
     if (t.device().type != kDLCPU && t.device().type != kDLCUDAHost)
@@ -335,9 +336,13 @@ class PublisherImpl {
     //    subscriber that joined meanwhile has an empty ring.
     reap();
     Slot& s = pool_->slots[slot];
-    if (found >= 0 && s.writable) {
-      // A sent loan is read-only here from now on: a stale write through a raw pointer (an __array_interface__
-      // consumer, torch.frombuffer) faults instead of changing what subscribers hold.
+    if (found >= 0 && s.writable && opt_.protect_sent_loans &&
+        (!consumed || t.buffer_ptr().use_count() > 1 || t.buffer().escaped())) {
+      // Someone could still write the loan after this send: the caller keeps its handle, another view or copy is
+      // alive, or a raw pointer escaped (an __array_interface__ consumer, torch.frombuffer). The loan's memory is
+      // read-only here from now on (until loaned again), so such a write faults instead of changing what
+      // subscribers hold. A loan handed over whole (send(std::move(loan)), Python's send) skips the two
+      // mprotect calls, which cost O(pages) (bench/RESULTS.md).
       if (s.map.protect(false)) s.writable = false;
     }
     const uint64_t seg = s.segment_id;
@@ -854,10 +859,10 @@ Tensor Publisher::loan(const Shape& shape, DType dtype, Timeout timeout) {
   return get(impl_, "loan").loan(shape, dtype, timeout);
 }
 size_t Publisher::send(const Tensor& t, const Metadata& extra, Timeout timeout) {
-  return get(impl_, "send").send(t, extra, timeout);
+  return get(impl_, "send").send(t, extra, timeout, false);
 }
 size_t Publisher::send(Tensor&& t, const Metadata& extra, Timeout timeout) {
-  const size_t n = get(impl_, "send").send(t, extra, timeout);
+  const size_t n = get(impl_, "send").send(t, extra, timeout, true);
   t = Tensor();  // consumed only once delivered: a failed send leaves the caller's tensor usable
   return n;
 }

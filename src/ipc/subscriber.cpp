@@ -29,7 +29,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr auto kSpin = std::chrono::microseconds(50);  // busy hand-off window before sleeping
-constexpr auto kPureSpin = std::chrono::microseconds(2);  // ...of which the first part never yields the core
 constexpr int64_t kSliceNs = 50'000'000;                  // futex sleeps in slices that check the socket
 constexpr size_t kMaxSegments = 1 << 16;                  // mappings a publisher may make us cache
 
@@ -78,6 +77,8 @@ SubscriberRegistry& subscriber_registry() {
 void subscribers_prepare_fork() noexcept;
 void subscribers_after_fork_parent() noexcept;
 void subscribers_after_fork_child() noexcept;
+
+using PollStatus = Subscriber::PollStatus;
 
 class SubscriberImpl {
  public:
@@ -183,13 +184,19 @@ class SubscriberImpl {
     return epfd_.get();
   }
 
-  // One look, never waiting for anything: a message, or empty. `busy` is set (and nothing done) when another
-  // thread holds the lock — for callers that must not block (the Python binding with the GIL held).
-  std::optional<Tensor> poll_nowait(bool& busy) {
+  // One look, never waiting for anything — not even for the lock (`busy`: another thread holds it, nothing was
+  // looked at). For callers that must not block: the Python binding's busy-poll path, with the GIL held.
+  std::optional<Tensor> poll_nowait(PollStatus& status) {
     std::unique_lock lock(mu_, std::try_to_lock);
-    busy = !lock.owns_lock();
-    if (busy || user_closed_ || forked_ || !welcomed_) return std::nullopt;
-    return try_take();
+    if (!lock.owns_lock()) {
+      status = PollStatus::busy;
+      return std::nullopt;
+    }
+    check_usable("recv");
+    std::optional<Tensor> out;
+    const Step st = step_locked(out, true);
+    status = st == Step::message ? PollStatus::message : st == Step::ended ? PollStatus::ended : PollStatus::empty;
+    return out;
   }
 
   std::optional<Tensor> recv(Clock::time_point deadline, bool interruptible, bool& interrupted) {
@@ -201,32 +208,10 @@ class SubscriberImpl {
       {
         std::lock_guard lock(mu_);
         check_usable("recv");
-        if (user_closed_) return std::nullopt;
-        if (!welcomed_ && !peer_gone_) wait_for_publisher(0);  // accept / read the welcome without blocking
-        if (welcomed_) {
-          if (auto t = try_take()) return t;
-          if (peer_gone_ || chan_->ring.closed()) {
-            if (chan_->ring.empty()) {
-              set_eos();
-              return std::nullopt;
-            }
-            continue;
-          }
-        } else if (peer_gone_) {
-          set_eos();
-          return std::nullopt;
-        }
-        const auto now = Clock::now();
-        if (now >= deadline) {
-          // Notice a dead publisher even when polled with zero timeouts, without a syscall on every poll.
-          if (chan_ && (fd_mode_ || now - last_peer_check_ > std::chrono::milliseconds(5))) {
-            last_peer_check_ = now;
-            process_control();
-          }
-          if (fd_mode_ && welcomed_) settle_eventfd();
-          if (welcomed_ && !chan_->ring.empty()) continue;  // try_take above settles it next round: bounded
-          return std::nullopt;
-        }
+        std::optional<Tensor> out;
+        const Step st = step_locked(out, Clock::now() >= deadline);
+        if (st == Step::message) return out;
+        if (st != Step::wait) return std::nullopt;
         if (!welcomed_) {
           wait_fd = chan_ ? chan_->conn.get() : listener_.get();
         } else {
@@ -245,21 +230,22 @@ class SubscriberImpl {
       }
       Ring& ring = chan->ring;
       if (!spun) {
-        // Busy hand-off: poll the ring for a short while before sleeping. After the first couple of microseconds
-        // each round yields the core, so a peer scheduled on the same core gets to run (a pure spin there would
-        // starve the very process we wait for).
+        // Busy hand-off: poll the ring for a short while before sleeping. When the publisher last ran on this very
+        // core, spinning cannot help (it would starve the process we wait for until the scheduler preempts us,
+        // ~100 µs later): then each round yields the core to it instead. On another core, spin.
         spun = true;
-        const auto start = Clock::now();
-        const auto spin_end = std::min(deadline, start + kSpin), pure_end = start + kPureSpin;
+        const auto spin_end = std::min(deadline, Clock::now() + kSpin);
+        bool yield = false;
         for (unsigned i = 0;; ++i) {
           if (!ring.empty() || ring.closed()) break;
-          if ((i & 15) == 15) {
-            const auto t = Clock::now();
-            if (t >= spin_end) break;
-            if (t >= pure_end) ::sched_yield();
-          } else {
-            __builtin_ia32_pause();
+          if ((i & 15) == 0) {
+            if (Clock::now() >= spin_end) break;
+            const uint32_t peer = aref(ring.header().producer_cpu).load(std::memory_order_relaxed);
+            const int me = ::sched_getcpu();
+            yield = me >= 0 && peer == static_cast<uint32_t>(me);
           }
+          if (yield) ::sched_yield();
+          else __builtin_ia32_pause();
         }
         continue;
       }
@@ -296,6 +282,50 @@ class SubscriberImpl {
   std::mutex& mutex() noexcept { return mu_; }
 
  private:
+  enum class Step : uint8_t {
+    message,  ///< `out` holds a message
+    ended,    ///< closed, or end-of-stream: nothing will arrive
+    empty,    ///< nothing now, and the deadline has passed
+    wait,     ///< nothing now: wait (without the lock) and look again
+  };
+
+  // What recv does under the lock each round: take a message, notice the end of the stream, or say to wait.
+  // Bounded: every `continue` follows a state change that the next round settles.
+  Step step_locked(std::optional<Tensor>& out, bool at_deadline) {
+    for (int round = 0; round < 8; ++round) {
+      if (user_closed_) return Step::ended;
+      if (broken_) {  // reported once; afterwards the stream has simply ended
+        set_eos();
+        return Step::ended;
+      }
+      if (!welcomed_ && !peer_gone_) wait_for_publisher(0);  // accept / read the welcome without blocking
+      if (welcomed_) {
+        if ((out = try_take())) return Step::message;
+        if (peer_gone_ || chan_->ring.closed()) {
+          if (chan_->ring.empty()) {
+            set_eos();
+            return Step::ended;
+          }
+          continue;
+        }
+      } else if (peer_gone_) {
+        set_eos();
+        return Step::ended;
+      }
+      if (!at_deadline) return Step::wait;
+      // Notice a dead publisher even when polled with zero timeouts, without a syscall on every poll.
+      const auto now = Clock::now();
+      if (chan_ && (fd_mode_ || now - last_peer_check_ > std::chrono::milliseconds(5))) {
+        last_peer_check_ = now;
+        process_control();
+      }
+      if (fd_mode_ && welcomed_) settle_eventfd();
+      if (welcomed_ && !chan_->ring.empty()) continue;
+      return Step::empty;
+    }
+    return at_deadline ? Step::empty : Step::wait;
+  }
+
   void check_usable(const char* what) const {
     if (forked_ || ::getpid() != pid_)
       throw Error(ErrorCode::invalid_argument, std::string("Subscriber::") + what + ": this subscriber of '" + name_ +
@@ -304,7 +334,7 @@ class SubscriberImpl {
   }
 
   bool closed_locked() const noexcept {
-    if (user_closed_ || eos_ || forked_) return true;
+    if (user_closed_ || eos_ || forked_ || broken_) return true;
     if (!peer_gone_ && !(welcomed_ && chan_->ring.closed())) return false;
     return !welcomed_ || chan_->ring.empty();
   }
@@ -383,7 +413,7 @@ class SubscriberImpl {
         handle(decode_control(std::span<const uint8_t>(buf, static_cast<size_t>(n)), fds.size()), fds);
       } catch (const Error& e) {
         // A hostile or broken publisher: stop listening to it (end-of-stream) and report the error once.
-        peer_gone_ = true;
+        peer_gone_ = broken_ = true;
         if (e.code() == ErrorCode::invalid_argument || e.code() == ErrorCode::version_mismatch) throw;
         throw Error(ErrorCode::invalid_argument, "Subscriber('" + name_ + "'): the publisher (pid " +
                                                      std::to_string(publisher_pid_) + ") sent what cannot be used: " +
@@ -446,7 +476,7 @@ class SubscriberImpl {
       if (n) meta.assign(chan_->ring.cell_metadata(c), n);
     });
     if (r == Pop::corrupt) {
-      peer_gone_ = true;
+      peer_gone_ = broken_ = true;
       broken(name_, "a ring cell whose sequence word is ahead of the ring's head");
     }
     if (r == Pop::empty) return std::nullopt;
@@ -462,9 +492,10 @@ class SubscriberImpl {
     DecodedMessage m;
     try {
       m = decode_message(d, meta, seg ? seg->size() : 0, chan_->ring.lease_slots(), cap);
-    } catch (...) {
+    } catch (const Error& e) {
       release_slot(d.lease_slot);
-      throw;
+      peer_gone_ = broken_ = true;  // one malformed message ends the stream: the publisher cannot be trusted
+      throw Error(e.code(), "Subscriber('" + name_ + "'): " + e.what() + "; the stream is ended");
     }
     char* base = seg->data() + m.alloc_offset;
     auto lease = std::make_shared<Lease>(chan_, std::move(seg), m.lease_slot);
@@ -509,6 +540,7 @@ class SubscriberImpl {
   int32_t publisher_pid_ = 0;
   std::atomic<bool> user_closed_flag_{false};
   bool welcomed_ = false, peer_gone_ = false, user_closed_ = false, eos_ = false, fd_mode_ = false, forked_ = false;
+  bool broken_ = false;  // the publisher broke the protocol: reported once, then end-of-stream
 };
 
 void subscribers_prepare_fork() noexcept {
@@ -561,7 +593,7 @@ std::optional<Tensor> Subscriber::recv() {
 std::optional<Tensor> Subscriber::recv_interruptible(std::chrono::nanoseconds timeout, bool& interrupted) {
   return get(impl_, "recv").recv(deadline_after(timeout), true, interrupted);
 }
-std::optional<Tensor> Subscriber::poll_nowait(bool& busy) { return get(impl_, "recv").poll_nowait(busy); }
+std::optional<Tensor> Subscriber::poll_nowait(PollStatus& status) { return get(impl_, "recv").poll_nowait(status); }
 bool Subscriber::closed() const noexcept { return !impl_ || impl_->closed(); }
 bool Subscriber::connected() const noexcept { return impl_ && impl_->connected(); }
 int Subscriber::fileno() { return get(impl_, "fileno").fileno(); }

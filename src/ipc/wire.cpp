@@ -1,5 +1,6 @@
 // wire.cpp — encoding and validation of what crosses between processes: channel headers, ring cells, message
 // descriptors and control packets. Decoders are pure functions of their input (fuzzed by fuzz_ipc_message).
+#include <sched.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -130,6 +131,8 @@ CellHeader* Ring::begin_push() noexcept {
 
 bool Ring::commit_push() noexcept {
   const uint64_t pos = aref(h_->tail).load(std::memory_order_relaxed);
+  const int cpu = ::sched_getcpu();
+  aref(h_->producer_cpu).store(cpu < 0 ? UINT32_MAX : static_cast<uint32_t>(cpu), std::memory_order_relaxed);
   aref(cell(pos).seq).store(pos + 1, std::memory_order_seq_cst);
   aref(h_->tail).store(pos + 1, std::memory_order_release);
   aref(h_->futex_word).fetch_add(1, std::memory_order_seq_cst);

@@ -426,6 +426,206 @@ TEST(IpcHostile, UnsealedOrLyingChannelsAreRejected) {
   fake_publisher(topic("garbage"), &w, sizeof w, {garbage.get(), efd.get()});
 }
 
+// A publisher that connects a subscriber properly, then rewrites the shared ring it handed over. The subscriber
+// validated the geometry once and keeps its own copy: rewriting it must not matter, and a cell whose sequence word
+// runs ahead of head ends the stream with an error instead of a spin that ignores the timeout.
+struct RogueChannel {
+  ipc::ChannelHeader h = ipc::make_channel_header(4, 256, 8, static_cast<uint32_t>(::getpid()));
+  ipc::Fd fd = ipc::make_memfd("rogue", h.total_bytes);
+  ipc::Mapping map = ipc::Mapping::map(fd.get(), h.total_bytes, true, false);
+  ipc::Ring ring;
+  RogueChannel() {
+    std::memcpy(map.data(), &h, sizeof h);
+    ring = ipc::Ring(map.data(), h);
+    ring.init_cells();
+  }
+};
+
+void rogue_publisher(const std::string& name, const std::function<void(RogueChannel&)>& corrupt,
+                     const std::function<void(Subscriber&)>& check) {
+  ipc::Fd l = ipc::listen_abstract(ipc::publisher_address(name));
+  ASSERT_TRUE(l);
+  RogueChannel ch;
+  ipc::Fd efd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  std::atomic<bool> welcomed{false};
+  std::thread t([&] {
+    for (int i = 0; i < 5000; ++i) {
+      ipc::Fd c(::accept4(l.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      if (c) {
+        const auto w = ipc::encode_control(ipc::ControlType::welcome, 0, ch.h.total_bytes);
+        const int fds[2] = {ch.fd.get(), efd.get()};
+        ipc::send_packet(c.get(), &w, sizeof w, fds, 1000);
+        welcomed = true;
+        for (int k = 0; k < 300 && welcomed; ++k) std::this_thread::sleep_for(10ms);  // keep the socket open
+        return;
+      }
+      std::this_thread::sleep_for(1ms);
+    }
+  });
+  struct Joiner {
+    std::thread& t;
+    std::atomic<bool>& flag;
+    ~Joiner() {
+      flag = false;
+      t.join();
+    }
+  } joiner{t, welcomed};
+  Subscriber sub(name);
+  ASSERT_TRUE(sub.connected());
+  corrupt(ch);
+  check(sub);
+}
+
+TEST(IpcHostile, RewrittenRingGeometryIsNeverReadAgain) {
+  rogue_publisher(topic("geometry"), [](RogueChannel& ch) {
+    auto* h = reinterpret_cast<ipc::ChannelHeader*>(ch.map.data());
+    h->cells = 0;                      // a division by zero if the subscriber read it again
+    h->cell_bytes = uint64_t{1} << 60; // an out-of-bounds cell if it did
+    h->leases_offset = uint64_t{1} << 62;
+    h->lease_slots = 0xffffffffu;
+  }, [](Subscriber& sub) {
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_FALSE(sub.recv(100ms));  // nothing queued: a timeout, no crash
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  });
+}
+
+TEST(IpcHostile, ACellAheadOfHeadEndsTheStreamWithAnErrorWithinTheTimeout) {
+  rogue_publisher(topic("seqahead"), [](RogueChannel& ch) {
+    ipc::aref(ch.ring.cell(0).seq).store(5);  // "holds message 4" at position 0: no honest publisher writes that
+    ipc::aref(ch.ring.header().tail).store(5);
+  }, [](Subscriber& sub) {
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_THROW(sub.recv(200ms), tw::Error);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+    EXPECT_FALSE(sub.recv(50ms));  // afterwards: end of stream
+    EXPECT_TRUE(sub.closed());
+  });
+}
+
+TEST(IpcHostile, HostileLeaseSlotsAndSegmentsAreRefused) {
+  rogue_publisher(topic("lease"), [](RogueChannel& ch) {
+    ipc::CellHeader* c = ch.ring.begin_push();
+    ASSERT_NE(c, nullptr);
+    tw::Layout l{DType::uint8(), Shape{4}, tw::Strides{1}, 0, false};
+    ipc::encode_message(c->msg, l, 1, 77, 0, 4096, 1u << 30, 0);  // lease slot far outside the table
+    ch.ring.commit_push();
+  }, [](Subscriber& sub) { EXPECT_THROW(sub.recv(1s), tw::Error); });
+}
+
+// A subscriber that rewrites its ring's head (past tail): the publisher drops it and goes on.
+TEST(IpcHostile, ASubscriberThatBreaksTheRingIsDroppedNotWaitedFor) {
+  const std::string name = topic("roguesub");
+  Publisher pub(name, PublisherOptions{.depth = 2});
+  Subscriber honest(name);
+  ipc::Fd c = ipc::connect_abstract(ipc::publisher_address(name));
+  ASSERT_TRUE(c);
+  std::vector<ipc::Fd> fds;
+  alignas(8) uint8_t buf[64];
+  long n = -1;
+  for (int i = 0; i < 2000 && n == -1; ++i) {
+    n = ipc::recv_packet(c.get(), buf, sizeof buf, fds);
+    if (n == -1) std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_GT(n, 0);
+  ASSERT_EQ(fds.size(), 2u);
+  const ipc::ControlMessage w = ipc::decode_control(std::span<const uint8_t>(buf, static_cast<size_t>(n)), 2);
+  ipc::Mapping chan = ipc::Mapping::map(fds[0].get(), w.size, true, false);
+  for (int i = 0; i < 2000 && pub.subscriber_count() < 2; ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(pub.subscriber_count(), 2u);
+  ipc::aref(reinterpret_cast<ipc::ChannelHeader*>(chan.data())->head).store(1000);  // head far past tail
+  for (int i = 0; i < 10; ++i) {
+    EXPECT_EQ(pub.send(Tensor::zeros({4}, DType::int32()), {}, 2s), 1u);  // only the honest one
+    ASSERT_TRUE(honest.recv(2s));
+  }
+  EXPECT_EQ(pub.subscriber_count(), 1u);
+  // And the rogue sees its socket shut down.
+  pollfd p{c.get(), POLLIN | POLLRDHUP, 0};
+  EXPECT_EQ(::poll(&p, 1, 2000), 1);
+}
+
+// A peer chooses segment and channel sizes: a huge sparse segment is mapped without pre-faulting it.
+TEST(IpcHostile, HugeAnnouncedSegmentsAreNotPrefaulted) {
+  EXPECT_FALSE(ipc::prefault_allowed(uint64_t{64} << 40));
+  EXPECT_FALSE(ipc::prefault_allowed(ipc::kMaxPrefaultBytes + 1));
+  EXPECT_TRUE(ipc::prefault_allowed(4096));
+  ipc::Fd fd = ipc::make_memfd("huge", size_t{1} << 44);  // 16 TiB, sparse
+  ipc::Mapping m = ipc::Mapping::map(fd.get(), size_t{1} << 44, false, true);  // must neither OOM nor take long
+  EXPECT_TRUE(m);
+}
+
+TEST(IpcPublisher, HugeLoansThrowOutOfMemory) {
+  Publisher pub(topic("hugeloan"));
+  try {
+    pub.loan({int64_t{1} << 46}, DType::uint8());
+    ADD_FAILURE() << "a 64 TiB loan succeeded";
+  } catch (const tw::Error& e) {
+    EXPECT_EQ(e.code(), tw::ErrorCode::out_of_memory) << e.what();
+  }
+  EXPECT_EQ(pub.pool_buffers(), 0u);
+}
+
+TEST(IpcPublisher, SendConsumesAnRvalueLoanAndTheSentBufferIsReadOnly) {
+  const std::string name = topic("consume");
+  Publisher pub(name);
+  Subscriber sub(name);
+  Tensor t = pub.loan({64}, DType::uint8());
+  std::memset(t.data<uint8_t>(), 5, 64);
+  Tensor keep = t;  // a second handle to the same loan
+  EXPECT_EQ(pub.send(std::move(t)), 1u);
+  EXPECT_FALSE(t.defined());
+  auto r = sub.recv(2s);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->data<const uint8_t>()[63], 5);
+  // The publisher's own mapping of a sent loan is read-only: a write through `keep` would fault. Check the
+  // protection the kernel reports rather than faulting the test process.
+  const auto addr = reinterpret_cast<uintptr_t>(keep.data_ptr());
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  bool found = false;
+  while (std::getline(maps, line)) {
+    uintptr_t lo = 0, hi = 0;
+    char perms[5] = {};
+    if (std::sscanf(line.c_str(), "%lx-%lx %4s", &lo, &hi, perms) == 3 && addr >= lo && addr < hi) {
+      found = true;
+      EXPECT_EQ(perms[1], '-') << line;
+    }
+  }
+  EXPECT_TRUE(found);
+}
+
+TEST(IpcPublisher, SendTimesOutWithNothingDeliveredAndNamesTheSubscriber) {
+  const std::string name = topic("timeout");
+  Publisher pub(name, PublisherOptions{.depth = 1});
+  Subscriber full(name), idle(name);
+  pub.send(Tensor::zeros({1}, DType::int8()));
+  ASSERT_TRUE(idle.recv(2s));
+  try {
+    pub.send(Tensor::zeros({1}, DType::int8()), {}, 50ms);
+    ADD_FAILURE() << "no timeout";
+  } catch (const tw::TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("pid " + std::to_string(::getpid())), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(idle.try_recv());  // all or none
+}
+
+TEST(IpcPublisher, MetadataWithManyKeysDecodesInLinearTime) {
+  // 200k keys: quadratic decoding needed ~2e10 key comparisons (minutes); linear takes milliseconds.
+  Metadata m;
+  std::vector<std::string> keys;
+  std::vector<Value> values;
+  for (int i = 0; i < 200000; ++i) {
+    keys.push_back(std::string("k").append(std::to_string(i)));
+    values.emplace_back(i);
+  }
+  m = Metadata::from_value(Value::dict(std::move(keys), std::move(values)));
+  const std::string enc = tw::encode_metadata(m);
+  const Metadata back = tw::decode_metadata(enc);
+  ASSERT_EQ(back.size(), 200000u);
+  EXPECT_EQ(back.at("k199999").as_int(), 199999);
+  EXPECT_THROW(Value::dict({"a", "b", "a"}, {Value(1), Value(2), Value(3)}), tw::Error);
+}
+
 // ---- processes ------------------------------------------------------------------------------------------------
 
 TEST(IpcProcess, EveryLayoutAndDtypeArrivesIdentical) {
