@@ -109,6 +109,14 @@ test-install: build
 	@$(BUILD)/consumer/consumer
 	@$(BUILD)/consumer/consumer_c
 
+# Long soak and fault runs for developers (not part of `make test`, which runs bounded versions of the same
+# scripts): SOAK_MESSAGES messages fanned out to 4 subscriber processes, SOAK_ROUNDS SIGKILL rounds, and the C++
+# million-message checksum run.
+soak: build
+	@PYTHONPATH=$(BUILD)/release/pkg $(PY) tests/soak/ipc_soak.py fanout --subscribers 4 --messages $${SOAK_MESSAGES:-500000} --seed $${SOAK_SEED:-1}
+	@PYTHONPATH=$(BUILD)/release/pkg $(PY) tests/soak/ipc_soak.py kill --rounds $${SOAK_ROUNDS:-1000} --seed $${SOAK_SEED:-1}
+	@TW_IPC_MESSAGES=1000000 $(BUILD)/release/tests/cpp/tw_test_ipc --gtest_filter='*ManyMessages*'
+
 bench: build
 	@PYTHONPATH=$(BUILD)/release/pkg $(PY) bench/bench_contiguous.py --quick
 	@PYTHONPATH=$(BUILD)/release/pkg $(PY) bench/bench_roundtrip.py

@@ -209,7 +209,7 @@ void register_ipc(nb::module_& m) {
            "max_buffers"_a = 1024, "pool_bytes"_a = size_t{2} << 30, "max_subscribers"_a = 256,
            "protect_sent_loans"_a = true)
       .def("send",
-           [](tw::Publisher& p, nb::handle obj, nb::handle metadata, nb::handle timeout) {
+           [](tw::Publisher& p, nb::handle obj, nb::handle metadata, nb::handle timeout) -> size_t {
              if (p.closed())
                throw tw::Error(tw::ErrorCode::invalid_argument, "send on a closed tensorwire.Publisher('" + p.name() + "')");
              nb::object converted;
@@ -230,15 +230,12 @@ void register_ipc(nb::module_& m) {
                throw nb::buffer_error("tensorwire.Publisher.send: this loaned tensor has other live exports "
                                       "(views, NumPy arrays, memoryviews or DLPack capsules); release them "
                                       "before sending, or send a copy");
-             if (!loaned) {
-               sliced(timeout, [&](tw::Timeout slice) { return p.send(src, extra, slice); });
-               return;
-             }
+             if (!loaned) return sliced(timeout, [&](tw::Timeout slice) { return p.send(src, extra, slice); });
              // A loan is handed over whole: the Python object is spent once it is sent (and stays usable when the
              // send fails: an rvalue send consumes only on success).
              tw::Tensor t = std::move(src);
              try {
-               sliced(timeout, [&](tw::Timeout slice) { return p.send(std::move(t), extra, slice); });
+               return sliced(timeout, [&](tw::Timeout slice) { return p.send(std::move(t), extra, slice); });
              } catch (...) {
                src = std::move(t);
                throw;
@@ -246,7 +243,7 @@ void register_ipc(nb::module_& m) {
            },
            "obj"_a, "metadata"_a = nb::none(), nb::kw_only(), "timeout"_a = nb::none(),
            "Delivers obj (anything tw.asarray accepts) to every current subscriber, or to none, with its metadata "
-           "merged with `metadata`. A loan()ed tensor crosses with no copy and is spent afterwards (its memory "
+           "merged with `metadata`; returns how many subscribers got it. A loan()ed tensor crosses with no copy and is spent afterwards (its memory "
            "becomes read-only here); anything else is copied once. Waits for full subscribers (on_full='block') "
            "at most `timeout` seconds, then raises TimeoutError naming the subscriber; nobody got the message then.")
       .def("loan",
