@@ -161,12 +161,12 @@ class SubscriberImpl {
 
   bool connected() const noexcept {
     std::lock_guard lock(mu_);
-    return !user_closed_ && !forked_ && welcomed_ && !peer_gone_ && !chan_->ring.closed();
+    return !user_closed_ && !forked_ && !eos_ && welcomed_ && !peer_gone_ && chan_ && !chan_->ring.closed();
   }
 
   uint64_t dropped() const noexcept {
     std::lock_guard lock(mu_);
-    if (!chan_ || !welcomed_) return dropped_;  // kept at close(): the count stays readable
+    if (!chan_ || !welcomed_) return dropped_;  // kept at close() and end-of-stream: the count stays readable
     return aref(chan_->ring.header().dropped).load(std::memory_order_relaxed);
   }
 
@@ -179,7 +179,7 @@ class SubscriberImpl {
     if (!welcomed_ && !peer_gone_) wait_for_publisher(0);
     if (!fd_mode_) {
       fd_mode_ = true;
-      if (welcomed_) arm_eventfd();
+      if (welcomed_ && chan_) arm_eventfd();
     }
     return epfd_.get();
   }
@@ -293,7 +293,7 @@ class SubscriberImpl {
   // Bounded: every `continue` follows a state change that the next round settles.
   Step step_locked(std::optional<Tensor>& out, bool at_deadline) {
     for (int round = 0; round < 8; ++round) {
-      if (user_closed_) return Step::ended;
+      if (user_closed_ || eos_) return Step::ended;
       if (broken_) {  // reported once; afterwards the stream has simply ended
         set_eos();
         return Step::ended;
@@ -335,15 +335,25 @@ class SubscriberImpl {
 
   bool closed_locked() const noexcept {
     if (user_closed_ || eos_ || forked_ || broken_) return true;
-    if (!peer_gone_ && !(welcomed_ && chan_->ring.closed())) return false;
-    return !welcomed_ || chan_->ring.empty();
+    if (!peer_gone_ && !(welcomed_ && chan_ && chan_->ring.closed())) return false;
+    return !welcomed_ || !chan_ || chan_->ring.empty();
   }
 
-  // End of stream: nothing more will arrive. Cached segment mappings go now (tensors still alive keep their own).
+  // End of stream: nothing more will arrive. The channel and the cached segment mappings go now, not at close():
+  // tensors still alive keep what they use (their leases hold the channel and their segment).
   void set_eos() {
+    if (eos_) return;
     eos_ = true;
+    if (chan_ && welcomed_) dropped_ = aref(chan_->ring.header().dropped).load(std::memory_order_relaxed);
     segments_.clear();
-    if (fd_mode_) settle_eventfd();
+    if (efd_) {  // fileno() users: readable from now on (recv reports end-of-stream)
+      uint64_t one = 1;
+      [[maybe_unused]] ssize_t r = ::write(efd_.get(), &one, sizeof one);
+    }
+    if (chan_) {
+      if (epfd_) ::epoll_ctl(epfd_.get(), EPOLL_CTL_DEL, chan_->conn.get(), nullptr);
+      chan_.reset();
+    }
   }
 
   void watch(int fd, uint32_t events) {

@@ -426,6 +426,54 @@ TEST(IpcHostile, UnsealedOrLyingChannelsAreRejected) {
   fake_publisher(topic("garbage"), &w, sizeof w, {garbage.get(), efd.get()});
 }
 
+TEST(IpcHostile, AWakeUpDescriptorThatIsNotAnEventfdIsRefused) {
+  // A valid channel, but a pipe where the eventfd belongs: its reader would block fileno() users.
+  const ipc::ChannelHeader h = ipc::make_channel_header(2, 64, 2, 1);
+  ipc::Fd chan = ipc::make_memfd("chan", h.total_bytes);
+  ASSERT_EQ(::pwrite(chan.get(), &h, sizeof h, 0), static_cast<ssize_t>(sizeof h));
+  int p[2];
+  ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);
+  ipc::Fd r(p[0]), w(p[1]);
+  const auto welcome = ipc::encode_control(ipc::ControlType::welcome, 0, h.total_bytes);
+  fake_publisher(topic("pipe"), &welcome, sizeof welcome, {chan.get(), r.get()});
+}
+
+// Abstract socket names have no permissions: another user can bind a topic's address first. Both sides say so.
+TEST(IpcHostile, ASquatterOfAnotherUserIsNamedNotConnected) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a squatter as another user";
+  const std::string name = topic("squat");
+  int ready[2], done[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  ASSERT_EQ(::pipe(done), 0);
+  pid_t child = spawn([&] {
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) return 2;
+    // Bind this user's (root's) address for the topic, as a hostile local user could.
+    ipc::Fd l = ipc::listen_abstract("tw/0/" + name);
+    if (!l) return 3;
+    char c = 1;
+    if (::write(ready[1], &c, 1) != 1) return 4;
+    if (::read(done[0], &c, 1) != 1) return 5;
+    return 0;
+  });
+  char c;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  try {
+    Publisher pub(name);
+    ADD_FAILURE() << "a publisher started on a squatted name";
+  } catch (const tw::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("another user"), std::string::npos) << e.what();
+  }
+  try {
+    Subscriber sub(name);
+    ADD_FAILURE() << "a subscriber connected to a squatter";
+  } catch (const tw::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("another user"), std::string::npos) << e.what();
+  }
+  ASSERT_EQ(::write(done[1], &c, 1), 1);
+  EXPECT_EQ(wait_exit(child), 0);
+  for (int fd : {ready[0], ready[1], done[0], done[1]}) ::close(fd);
+}
+
 // A publisher that connects a subscriber properly, then rewrites the shared ring it handed over. The subscriber
 // validated the geometry once and keeps its own copy: rewriting it must not matter, and a cell whose sequence word
 // runs ahead of head ends the stream with an error instead of a spin that ignores the timeout.

@@ -401,3 +401,49 @@ def test_too_many_subscribers_are_refused_with_a_clear_error():
         with pytest.raises(ValueError, match="max_subscribers"):
             tw.Subscriber(name)
         assert pub.subscribers == 1
+
+
+# ---- 9. a slow reader of control messages is stopped, never freed ---------------------------------------------
+
+
+def test_a_subscriber_too_slow_for_control_messages_is_stopped_and_its_tensors_stay_intact():
+    name = topic("slowctl")
+    # A pool that holds the kept 4 KiB buffer and one 64 KiB buffer, but not a free 4 KiB one as well.
+    with tw.Publisher(name, depth=1, on_full="drop_oldest", pool_bytes=(72 << 10) - 1) as pub, \
+            tw.Subscriber(name) as sub:
+        pub.send(np.full(1024, 7, np.int32))
+        kept = sub.recv(timeout=5)
+        # Sizes that never fit each other's buffers: every send retires a segment and announces a new one, two
+        # control packets this subscriber never reads (it does not call recv), until its socket buffer is full.
+        sizes = [4096, 65536]
+        for i in range(4000):
+            pub.send(np.full(sizes[i % len(sizes)] // 4, i, np.int32), timeout=5)
+            if pub.subscribers == 0:
+                break
+        assert pub.subscribers == 0, "the subscriber was never stopped"
+        # Its lease was honoured: the buffer under `kept` was never reused.
+        assert (np.asarray(kept) == 7).all()
+        # What it had queued still arrives, then its stream ends.
+        with pytest.raises(EOFError):
+            for _ in range(10):
+                sub.recv(timeout=5)
+
+
+def tw_mappings() -> int:
+    with open("/proc/self/maps") as f:
+        return sum("memfd:tensorwire" in line for line in f)
+
+
+def test_mappings_go_at_end_of_stream_not_at_close():
+    name = topic("eosmaps")
+    before = tw_mappings()
+    sub = tw.Subscriber(name)
+    with tw.Publisher(name) as pub:
+        for i in range(4):
+            pub.send(np.full(100000 + i * 70000, i, np.uint8))  # four segment sizes
+        got = [sub.recv(timeout=5) for _ in range(4)]
+        del got
+    with pytest.raises(EOFError):
+        sub.recv(timeout=5)
+    assert tw_mappings() == before  # nothing of the ended stream is still mapped, though sub is not closed
+    sub.close()
