@@ -4,6 +4,7 @@
 //   0: message  — a MessageDescriptor (zero-padded when short), then the segment size (u64 LE), then metadata bytes
 //   1: control  — the rest is one control packet
 //   2: channel  — a ChannelHeader (zero-padded), then the mapped size (u64 LE)
+//   3: group    — a MessageDescriptor as a group header (zero-padded), then its structure metadata
 // Properties checked:
 //  1. Only tw::Error escapes; no sanitizer report.
 //  2. An accepted message's tensor lies inside its allocation, and the allocation inside its segment; re-encoding
@@ -92,9 +93,10 @@ void fuzz_channel(const uint8_t* p, size_t n) {
   if (mapped > (4u << 20)) return;  // accepted, but too large to exercise here
   std::vector<char> mem(mapped);
   std::memcpy(mem.data(), &h, sizeof h);
-  ipc::Ring ring(mem.data());
+  ipc::Ring ring(mem.data(), h);
   ring.init_cells();
-  for (uint32_t i = 0; i < h.lease_slots; ++i) ipc::aref(ring.released(i)).fetch_add(1);
+  for (uint32_t i = 0; i < h.lease_slots; ++i) ipc::aref(*ring.released(i)).fetch_add(1);
+  TW_FUZZ_CHECK(ring.released(h.lease_slots) == nullptr, "a lease counter past the table");
   // Push and pop around the ring more than once: every cell is touched.
   for (uint64_t i = 0; i < 2ull * h.cells + 1; ++i) {
     if (ipc::CellHeader* c = ring.begin_push()) {
@@ -106,6 +108,18 @@ void fuzz_channel(const uint8_t* p, size_t n) {
   }
 }
 
+void fuzz_group(const uint8_t* p, size_t n) {
+  const auto d = take<ipc::MessageDescriptor>(p, n);
+  const std::string_view meta(reinterpret_cast<const char*>(p), n);
+  try {
+    const ipc::DecodedGroupHead g = ipc::decode_group_head(d, meta, 4096);
+    TW_FUZZ_CHECK(g.count >= 1 && g.count <= ipc::kMaxGroup, "a group of %u", g.count);
+    const std::string& kind = g.structure.at("kind").as_string();
+    if (kind == "dict") TW_FUZZ_CHECK(g.structure.at("keys").items().size() == g.count, "keys do not match the count");
+  } catch (const tw::Error&) {
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -114,7 +128,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   switch (mode & 3) {
     case 0: fuzz_message(data + 1, size - 1); break;
     case 1: fuzz_control(data + 1, size - 1, (mode >> 2) & 7); break;
-    default: fuzz_channel(data + 1, size - 1); break;
+    case 2: fuzz_channel(data + 1, size - 1); break;
+    default: fuzz_group(data + 1, size - 1); break;
   }
   return 0;
 }

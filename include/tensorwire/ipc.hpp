@@ -30,6 +30,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "tensorwire/error.hpp"
 #include "tensorwire/metadata.hpp"
@@ -65,6 +66,19 @@ class TimeoutError : public Error {
 
 /// A wait bound: std::nullopt waits as long as it takes (a dead subscriber is still never waited for).
 using Timeout = std::optional<std::chrono::nanoseconds>;
+
+/// One message of several tensors, delivered atomically (all or none, never interleaved with other messages):
+/// an image with its boxes and mask, say. Each tensor keeps its own layout and metadata.
+struct Message {
+  enum class Kind : uint8_t {
+    list,   ///< tensors in order (Python: a list)
+    tuple,  ///< tensors in order (Python: a tuple)
+    dict,   ///< tensors under `keys` (Python: a dict with str keys, in insertion order)
+  };
+  Kind kind = Kind::list;
+  std::vector<Tensor> tensors;
+  std::vector<std::string> keys;  ///< dict only: one per tensor, unique
+};
 
 struct PublisherOptions {
   /// Messages each subscriber's ring holds (>= 1).
@@ -139,6 +153,10 @@ class Publisher {
   /// child, Error(unsupported) for non-host memory, Error(invalid_argument) for oversized metadata,
   /// WouldBlockError under OnFull::raise, TimeoutError when `timeout` passes first (then nobody got it).
   size_t send(const Tensor& t, const Metadata& extra = {}, Timeout timeout = std::nullopt);
+  /// Delivers several tensors as one message, atomically: a subscriber's recv_message() returns them with the same
+  /// structure, each with its own layout and its metadata merged with `extra`. Loans among them cross with no copy.
+  /// A message of n tensors takes n + 1 cells of a subscriber's ring (depth must be at least n + 1).
+  size_t send(const Message& message, const Metadata& extra = {}, Timeout timeout = std::nullopt);
   /// The same, consuming the tensor: `send(std::move(loan))` leaves nothing in the caller to write through, so a
   /// loan with no other views, copies or escaped raw pointers (Buffer::escaped) is not made read-only (faster).
   /// The tensor is consumed only when the send succeeds.
@@ -187,6 +205,14 @@ class Subscriber {
   }
   /// Blocks until a message arrives or the stream ends.
   std::optional<Tensor> recv();
+  /// Like recv(timeout), for any message: one tensor arrives as a Message of Kind::list with one tensor and
+  /// `single` set; a message of several tensors with the structure it was sent with. (recv() throws
+  /// Error(invalid_argument) on a message of several tensors, which it then drops: use this.)
+  struct Received {
+    Message message;
+    bool single = true;
+  };
+  std::optional<Received> recv_message(std::chrono::nanoseconds timeout);
   /// recv with a zero timeout.
   std::optional<Tensor> try_recv() { return recv(std::chrono::nanoseconds(0)); }
 
@@ -205,13 +231,13 @@ class Subscriber {
   void close() noexcept;
   const std::string& name() const noexcept;
 
-  /// Internal (bindings): like recv(timeout), but returns early (empty) when a wait is interrupted by a signal.
-  std::optional<Tensor> recv_interruptible(std::chrono::nanoseconds timeout, bool& interrupted);
+  /// Internal (bindings): like recv_message(timeout), but returns early (empty) when a wait is interrupted.
+  std::optional<Received> recv_interruptible(std::chrono::nanoseconds timeout, bool& interrupted);
   /// What poll_nowait found.
   enum class PollStatus : uint8_t { message, empty, ended, busy };
   /// Internal (bindings): recv with a zero timeout that never blocks — not even on the internal lock (`busy`:
   /// another thread holds it, and nothing was looked at).
-  std::optional<Tensor> poll_nowait(PollStatus& status);
+  std::optional<Received> poll_nowait(PollStatus& status);
 
  private:
   std::unique_ptr<ipc_detail::SubscriberImpl> impl_;

@@ -134,11 +134,78 @@ auto sliced(nb::handle timeout_h, F&& attempt) {
   }
 }
 
+// A received message as Python sees it: a tensor, or the list / tuple / dict of tensors it was sent as.
+nb::object wrap_received(tw::Subscriber::Received&& r) {
+  tw::Message& m = r.message;
+  if (r.single) return wrap(std::move(m.tensors.front()));
+  if (m.kind == tw::Message::Kind::dict) {
+    nb::dict d;
+    for (size_t i = 0; i < m.tensors.size(); ++i) d[nb::str(m.keys[i].c_str())] = wrap(std::move(m.tensors[i]));
+    return d;
+  }
+  nb::list l;
+  for (tw::Tensor& t : m.tensors) l.append(wrap(std::move(t)));
+  if (m.kind == tw::Message::Kind::tuple) return nb::tuple(l);
+  return l;
+}
+
+// Publisher.send of a dict / list / tuple: one message of several tensors. Loans among them cross with no copy
+// and are spent once it is sent; every value is converted with tw.asarray first.
+size_t send_message(tw::Publisher& p, nb::handle obj, nb::handle metadata, nb::handle timeout) {
+  tw::Message m;
+  std::vector<nb::object> values;  // the Python objects, kept alive for the send
+  if (PyDict_Check(obj.ptr())) {
+    m.kind = tw::Message::Kind::dict;
+    PyObject *k, *v;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(obj.ptr(), &pos, &k, &v)) {
+      if (!PyUnicode_Check(k))
+        throw tw::Error(tw::ErrorCode::type_mismatch,
+                        std::string("Publisher.send: the keys of a message dict must be str, not ") + Py_TYPE(k)->tp_name);
+      m.keys.emplace_back(nb::borrow<nb::str>(k).c_str());
+      values.push_back(nb::borrow(v));
+    }
+  } else {
+    m.kind = PyTuple_Check(obj.ptr()) ? tw::Message::Kind::tuple : tw::Message::Kind::list;
+    for (nb::handle v : obj) values.push_back(nb::borrow(v));
+  }
+  if (values.empty()) throw tw::Error(tw::ErrorCode::invalid_argument, "Publisher.send: an empty message");
+  nb::object asarray = nb::module_::import_("tensorwire").attr("asarray");
+  std::vector<tw::Tensor*> loans;
+  for (nb::object& v : values) {
+    if (!is_tensor(v)) v = asarray(v);
+    tw::Tensor& t = unwrap(v);
+    if (!t.defined())
+      throw tw::Error(tw::ErrorCode::invalid_argument,
+                      "Publisher.send: a tensor of the message is spent (a loan already sent)");
+    bool loaned;
+    {
+      nb::gil_scoped_release nogil;
+      loaned = p.owns(t);
+    }
+    if (loaned) {
+      if (has_other_exports(t))
+        throw nb::buffer_error("tensorwire.Publisher.send: a loaned tensor of the message has other live exports "
+                               "(views, NumPy arrays, memoryviews or DLPack capsules); release them before sending");
+      loans.push_back(&t);
+    }
+    m.tensors.push_back(t);
+  }
+  for (size_t i = 0; i < m.tensors.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (m.tensors[i].buffer_ptr() == m.tensors[j].buffer_ptr() && p.owns(m.tensors[i]))
+        throw nb::buffer_error("tensorwire.Publisher.send: the same loan appears twice in the message");
+  tw::Metadata extra = metadata_from(metadata);
+  const size_t n = sliced(timeout, [&](tw::Timeout slice) { return p.send(m, extra, slice); });
+  for (tw::Tensor* t : loans) *t = tw::Tensor();  // handed over: those Python objects are spent
+  return n;
+}
+
 nb::object recv(tw::Subscriber& s, nb::handle timeout_h) {
   bool forever;
   const auto timeout = timeout_from(timeout_h, forever);
   tw::Subscriber::PollStatus st;
-  if (auto t = s.poll_nowait(st)) return wrap(std::move(*t));  // a waiting message: no GIL round trip
+  if (auto t = s.poll_nowait(st)) return wrap_received(std::move(*t));  // a waiting message: no GIL round trip
   if (!forever && timeout.count() == 0 && st != tw::Subscriber::PollStatus::busy) {  // a poll: answer now
     // Returning a null object with the error set raises it without a C++ throw (unwinding costs microseconds,
     // and busy pollers raise TimeoutError all the time).
@@ -150,7 +217,7 @@ nb::object recv(tw::Subscriber& s, nb::handle timeout_h) {
   }
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
-    std::optional<tw::Tensor> r;
+    std::optional<tw::Subscriber::Received> r;
     bool interrupted = false;
     const auto left = forever ? kSlice : std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - std::chrono::steady_clock::now());
     {
@@ -158,7 +225,7 @@ nb::object recv(tw::Subscriber& s, nb::handle timeout_h) {
       r = s.recv_interruptible(std::max(std::chrono::nanoseconds(0), std::min<std::chrono::nanoseconds>(left, kSlice)),
                                interrupted);
     }
-    if (r) return wrap(std::move(*r));
+    if (r) return wrap_received(std::move(*r));
     if (PyErr_CheckSignals() != 0) throw nb::python_error();
     if (closed_nogil(s)) {
       PyErr_SetString(PyExc_EOFError, ("tensorwire.Subscriber('" + s.name() + "'): end of stream").c_str());
@@ -212,6 +279,8 @@ void register_ipc(nb::module_& m) {
            [](tw::Publisher& p, nb::handle obj, nb::handle metadata, nb::handle timeout) -> size_t {
              if (p.closed())
                throw tw::Error(tw::ErrorCode::invalid_argument, "send on a closed tensorwire.Publisher('" + p.name() + "')");
+             if (PyDict_Check(obj.ptr()) || PyList_Check(obj.ptr()) || PyTuple_Check(obj.ptr()))
+               return send_message(p, obj, metadata, timeout);
              nb::object converted;
              const bool is_t = is_tensor(obj);
              if (!is_t) converted = nb::module_::import_("tensorwire").attr("asarray")(obj);
@@ -247,15 +316,40 @@ void register_ipc(nb::module_& m) {
            "becomes read-only here); anything else is copied once. Waits for full subscribers (on_full='block') "
            "at most `timeout` seconds, then raises TimeoutError naming the subscriber; nobody got the message then.")
       .def("loan",
-           [](tw::Publisher& p, nb::handle shape, nb::handle dtype, nb::handle timeout) {
-             const tw::Dims s = shape_from(shape);
-             const tw::DType d = dtype_from(dtype);
-             return sliced(timeout, [&](tw::Timeout slice) { return p.loan(s, d, slice); });
+           [](tw::Publisher& p, nb::handle shape, nb::handle dtype, nb::handle timeout) -> nb::object {
+             // Several loans at once: a dict of name -> shape (or (shape, dtype)), or a list of them; one shape is
+             // an int or a tuple/list of ints.
+             auto one = [&](nb::handle spec) {
+               nb::handle sh = spec, dt = dtype;
+               if ((PyTuple_Check(spec.ptr()) || PyList_Check(spec.ptr())) && nb::len(spec) == 2 &&
+                   !PyIndex_Check(nb::handle(PySequence_Fast_GET_ITEM(spec.ptr(), 1)).ptr())) {
+                 sh = nb::handle(PySequence_Fast_GET_ITEM(spec.ptr(), 0));
+                 dt = nb::handle(PySequence_Fast_GET_ITEM(spec.ptr(), 1));
+               }
+               const tw::Dims s = shape_from(sh);
+               const tw::DType d = dtype_from(dt);
+               return wrap(sliced(timeout, [&](tw::Timeout slice) { return p.loan(s, d, slice); }));
+             };
+             if (PyDict_Check(shape.ptr())) {
+               nb::dict out;
+               for (auto [k, v] : nb::borrow<nb::dict>(shape)) out[k] = one(v);
+               return out;
+             }
+             const bool several = (PyList_Check(shape.ptr()) || PyTuple_Check(shape.ptr())) && nb::len(shape) > 0 &&
+                                  !PyIndex_Check(nb::handle(PySequence_Fast_GET_ITEM(shape.ptr(), 0)).ptr());
+             if (several) {
+               nb::list out;
+               for (nb::handle v : shape) out.append(one(v));
+               if (PyTuple_Check(shape.ptr())) return nb::tuple(out);
+               return out;
+             }
+             return one(shape);
            },
            "shape"_a, "dtype"_a = "float32", nb::kw_only(), "timeout"_a = nb::none(),
            "A writable tensor in shared memory: fill it, then send() it with no copy. Waits at most `timeout` "
            "seconds for a free pool buffer (TimeoutError names who holds them); MemoryError when the machine "
-           "cannot provide it.")
+           "cannot provide it. Several at once: a dict of name -> shape or (shape, dtype), or a list of them, "
+           "returns the same structure of loans (send it as one message).")
       .def("close", &tw::Publisher::close, nb::call_guard<nb::gil_scoped_release>())
       .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
       .def("__exit__", [](tw::Publisher& p, nb::args) {

@@ -151,15 +151,29 @@ void futex_wake_all(uint32_t* word) noexcept;
 // ---- wire format ------------------------------------------------------------------------------------------------
 
 inline constexpr uint32_t kMagic = 0x50495754;  // "TWIP" little-endian
-inline constexpr uint16_t kWireVersion = 1;
+inline constexpr uint16_t kWireVersion = 2;  // 2: groups of tensors, memory kind
 inline constexpr size_t kCacheLine = 64;
+
+/// Descriptor flags. A message of several tensors (a group) is one header cell (kGroupHead; `group` = the number
+/// of tensors; its metadata says the structure) followed by that many tensor cells (kGroupPart; `group` = the
+/// tensor's index). The publisher commits a group's cells last-first, so a subscriber that sees the header sees
+/// every part; a publisher dropping the oldest drops whole groups.
+inline constexpr uint16_t kGroupHead = 1;
+inline constexpr uint16_t kGroupPart = 2;
+inline constexpr uint16_t kKnownFlags = kGroupHead | kGroupPart;
+/// Tensors in one message at most.
+inline constexpr uint32_t kMaxGroup = 256;
+
+/// Which memory a descriptor's segment is: the pool kind that owns it. Only host memory crosses today; a CUDA
+/// pool is the second kind.
+enum class MemoryKind : uint8_t { host = 0, cuda = 1 };
 
 /// One message: which allocation, and the tensor's layout relative to it. Fixed size, trivially copyable; the
 /// encoded metadata follows it in the ring cell.
 struct MessageDescriptor {
   uint32_t magic;           ///< kMagic
   uint16_t version;         ///< kWireVersion
-  uint16_t flags;           ///< reserved, 0
+  uint16_t flags;           ///< kGroupHead / kGroupPart, else 0
   uint64_t sequence;        ///< per-publisher message number (ordering, diagnostics)
   uint64_t segment_id;      ///< the pool segment holding the allocation (announced by a SEGMENT control message)
   uint64_t alloc_offset;    ///< start of the allocation, in bytes from the segment start
@@ -172,7 +186,9 @@ struct MessageDescriptor {
   uint16_t dtype_lanes;
   uint32_t subbyte_padded;  ///< 1 when a sub-byte dtype stores one element per byte
   uint32_t metadata_bytes;  ///< encoded metadata following this descriptor
-  uint32_t reserved;
+  uint16_t group;           ///< kGroupHead: tensors in the message; kGroupPart: this tensor's index; else 0
+  uint8_t memory_kind;      ///< MemoryKind of the segment
+  uint8_t reserved;         ///< 0
   int64_t shape[kMaxRank];
   int64_t strides[kMaxRank];  ///< in elements
 };
@@ -182,6 +198,8 @@ static_assert(offsetof(MessageDescriptor, byte_offset) == 40);
 static_assert(offsetof(MessageDescriptor, lease_slot) == 48);
 static_assert(offsetof(MessageDescriptor, dtype_code) == 56);
 static_assert(offsetof(MessageDescriptor, metadata_bytes) == 64);
+static_assert(offsetof(MessageDescriptor, group) == 68);
+static_assert(offsetof(MessageDescriptor, memory_kind) == 70);
 static_assert(offsetof(MessageDescriptor, shape) == 72);
 static_assert(sizeof(MessageDescriptor) == 72 + 2 * 8 * kMaxRank);
 
@@ -275,7 +293,7 @@ ControlWire encode_control(ControlType type, uint64_t id, uint64_t size);
 /// naming the problem.
 ControlMessage decode_control(std::span<const uint8_t> bytes, size_t nfds);
 
-/// What a valid message says.
+/// What a valid message says (one tensor cell).
 struct DecodedMessage {
   uint64_t sequence = 0;
   uint64_t segment_id = 0;
@@ -293,9 +311,21 @@ struct DecodedMessage {
 DecodedMessage decode_message(const MessageDescriptor& d, std::string_view metadata, uint64_t segment_bytes,
                               uint32_t lease_slots, uint32_t max_metadata_bytes);
 
-/// Fills a descriptor for `layout` in an allocation.
+/// Fills a descriptor for `layout` in an allocation (a tensor cell: `flags` 0 or kGroupPart with `group` = index).
 void encode_message(MessageDescriptor& d, const Layout& layout, uint64_t sequence, uint64_t segment_id,
-                    uint64_t alloc_offset, uint64_t alloc_bytes, uint32_t lease_slot, uint32_t metadata_bytes);
+                    uint64_t alloc_offset, uint64_t alloc_bytes, uint32_t lease_slot, uint32_t metadata_bytes,
+                    uint16_t flags = 0, uint16_t group = 0);
+/// Fills a group header cell: `count` tensor cells follow; `metadata_bytes` of structure follow the descriptor.
+void encode_group_head(MessageDescriptor& d, uint64_t sequence, uint16_t count, uint32_t metadata_bytes);
+
+/// What a valid group header says: how many tensors follow and the message's structure.
+struct DecodedGroupHead {
+  uint64_t sequence = 0;
+  uint32_t count = 0;
+  Metadata structure;  ///< {"kind": "list"|"tuple"|"dict", "keys": [str, ...] for a dict}
+};
+/// Validates a group header cell (magic, version, flags, count, metadata); throws Error(invalid_argument).
+DecodedGroupHead decode_group_head(const MessageDescriptor& d, std::string_view metadata, uint32_t max_metadata_bytes);
 
 // ---- the ring ---------------------------------------------------------------------------------------------------
 
@@ -365,6 +395,12 @@ class Ring {
   /// Publishes the cell from begin_push; wakes a sleeping subscriber. Returns true when the subscriber asked for
   /// eventfd notification.
   bool commit_push() noexcept;
+  /// Whether `k` consecutive cells are free for a push (k <= depth).
+  bool room_for(uint32_t k) const noexcept;
+  /// Pushes `k` cells at once (room_for(k) first): fill(i, cell) writes each; they are published last-first, so a
+  /// reader that sees the first sees all. Returns true when the subscriber asked for eventfd notification.
+  template <class F>
+  bool push_n(uint32_t k, F&& fill) noexcept;
   /// Marks the stream closed and wakes the subscriber.
   void close() noexcept;
 
@@ -379,11 +415,20 @@ class Ring {
   bool closed() const noexcept { return aref(h_->closed).load(std::memory_order_acquire) != 0; }
 
  private:
+  bool publish(uint64_t new_tail) noexcept;  // tail, futex word, wake-up
   char* base_ = nullptr;
   ChannelHeader* h_ = nullptr;
   uint64_t cells_offset_ = 0, cell_bytes_ = 0, leases_offset_ = 0;
   uint32_t cells_ = 1, depth_ = 0, lease_slots_ = 0, max_metadata_bytes_ = 0;
 };
+
+template <class F>
+bool Ring::push_n(uint32_t k, F&& fill) noexcept {
+  const uint64_t pos = aref(h_->tail).load(std::memory_order_relaxed);
+  for (uint32_t i = 0; i < k; ++i) fill(i, cell(pos + i));
+  for (uint32_t i = k; i-- > 0;) aref(cell(pos + i).seq).store(pos + i + 1, std::memory_order_seq_cst);
+  return publish(pos + k);
+}
 
 template <class F>
 Pop Ring::try_pop(F&& read) {

@@ -46,6 +46,7 @@ struct Slot {
   Mapping map;
   std::atomic<int32_t> loans{0};  // loaned tensors (and their views) alive in this process
   bool writable = true;           // false once a loan of it was sent: this process's mapping is read-only then
+  bool reserved = false;          // packed by the send in progress, not yet pushed
 };
 
 struct Pool {
@@ -280,21 +281,87 @@ class PublisherImpl {
 
   // `consumed`: the caller hands its handle over (send(Tensor&&)); otherwise it may keep writing through it.
   size_t send(const Tensor& t, const Metadata& extra, Timeout timeout, bool consumed) {
-    if (!t.defined()) throw Error(ErrorCode::invalid_argument, "Publisher::send: the tensor is undefined (a loan "
-                                                               "can be sent once: send consumes it)");
-    if (t.device().type != kDLCPU && t.device().type != kDLCUDAHost)
-      throw Error(ErrorCode::unsupported, "Publisher::send: a tensor on " + t.device().str() +
-                                              " cannot be published through shared memory; copy it to the host first");
-    std::string meta;
-    if (!t.metadata().empty() || !extra.empty()) {
-      Metadata m = t.metadata();
-      for (size_t i = 0; i < extra.size(); ++i) m.set(extra.keys()[i], extra.values()[i]);
-      meta = encode_metadata(m);
-      if (meta.size() > opt_.max_metadata_bytes)
-        throw Error(ErrorCode::invalid_argument, "Publisher::send: the metadata encodes to " +
-                                                     std::to_string(meta.size()) + " bytes, more than max_metadata_bytes (" +
-                                                     std::to_string(opt_.max_metadata_bytes) + ")");
+    const Tensor* one = &t;
+    return send_parts(std::span<const Tensor* const>(&one, 1), nullptr, extra, timeout, consumed);
+  }
+
+  size_t send(const Message& m, const Metadata& extra, Timeout timeout) {
+    if (m.tensors.empty()) throw Error(ErrorCode::invalid_argument, "Publisher::send: a message of no tensors");
+    if (m.tensors.size() > kMaxGroup)
+      throw Error(ErrorCode::invalid_argument, "Publisher::send: a message of " + std::to_string(m.tensors.size()) +
+                                                   " tensors; at most " + std::to_string(kMaxGroup));
+    Metadata structure;
+    if (m.kind == Message::Kind::dict) {
+      if (m.keys.size() != m.tensors.size())
+        throw Error(ErrorCode::invalid_argument, "Publisher::send: a dict message of " +
+                                                     std::to_string(m.tensors.size()) + " tensors has " +
+                                                     std::to_string(m.keys.size()) + " keys");
+      std::vector<Value> keys(m.keys.begin(), m.keys.end());
+      structure.set("kind", "dict");
+      structure.set("keys", Value::list(std::move(keys)));
+      (void)Value::dict(m.keys, std::vector<Value>(m.keys.size()));  // throws on a duplicate key
+    } else {
+      structure.set("kind", m.kind == Message::Kind::tuple ? "tuple" : "list");
     }
+    const std::string head = encode_metadata(structure);
+    std::vector<const Tensor*> ts;
+    for (const Tensor& t : m.tensors) ts.push_back(&t);
+    return send_parts(ts, &head, extra, timeout, false);
+  }
+
+ private:
+  // One tensor of a message on its way out.
+  struct Part {
+    const Tensor* t = nullptr;
+    std::string meta;
+    Layout layout;
+    size_t slot = 0, alloc_offset = 0, alloc_bytes = 0;
+    bool loan = false;
+  };
+
+  // Slots taken by a send in progress (packed, not yet pushed) stay out of acquire_slot's reach until it ends.
+  struct Reservation {
+    PublisherImpl& p;
+    std::vector<size_t> slots;
+    ~Reservation() {
+      for (size_t s : slots) p.pool_->slots[s].reserved = false;
+    }
+  };
+
+  // The send path of one tensor (head == nullptr) or of a group (head: the encoded structure).
+  size_t send_parts(std::span<const Tensor* const> ts, const std::string* head, const Metadata& extra, Timeout timeout,
+                    bool consumed) {
+    std::vector<Part> parts(ts.size());
+    for (size_t i = 0; i < ts.size(); ++i) {
+      const Tensor& t = *ts[i];
+      const std::string which = head ? " (tensor " + std::to_string(i) + " of the message)" : "";
+      if (!t.defined())
+        throw Error(ErrorCode::invalid_argument, "Publisher::send: the tensor" + which +
+                                                     " is undefined (a loan can be sent once: send consumes it)");
+      if (t.device().type != kDLCPU && t.device().type != kDLCUDAHost)
+        throw Error(ErrorCode::unsupported, "Publisher::send: a tensor on " + t.device().str() + which +
+                                                " cannot be published through shared memory; copy it to the host first");
+      parts[i].t = &t;
+      if (!t.metadata().empty() || !extra.empty()) {
+        Metadata m = t.metadata();
+        for (size_t k = 0; k < extra.size(); ++k) m.set(extra.keys()[k], extra.values()[k]);
+        parts[i].meta = encode_metadata(m);
+        if (parts[i].meta.size() > opt_.max_metadata_bytes)
+          throw Error(ErrorCode::invalid_argument, "Publisher::send: the metadata" + which + " encodes to " +
+                                                       std::to_string(parts[i].meta.size()) +
+                                                       " bytes, more than max_metadata_bytes (" +
+                                                       std::to_string(opt_.max_metadata_bytes) + ")");
+      }
+    }
+    if (head && head->size() > opt_.max_metadata_bytes)
+      throw Error(ErrorCode::invalid_argument, "Publisher::send: the message's keys encode to " +
+                                                   std::to_string(head->size()) + " bytes, more than max_metadata_bytes");
+    const uint32_t cells = static_cast<uint32_t>(parts.size() + (head ? 1 : 0));
+    if (cells > opt_.depth)
+      throw Error(ErrorCode::invalid_argument, "Publisher::send: a message of " + std::to_string(parts.size()) +
+                                                   " tensors takes " + std::to_string(cells) +
+                                                   " ring cells, more than depth (" + std::to_string(opt_.depth) +
+                                                   "); create the publisher with depth >= " + std::to_string(cells));
     const Deadline deadline(timeout);
     check_usable("send");  // before send_mu_: in a fork()ed child it may be held by a thread that is not there
     std::lock_guard send_lock(send_mu_);
@@ -303,59 +370,91 @@ class PublisherImpl {
     reap();
     if (active_count() == 0) return 0;
     // 1. Room in every ring first (nothing is packed twice when a wait is retried).
-    wait_for_room(deadline, lock);
-    // 2. The buffer: a loan as it is, or a pool buffer the tensor is packed into.
-    size_t alloc_offset = 0;
-    long found = find_slot_of(t.buffer(), alloc_offset);
-    Layout layout;
-    size_t slot, alloc_bytes;
-    if (found >= 0) {  // a view of a pool buffer: crosses as it is, with no copy
-      slot = static_cast<size_t>(found);
-      layout = t.layout();
-      alloc_bytes = t.buffer().size();
-    } else {
-      layout = Layout{t.dtype(), t.shape(), Layout::contiguous_strides(t.shape()), 0, t.subbyte_padded()};
-      slot = acquire_slot(static_cast<size_t>(layout.nbytes()), deadline, lock, "send");
-      Slot& s = pool_->slots[slot];
+    wait_for_room(deadline, lock, cells);
+    // 2. The buffers: loans as they are, anything else packed into pool buffers reserved until pushed.
+    Reservation reserved{*this, {}};
+    for (Part& p : parts) {
+      const Tensor& t = *p.t;
+      const long found = find_slot_of(t.buffer(), p.alloc_offset);
+      if (found >= 0) {  // a view of a pool buffer: crosses as it is, with no copy
+        p.loan = true;
+        p.slot = static_cast<size_t>(found);
+        p.layout = t.layout();
+        p.alloc_bytes = t.buffer().size();
+        continue;
+      }
+      p.layout = Layout{t.dtype(), t.shape(), Layout::contiguous_strides(t.shape()), 0, t.subbyte_padded()};
+      p.slot = acquire_slot(static_cast<size_t>(p.layout.nbytes()), deadline, lock, "send");
+      Slot& s = pool_->slots[p.slot];
+      s.reserved = true;
+      reserved.slots.push_back(p.slot);
       make_writable(s);
-      alloc_bytes = s.map.size();
+      p.alloc_offset = 0;
+      p.alloc_bytes = s.map.size();
       char* dst = s.map.data();
-      // The slot is ours until pushed (only send/loan take slots, and send_mu_ orders them): pack without mu_.
+      // The slot is ours until pushed (reserved, and send_mu_ orders every taker): pack without mu_.
       lock.unlock();
       if (t.numel() > 0 && t.is_contiguous()) {
         // One memcpy: tw::copy would plan (costly for small messages) and split large copies across its thread
         // pool, which competes with busy-polling peers for the same cores.
-        std::memcpy(dst, t.data_ptr(), static_cast<size_t>(layout.nbytes()));
+        std::memcpy(dst, t.data_ptr(), static_cast<size_t>(p.layout.nbytes()));
       } else if (t.numel() > 0) {
-        auto dst_buf = std::make_shared<Buffer>(dst, alloc_bytes, Device::cpu(), nullptr);
-        copy(t, Tensor::make(std::move(dst_buf), layout, false));
+        auto dst_buf = std::make_shared<Buffer>(dst, p.alloc_bytes, Device::cpu(), nullptr);
+        copy(t, Tensor::make(std::move(dst_buf), p.layout, false));
       }
       lock.lock();
+      check_usable("send");
     }
     // 3. Push to every live subscriber in one critical section. Rings only gain room while we hold send_mu_, and a
     //    subscriber that joined meanwhile has an empty ring.
     reap();
-    Slot& s = pool_->slots[slot];
-    if (found >= 0 && s.writable && opt_.protect_sent_loans &&
-        (!consumed || t.buffer_ptr().use_count() > 1 || t.buffer().escaped())) {
-      // Someone could still write the loan after this send: the caller keeps its handle, another view or copy is
-      // alive, or a raw pointer escaped (an __array_interface__ consumer, torch.frombuffer). The loan's memory is
-      // read-only here from now on (until loaned again), so such a write faults instead of changing what
-      // subscribers hold. A loan handed over whole (send(std::move(loan)), Python's send) skips the two
-      // mprotect calls, which cost O(pages) (bench/RESULTS.md).
-      if (s.map.protect(false)) s.writable = false;
+    for (Part& p : parts) {
+      Slot& s = pool_->slots[p.slot];
+      if (p.loan && s.writable && opt_.protect_sent_loans &&
+          (!consumed || p.t->buffer_ptr().use_count() > 1 || p.t->buffer().escaped())) {
+        // Someone could still write the loan after this send: the caller keeps its handle, another view or copy
+        // is alive, or a raw pointer escaped (an __array_interface__ consumer, torch.frombuffer). The loan's
+        // memory is read-only here from now on (until loaned again), so such a write faults instead of changing
+        // what subscribers hold. A loan handed over whole (send(std::move(loan)), Python's send) skips the two
+        // mprotect calls, which cost O(pages) (bench/RESULTS.md).
+        if (s.map.protect(false)) s.writable = false;
+      }
     }
-    const uint64_t seg = s.segment_id;
     const uint64_t seqno = ++sequence_;
     size_t delivered = 0;
     for (auto& sp : subs_) {
       Sub& sub = *sp;
       if (!sub.active()) continue;
-      if (sub.announced[slot] != seg && !announce(sub, slot)) continue;
-      delivered += push(sub, layout, seqno, seg, alloc_offset, alloc_bytes, slot, meta) ? 1u : 0u;
+      bool announced = true;
+      for (const Part& p : parts) {
+        const uint64_t seg = pool_->slots[p.slot].segment_id;
+        if (sub.announced[p.slot] != seg && !announce(sub, p.slot)) {
+          announced = false;
+          break;
+        }
+      }
+      if (!announced || !sub.ring.room_for(cells)) continue;  // (no room cannot happen after wait_for_room)
+      const uint32_t first = head ? 1u : 0u;
+      const bool wants_eventfd = sub.ring.push_n(cells, [&](uint32_t i, CellHeader& c) {
+        if (head && i == 0) {
+          encode_group_head(c.msg, seqno, static_cast<uint16_t>(parts.size()), static_cast<uint32_t>(head->size()));
+          std::memcpy(sub.ring.cell_metadata(c), head->data(), head->size());
+          return;
+        }
+        const Part& p = parts[i - first];
+        encode_message(c.msg, p.layout, seqno, pool_->slots[p.slot].segment_id, p.alloc_offset, p.alloc_bytes,
+                       static_cast<uint32_t>(p.slot), static_cast<uint32_t>(p.meta.size()),
+                       head ? kGroupPart : uint16_t{0}, static_cast<uint16_t>(i - first));
+        if (!p.meta.empty()) std::memcpy(sub.ring.cell_metadata(c), p.meta.data(), p.meta.size());
+        ++sub.sent[p.slot];
+      });
+      if (wants_eventfd) sub.notify();
+      ++delivered;
     }
     return delivered;
   }
+
+ public:
 
   // In a fork()ed child (pthread_atfork, every lock held by publishers_prepare_fork): drop the copies of the
   // parent's sockets and eventfds, so the parent's subscribers see the parent's hang-up and nothing of the child.
@@ -432,7 +531,7 @@ class PublisherImpl {
 
   bool slot_free(size_t i) const {
     const Slot& s = pool_->slots[i];
-    if (s.loans.load(std::memory_order_acquire) != 0) return false;
+    if (s.reserved || s.loans.load(std::memory_order_acquire) != 0) return false;
     for (auto& sub : subs_)
       if (!sub->dead.load() && sub->holds(i)) return false;
     return true;
@@ -583,8 +682,8 @@ class PublisherImpl {
     ::shutdown(sub.sock.get(), SHUT_RDWR);
   }
 
-  // Waits until every active subscriber's ring has a free cell, applying the OnFull policy to full ones.
-  void wait_for_room(const Deadline& deadline, std::unique_lock<std::mutex>& lock) {
+  // Waits until every active subscriber's ring has `cells` free cells, applying the OnFull policy to full ones.
+  void wait_for_room(const Deadline& deadline, std::unique_lock<std::mutex>& lock, uint32_t cells) {
     Backoff backoff;
     for (;;) {
       reap();
@@ -596,17 +695,24 @@ class PublisherImpl {
           drop_broken(s);
           continue;
         }
-        if (s.ring.begin_push()) continue;
-        if (s.ring.full()) {
+        if (s.ring.room_for(cells)) continue;
+        if (s.ring.queued() + cells > s.ring.depth()) {  // full (not just a reader still copying out)
           if (opt_.on_full == OnFull::raise)
             throw WouldBlockError("Publisher::send: a subscriber of '" + name_ + "' (pid " + std::to_string(s.pid) +
-                                  ") has " + std::to_string(opt_.depth) + " unread messages (on_full='raise')");
+                                  ") has " + std::to_string(s.ring.queued()) + " unread ring cells of " +
+                                  std::to_string(opt_.depth) + " (on_full='raise')");
           if (opt_.on_full == OnFull::drop_oldest) {
-            if (drop_oldest(s) == Pop::corrupt) {
+            bool broke = false;
+            while (s.ring.queued() + cells > s.ring.depth()) {
+              const Pop r = drop_oldest(s);
+              if (r == Pop::corrupt) broke = true;
+              if (r != Pop::popped) break;
+            }
+            if (broke) {
               drop_broken(s);
               continue;
             }
-            if (s.ring.begin_push()) continue;
+            if (s.ring.room_for(cells)) continue;
           }
         }
         blocked = sp;
@@ -628,7 +734,8 @@ class PublisherImpl {
         ChannelHeader& h = blocked->ring.header();
         const uint32_t seen = aref(h.space_word).load(std::memory_order_seq_cst);
         aref(h.producer_waiting).store(1, std::memory_order_seq_cst);
-        if (!blocked->ring.begin_push()) futex_wait(&h.space_word, seen, std::min<int64_t>(deadline.left_ns(), 2'000'000));
+        if (!blocked->ring.room_for(cells))
+          futex_wait(&h.space_word, seen, std::min<int64_t>(deadline.left_ns(), 2'000'000));
         aref(h.producer_waiting).store(0, std::memory_order_relaxed);
       }
       blocked.reset();
@@ -652,27 +759,34 @@ class PublisherImpl {
     return r != Pop::empty;
   }
 
-  // Pops one message the subscriber has not read and forgets its lease (the lease slot read back from the ring is
-  // hostile: checked before use).
-  Pop drop_oldest(Sub& s) {
+  // Pops one cell and forgets its lease (the lease slot and flags read back from the ring are hostile: checked
+  // before use; a group header holds no lease). Sets `group` to the number of parts a group header announces.
+  Pop pop_cell(Sub& s, uint32_t& group) {
     uint32_t slot = UINT32_MAX;
-    const Pop r = s.ring.try_pop([&](CellHeader& c) { slot = aref(c.msg.lease_slot).load(std::memory_order_relaxed); });
+    uint16_t flags = 0, n = 0;
+    const Pop r = s.ring.try_pop([&](CellHeader& c) {
+      slot = aref(c.msg.lease_slot).load(std::memory_order_relaxed);
+      flags = aref(c.msg.flags).load(std::memory_order_relaxed);
+      n = aref(c.msg.group).load(std::memory_order_relaxed);
+    });
+    group = 0;
     if (r != Pop::popped) return r;
-    if (slot < s.sent.size() && s.sent[slot] != 0) --s.sent[slot];
-    aref(s.ring.header().dropped).fetch_add(1, std::memory_order_relaxed);
+    if (flags & kGroupHead) group = std::min<uint32_t>(n, kMaxGroup);
+    else if (slot < s.sent.size() && s.sent[slot] != 0) --s.sent[slot];
     return r;
   }
 
-  bool push(Sub& s, const Layout& layout, uint64_t seqno, uint64_t seg, size_t alloc_offset, size_t alloc_bytes,
-            size_t slot, const std::string& meta) {
-    CellHeader* c = s.ring.begin_push();
-    if (!c) return false;  // cannot happen after wait_for_room; never wait here (all or none)
-    encode_message(c->msg, layout, seqno, seg, alloc_offset, alloc_bytes, static_cast<uint32_t>(slot),
-                   static_cast<uint32_t>(meta.size()));
-    if (!meta.empty()) std::memcpy(s.ring.cell_metadata(*c), meta.data(), meta.size());
-    ++s.sent[slot];
-    if (s.ring.commit_push()) s.notify();
-    return true;
+  // Drops the subscriber's oldest unread message: one cell, or a group header and its parts.
+  Pop drop_oldest(Sub& s) {
+    uint32_t group = 0;
+    const Pop r = pop_cell(s, group);
+    if (r != Pop::popped) return r;
+    for (uint32_t i = 0; i < group; ++i) {  // committed before their header: all there (unless the reader races)
+      uint32_t ignored;
+      if (pop_cell(s, ignored) == Pop::corrupt) return Pop::corrupt;
+    }
+    aref(s.ring.header().dropped).fetch_add(1, std::memory_order_relaxed);
+    return r;
   }
 
   // Removes subscribers marked dead; their leases go with them. A detached subscriber (closed, still holding
@@ -686,12 +800,9 @@ class PublisherImpl {
         continue;
       }
       if (s.detached()) {
-        for (int i = 0; i < 4096; ++i) {
-          uint32_t slot = UINT32_MAX;
-          const Pop r = s.ring.try_pop([&](CellHeader& c) { slot = aref(c.msg.lease_slot).load(std::memory_order_relaxed); });
-          if (r != Pop::popped) break;
-          if (slot < s.sent.size() && s.sent[slot] != 0) --s.sent[slot];
-        }
+        uint32_t group;
+        for (int i = 0; i < 4096; ++i)
+          if (pop_cell(s, group) != Pop::popped) break;
       }
       ++it;
     }
@@ -860,6 +971,9 @@ Tensor Publisher::loan(const Shape& shape, DType dtype, Timeout timeout) {
 }
 size_t Publisher::send(const Tensor& t, const Metadata& extra, Timeout timeout) {
   return get(impl_, "send").send(t, extra, timeout, false);
+}
+size_t Publisher::send(const Message& message, const Metadata& extra, Timeout timeout) {
+  return get(impl_, "send").send(message, extra, timeout);
 }
 size_t Publisher::send(Tensor&& t, const Metadata& extra, Timeout timeout) {
   const size_t n = get(impl_, "send").send(t, extra, timeout, true);

@@ -79,6 +79,7 @@ void subscribers_after_fork_parent() noexcept;
 void subscribers_after_fork_child() noexcept;
 
 using PollStatus = Subscriber::PollStatus;
+using Received = Subscriber::Received;
 
 class SubscriberImpl {
  public:
@@ -186,20 +187,20 @@ class SubscriberImpl {
 
   // One look, never waiting for anything — not even for the lock (`busy`: another thread holds it, nothing was
   // looked at). For callers that must not block: the Python binding's busy-poll path, with the GIL held.
-  std::optional<Tensor> poll_nowait(PollStatus& status) {
+  std::optional<Received> poll_nowait(PollStatus& status) {
     std::unique_lock lock(mu_, std::try_to_lock);
     if (!lock.owns_lock()) {
       status = PollStatus::busy;
       return std::nullopt;
     }
     check_usable("recv");
-    std::optional<Tensor> out;
+    std::optional<Received> out;
     const Step st = step_locked(out, true);
     status = st == Step::message ? PollStatus::message : st == Step::ended ? PollStatus::ended : PollStatus::empty;
     return out;
   }
 
-  std::optional<Tensor> recv(Clock::time_point deadline, bool interruptible, bool& interrupted) {
+  std::optional<Received> recv(Clock::time_point deadline, bool interruptible, bool& interrupted) {
     interrupted = false;
     bool spun = false;
     for (;;) {
@@ -208,7 +209,7 @@ class SubscriberImpl {
       {
         std::lock_guard lock(mu_);
         check_usable("recv");
-        std::optional<Tensor> out;
+        std::optional<Received> out;
         const Step st = step_locked(out, Clock::now() >= deadline);
         if (st == Step::message) return out;
         if (st != Step::wait) return std::nullopt;
@@ -291,7 +292,7 @@ class SubscriberImpl {
 
   // What recv does under the lock each round: take a message, notice the end of the stream, or say to wait.
   // Bounded: every `continue` follows a state change that the next round settles.
-  Step step_locked(std::optional<Tensor>& out, bool at_deadline) {
+  Step step_locked(std::optional<Received>& out, bool at_deadline) {
     for (int round = 0; round < 8; ++round) {
       if (user_closed_ || eos_) return Step::ended;
       if (broken_) {  // reported once; afterwards the stream has simply ended
@@ -476,12 +477,12 @@ class SubscriberImpl {
     if (uint32_t* r = chan_->ring.released(slot)) aref(*r).fetch_add(1, std::memory_order_release);
   }
 
-  std::optional<Tensor> try_take() {
-    MessageDescriptor d;
-    std::string meta;
+  // Pops one cell into private copies (never re-read from shared memory). Returns empty when the ring is.
+  bool pop_copy(MessageDescriptor& d, std::string& meta) {
     const uint32_t cap = chan_->ring.max_metadata_bytes();
+    meta.clear();
     const Pop r = chan_->ring.try_pop([&](CellHeader& c) {
-      std::memcpy(&d, &c.msg, sizeof d);  // one copy: validated below, never re-read from shared memory
+      std::memcpy(&d, &c.msg, sizeof d);
       const size_t n = std::min<size_t>(d.metadata_bytes, cap);
       if (n) meta.assign(chan_->ring.cell_metadata(c), n);
     });
@@ -489,19 +490,26 @@ class SubscriberImpl {
       peer_gone_ = broken_ = true;
       broken(name_, "a ring cell whose sequence word is ahead of the ring's head");
     }
-    if (r == Pop::empty) return std::nullopt;
-    chan_->ring.signal_space();
-    if (fd_mode_) settle_eventfd();
+    return r == Pop::popped;
+  }
+
+  // Builds the tensor of a popped tensor cell (its lease is ours: released on any failure).
+  Tensor take_tensor(const MessageDescriptor& d, const std::string& meta) {
     std::shared_ptr<Mapping> seg;
     auto it = segments_.find(d.segment_id);
     if (it == segments_.end()) {  // announced just before the message: read the socket
-      process_control();
+      try {
+        process_control();
+      } catch (...) {
+        release_slot(d.lease_slot);
+        throw;
+      }
       it = segments_.find(d.segment_id);
     }
     if (it != segments_.end()) seg = it->second;
     DecodedMessage m;
     try {
-      m = decode_message(d, meta, seg ? seg->size() : 0, chan_->ring.lease_slots(), cap);
+      m = decode_message(d, meta, seg ? seg->size() : 0, chan_->ring.lease_slots(), chan_->ring.max_metadata_bytes());
     } catch (const Error& e) {
       release_slot(d.lease_slot);
       peer_gone_ = broken_ = true;  // one malformed message ends the stream: the publisher cannot be trusted
@@ -513,6 +521,56 @@ class SubscriberImpl {
     Tensor t = Tensor::make(std::move(buf), std::move(m.layout), true);
     t.metadata() = std::move(m.metadata);
     return t;
+  }
+
+  std::optional<Received> try_take() {
+    MessageDescriptor d;
+    std::string meta;
+    // Parts whose group header the publisher dropped meanwhile (drop_oldest races us for the oldest cells) are
+    // orphans: release them and look further. Bounded by the ring's size.
+    for (uint32_t skipped = 0;; ++skipped) {
+      if (!pop_copy(d, meta)) return std::nullopt;
+      if (!(d.flags & kGroupPart) || skipped > chan_->ring.depth()) break;
+      release_slot(d.lease_slot);
+    }
+    chan_->ring.signal_space();
+    if (fd_mode_) settle_eventfd();
+    Received out;
+    if (d.flags & kGroupPart) broken(name_, "a run of group parts without their header");
+    if (!(d.flags & kGroupHead)) {
+      out.message.tensors.push_back(take_tensor(d, meta));
+      return out;
+    }
+    DecodedGroupHead g;
+    try {
+      g = decode_group_head(d, meta, chan_->ring.max_metadata_bytes());
+    } catch (const Error&) {
+      peer_gone_ = broken_ = true;
+      throw;
+    }
+    out.single = false;
+    const std::string& kind = g.structure.at("kind").as_string();
+    out.message.kind = kind == "dict" ? Message::Kind::dict : kind == "tuple" ? Message::Kind::tuple : Message::Kind::list;
+    if (out.message.kind == Message::Kind::dict)
+      for (const Value& k : g.structure.at("keys").items()) out.message.keys.push_back(k.as_string());
+    out.message.tensors.reserve(g.count);
+    for (uint32_t i = 0; i < g.count; ++i) {
+      // Committed before their header, so every part is there — unless the publisher's drop_oldest took the whole
+      // group from under us after we claimed the header: then the message is gone (counted as dropped).
+      if (!pop_copy(d, meta)) {
+        for (Tensor& t : out.message.tensors) t = Tensor();  // their leases go now
+        return std::nullopt;
+      }
+      if (!(d.flags & kGroupPart) || d.group != i) {
+        if (d.lease_slot != UINT32_MAX) release_slot(d.lease_slot);
+        peer_gone_ = broken_ = true;
+        broken(name_, "a message of " + std::to_string(g.count) + " tensors whose part " + std::to_string(i) +
+                          " is missing");
+      }
+      out.message.tensors.push_back(take_tensor(d, meta));
+    }
+    chan_->ring.signal_space();
+    return out;
   }
 
   // fileno() mode: the eventfd reads as set exactly while a message (or end-of-stream) waits.
@@ -592,18 +650,36 @@ Subscriber::~Subscriber() = default;
 Subscriber::Subscriber(Subscriber&&) noexcept = default;
 Subscriber& Subscriber::operator=(Subscriber&&) noexcept = default;
 
+namespace {
+std::optional<Tensor> single(std::optional<Subscriber::Received> r, const std::string& name) {
+  if (!r) return std::nullopt;
+  if (!r->single)
+    throw Error(ErrorCode::invalid_argument, "Subscriber('" + name + "')::recv: the message holds " +
+                                                 std::to_string(r->message.tensors.size()) +
+                                                 " tensors; receive messages of several tensors with recv_message()");
+  return std::move(r->message.tensors.front());
+}
+}  // namespace
+
 std::optional<Tensor> Subscriber::recv(std::chrono::nanoseconds timeout) {
   bool interrupted;
-  return get(impl_, "recv").recv(deadline_after(timeout), false, interrupted);
+  return single(get(impl_, "recv").recv(deadline_after(timeout), false, interrupted), name());
 }
 std::optional<Tensor> Subscriber::recv() {
   bool interrupted;
-  return get(impl_, "recv").recv(std::chrono::steady_clock::time_point::max(), false, interrupted);
+  return single(get(impl_, "recv").recv(std::chrono::steady_clock::time_point::max(), false, interrupted), name());
 }
-std::optional<Tensor> Subscriber::recv_interruptible(std::chrono::nanoseconds timeout, bool& interrupted) {
+std::optional<Subscriber::Received> Subscriber::recv_message(std::chrono::nanoseconds timeout) {
+  bool interrupted;
+  return get(impl_, "recv").recv(deadline_after(timeout), false, interrupted);
+}
+std::optional<Subscriber::Received> Subscriber::recv_interruptible(std::chrono::nanoseconds timeout,
+                                                                   bool& interrupted) {
   return get(impl_, "recv").recv(deadline_after(timeout), true, interrupted);
 }
-std::optional<Tensor> Subscriber::poll_nowait(PollStatus& status) { return get(impl_, "recv").poll_nowait(status); }
+std::optional<Subscriber::Received> Subscriber::poll_nowait(PollStatus& status) {
+  return get(impl_, "recv").poll_nowait(status);
+}
 bool Subscriber::closed() const noexcept { return !impl_ || impl_->closed(); }
 bool Subscriber::connected() const noexcept { return impl_ && impl_->connected(); }
 int Subscriber::fileno() { return get(impl_, "fileno").fileno(); }

@@ -131,10 +131,22 @@ CellHeader* Ring::begin_push() noexcept {
 
 bool Ring::commit_push() noexcept {
   const uint64_t pos = aref(h_->tail).load(std::memory_order_relaxed);
+  aref(cell(pos).seq).store(pos + 1, std::memory_order_seq_cst);
+  return publish(pos + 1);
+}
+
+bool Ring::room_for(uint32_t k) const noexcept {
+  if (k == 0 || k > depth_ || queued() + k > depth_) return false;
+  const uint64_t pos = aref(h_->tail).load(std::memory_order_relaxed);
+  for (uint32_t i = 0; i < k; ++i)
+    if (aref(cell(pos + i).seq).load(std::memory_order_acquire) != pos + i) return false;  // a reader copies out
+  return true;
+}
+
+bool Ring::publish(uint64_t new_tail) noexcept {
   const int cpu = ::sched_getcpu();
   aref(h_->producer_cpu).store(cpu < 0 ? UINT32_MAX : static_cast<uint32_t>(cpu), std::memory_order_relaxed);
-  aref(cell(pos).seq).store(pos + 1, std::memory_order_seq_cst);
-  aref(h_->tail).store(pos + 1, std::memory_order_release);
+  aref(h_->tail).store(new_tail, std::memory_order_release);
   aref(h_->futex_word).fetch_add(1, std::memory_order_seq_cst);
   if (aref(h_->waiters).load(std::memory_order_seq_cst) != 0) futex_wake_all(&h_->futex_word);
   return aref(h_->want_eventfd).load(std::memory_order_relaxed) != 0;
@@ -160,10 +172,13 @@ bool Ring::empty() const noexcept {
 // ---- messages ---------------------------------------------------------------------------------------------------
 
 void encode_message(MessageDescriptor& d, const Layout& layout, uint64_t sequence, uint64_t segment_id,
-                    uint64_t alloc_offset, uint64_t alloc_bytes, uint32_t lease_slot, uint32_t metadata_bytes) {
+                    uint64_t alloc_offset, uint64_t alloc_bytes, uint32_t lease_slot, uint32_t metadata_bytes,
+                    uint16_t flags, uint16_t group) {
   d.magic = kMagic;
   d.version = kWireVersion;
-  d.flags = 0;
+  d.flags = flags;
+  d.group = group;
+  d.memory_kind = static_cast<uint8_t>(MemoryKind::host);
   d.sequence = sequence;
   d.segment_id = segment_id;
   d.alloc_offset = alloc_offset;
@@ -183,10 +198,52 @@ void encode_message(MessageDescriptor& d, const Layout& layout, uint64_t sequenc
   }
 }
 
+void encode_group_head(MessageDescriptor& d, uint64_t sequence, uint16_t count, uint32_t metadata_bytes) {
+  std::memset(&d, 0, sizeof d);
+  d.magic = kMagic;
+  d.version = kWireVersion;
+  d.flags = kGroupHead;
+  d.group = count;
+  d.sequence = sequence;
+  d.lease_slot = UINT32_MAX;
+  d.metadata_bytes = metadata_bytes;
+}
+
+DecodedGroupHead decode_group_head(const MessageDescriptor& d, std::string_view metadata,
+                                   uint32_t max_metadata_bytes) {
+  if (d.magic != kMagic) bad("descriptor magic");
+  if (d.version != kWireVersion) bad("descriptor version " + std::to_string(d.version));
+  if (d.flags != kGroupHead) bad("group header flags " + std::to_string(d.flags));
+  if (d.group < 1 || d.group > kMaxGroup) bad("a group of " + std::to_string(d.group) + " tensors");
+  if (d.metadata_bytes > max_metadata_bytes || d.metadata_bytes != metadata.size() || metadata.empty())
+    bad("group structure of " + std::to_string(d.metadata_bytes) + " bytes");
+  DecodedGroupHead g;
+  g.sequence = d.sequence;
+  g.count = d.group;
+  g.structure = decode_metadata(metadata);
+  const Value* kind = g.structure.find("kind");
+  if (!kind || kind->kind() != Value::Kind::string) bad("group structure without a kind");
+  const std::string& k = kind->as_string();
+  if (k == "dict") {
+    const Value* keys = g.structure.find("keys");
+    if (!keys || keys->kind() != Value::Kind::list || keys->items().size() != g.count) bad("group keys");
+    for (const Value& key : keys->items())
+      if (key.kind() != Value::Kind::string) bad("a group key that is not a string");
+  } else if (k != "list" && k != "tuple") {
+    bad("group kind '" + k + "'");
+  }
+  return g;
+}
+
 DecodedMessage decode_message(const MessageDescriptor& d, std::string_view metadata, uint64_t segment_bytes,
                               uint32_t lease_slots, uint32_t max_metadata_bytes) {
   if (d.magic != kMagic) bad("descriptor magic");
   if (d.version != kWireVersion) bad("descriptor version " + std::to_string(d.version));
+  if ((d.flags & ~kKnownFlags) != 0 || (d.flags & kGroupHead)) bad("descriptor flags " + std::to_string(d.flags));
+  if (d.memory_kind != static_cast<uint8_t>(MemoryKind::host))
+    throw Error(ErrorCode::unsupported, "tensorwire ipc: the publisher sent memory of kind " +
+                                            std::to_string(d.memory_kind) +
+                                            ", which this build cannot map (host memory only)");
   if (d.ndim > kMaxRank) bad("rank " + std::to_string(d.ndim));
   if (d.lease_slot >= lease_slots) bad("lease slot " + std::to_string(d.lease_slot));
   if (d.metadata_bytes > max_metadata_bytes || d.metadata_bytes != metadata.size())

@@ -261,7 +261,7 @@ TEST(IpcWire, ValidateChannelRefusesInconsistentHeaders) {
   b.leases_offset = 0;
   EXPECT_THROW(ipc::validate_channel(b, h.total_bytes), tw::Error);
   b = h;
-  b.version = 2;
+  b.version = ipc::kWireVersion + 1;
   EXPECT_THROW(ipc::validate_channel(b, h.total_bytes), tw::Error);
 }
 
@@ -672,6 +672,47 @@ TEST(IpcPublisher, MetadataWithManyKeysDecodesInLinearTime) {
   ASSERT_EQ(back.size(), 200000u);
   EXPECT_EQ(back.at("k199999").as_int(), 199999);
   EXPECT_THROW(Value::dict({"a", "b", "a"}, {Value(1), Value(2), Value(3)}), tw::Error);
+}
+
+TEST(IpcMessage, SeveralTensorsCrossAtomicallyWithTheirStructure) {
+  const std::string name = topic("message");
+  Publisher pub(name, PublisherOptions{.depth = 8});
+  Subscriber sub(name);
+  Tensor loan = pub.loan({3, 4}, DType::float32());
+  std::iota(loan.data<float>(), loan.data<float>() + 12, 0.0f);
+  tw::Message m;
+  m.kind = tw::Message::Kind::dict;
+  m.keys = {"t", "z"};
+  m.tensors = {loan.transpose(0, 1), Tensor::zeros({2}, DType::uint8())};
+  loan = Tensor();
+  EXPECT_EQ(pub.send(m, Metadata{{"frame", 3}}), 1u);
+  auto r = sub.recv_message(2s);
+  ASSERT_TRUE(r);
+  EXPECT_FALSE(r->single);
+  ASSERT_EQ(r->message.kind, tw::Message::Kind::dict);
+  ASSERT_EQ(r->message.keys, (std::vector<std::string>{"t", "z"}));
+  const Tensor& t = r->message.tensors[0];
+  EXPECT_EQ(t.shape(), (Shape{4, 3}));
+  EXPECT_EQ(t.strides(), (tw::Strides{1, 4}));  // the loan's view, as it was
+  EXPECT_EQ(t.data<const float>()[4], 4.0f);
+  EXPECT_EQ(r->message.tensors[1].metadata().at("frame").as_int(), 3);
+  // recv() of a message of several tensors says what to use instead.
+  m.kind = tw::Message::Kind::list;
+  m.keys.clear();
+  m.tensors = {Tensor::zeros({1}, DType::int8()), Tensor::zeros({1}, DType::int8())};
+  pub.send(m);
+  EXPECT_THROW(sub.recv(2s), tw::Error);
+  // Duplicate keys and oversized messages are refused before anything is sent.
+  m.kind = tw::Message::Kind::dict;
+  m.keys = {"a", "a"};
+  EXPECT_THROW(pub.send(m), tw::Error);
+  m.kind = tw::Message::Kind::list;
+  m.tensors.assign(8, Tensor::zeros({1}, DType::int8()));
+  EXPECT_THROW(pub.send(m), tw::Error);  // 9 cells in a ring of 8
+  pub.send(Tensor::zeros({1}, DType::int8()));
+  auto single = sub.recv_message(2s);
+  ASSERT_TRUE(single);
+  EXPECT_TRUE(single->single);
 }
 
 // ---- processes ------------------------------------------------------------------------------------------------

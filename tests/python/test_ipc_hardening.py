@@ -447,3 +447,85 @@ def test_mappings_go_at_end_of_stream_not_at_close():
         sub.recv(timeout=5)
     assert tw_mappings() == before  # nothing of the ended stream is still mapped, though sub is not closed
     sub.close()
+
+
+# ---- 15. one message, several tensors ------------------------------------------------------------------------------
+
+
+def _collect_groups(name, n, ready, out):
+    with tw.Subscriber(name) as sub:
+        ready.set()
+        for _ in range(n):
+            m = sub.recv(timeout=30)
+            if isinstance(m, dict):
+                out.put(("dict", {k: (np.asarray(v).copy(), v.strides, dict(v.metadata)) for k, v in m.items()}))
+            else:
+                out.put((type(m).__name__, [np.asarray(v).copy() for v in m]))
+
+
+def test_a_dict_of_tensors_arrives_as_one_message_with_each_layout_and_metadata():
+    name = topic("group")
+    ready, out = CTX.Event(), CTX.Queue()
+    child = CTX.Process(target=_collect_groups, args=(name, 3, ready, out))
+    child.start()
+    try:
+        assert ready.wait(30)
+        with tw.Publisher(name) as pub:
+            deadline = time.monotonic() + 30
+            while pub.subscribers < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            img = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
+            boxes = np.arange(8, dtype=np.float32).reshape(2, 4)[:, ::-1]
+            loans = pub.loan({"mask": ((3, 4), "bool"), "stack": ((2, 5), "int64")})
+            np.asarray(loans["mask"])[:] = np.eye(3, 4, dtype=bool)
+            np.asarray(loans["stack"])[:] = np.arange(10).reshape(2, 5)
+            stack = loans.pop("stack")
+            view = stack.transpose(0, 1)  # a strided view of a loan crosses as it is (once it is its only handle)
+            del stack
+            m = {"image": img, "boxes": boxes, "mask": loans["mask"], "stackT": view}
+            del view
+            assert pub.send(m, metadata={"frame": 7}, timeout=10) == 1
+            assert "spent" in repr(loans["mask"])  # sent loans are handed over
+            assert pub.send([np.zeros(3), np.ones((2, 2))], timeout=10) == 1
+            assert pub.send((np.full(1, 9.0),), timeout=10) == 1
+        kind, got = out.get(timeout=30)
+        assert kind == "dict" and list(got) == ["image", "boxes", "mask", "stackT"]
+        np.testing.assert_array_equal(got["image"][0], img)
+        np.testing.assert_array_equal(got["boxes"][0], boxes)
+        np.testing.assert_array_equal(got["mask"][0], np.eye(3, 4, dtype=bool))
+        np.testing.assert_array_equal(got["stackT"][0], np.arange(10).reshape(2, 5).T)
+        assert got["stackT"][1] == (1, 5)  # the loan view's own strides, zero-copy
+        assert all(v[2] == {"frame": 7} for v in got.values())
+        kind, got = out.get(timeout=30)
+        assert kind == "list" and [a.shape for a in got] == [(3,), (2, 2)]
+        kind, got = out.get(timeout=30)
+        assert kind == "tuple" and float(got[0][0]) == 9.0
+    finally:
+        child.join(30)
+        if child.is_alive():
+            child.kill()
+
+
+def test_messages_of_several_tensors_are_dropped_whole_and_never_interleave():
+    name = topic("groupdrop")
+    with tw.Publisher(name, depth=7, on_full="drop_oldest") as pub, tw.Subscriber(name) as sub:
+        for i in range(20):  # 3 cells each: the ring of 7 keeps the last two messages
+            pub.send({"a": np.full(2, i), "b": np.full(3, i)})
+        got = []
+        while True:
+            try:
+                m = sub.recv(timeout=0)
+            except TimeoutError:
+                break
+            assert int(np.asarray(m["a"])[0]) == int(np.asarray(m["b"])[0])  # never half of one and half of another
+            got.append(int(np.asarray(m["a"])[0]))
+        assert got == [18, 19] and sub.dropped == 18
+
+
+def test_a_message_larger_than_the_ring_is_refused_clearly():
+    name = topic("groupbig")
+    with tw.Publisher(name, depth=2) as pub, tw.Subscriber(name):
+        with pytest.raises(ValueError, match="depth"):
+            pub.send([np.zeros(1)] * 2)
+        with pytest.raises(ValueError, match="empty"):
+            pub.send([])
