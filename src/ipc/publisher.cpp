@@ -2,7 +2,9 @@
 // the monitor thread that accepts subscribers and notices when they go away.
 //
 // Locking, two mutexes, always taken in this order:
-//  - send_mu_ orders send() and loan(): held for a whole operation, waits included. Nothing else takes it.
+//  - send_mu_ orders send() and loan(): held for a whole operation, waits included, and taken within the caller's
+//    timeout (a send queued behind another one that waits for a slow subscriber times out too). Nothing else
+//    takes it but close().
 //  - mu_ guards the subscriber list and the pool's slot table. Held only for short steps that never wait: not
 //    across a sleep, a copy of the payload or a blocking syscall. Getters and the monitor take only mu_, so a
 //    send() blocked on a full subscriber never blocks them, and no caller can hold mu_ while waiting for anything
@@ -260,7 +262,7 @@ class PublisherImpl {
     l.validate();
     const Deadline deadline(timeout);
     check_usable("loan");  // before send_mu_: in a fork()ed child it may be held by a thread that is not there
-    std::lock_guard send_lock(send_mu_);
+    const SendLock send_lock(*this, deadline, "loan");
     std::unique_lock lock(mu_);
     check_usable("loan");
     const size_t slot = acquire_slot(static_cast<size_t>(l.nbytes()), deadline, lock, "loan");
@@ -308,6 +310,36 @@ class PublisherImpl {
     for (const Tensor& t : m.tensors) ts.push_back(&t);
     return send_parts(ts, &head, extra, timeout, false);
   }
+
+  // Holds send_mu_, taken before the deadline. Without one it simply waits: the holder notices close() within
+  // milliseconds. With one it polls (try_lock and short sleeps: a timed lock on the steady clock is
+  // pthread_mutex_clocklock, which ThreadSanitizer does not model).
+  struct SendLock {
+    SendLock(PublisherImpl& p, const Deadline& deadline, const char* what) : mu(p.send_mu_) {
+      if (deadline.forever) {
+        mu.lock();
+        return;
+      }
+      Backoff backoff;
+      while (!mu.try_lock()) {
+        if (deadline.expired()) {
+          std::string why;
+          {
+            std::lock_guard lock(p.mu_);
+            why = p.waiting_for_;
+          }
+          throw TimeoutError("Publisher::" + std::string(what) + " on '" + p.name_ +
+                             "' timed out behind another send or loan on this publisher" +
+                             (why.empty() ? std::string() : ", which waits because " + why));
+        }
+        backoff.pause(deadline);
+      }
+    }
+    ~SendLock() { mu.unlock(); }
+    SendLock(const SendLock&) = delete;
+    SendLock& operator=(const SendLock&) = delete;
+    std::mutex& mu;
+  };
 
  private:
   // One tensor of a message on its way out.
@@ -364,7 +396,7 @@ class PublisherImpl {
                                                    "); create the publisher with depth >= " + std::to_string(cells));
     const Deadline deadline(timeout);
     check_usable("send");  // before send_mu_: in a fork()ed child it may be held by a thread that is not there
-    std::lock_guard send_lock(send_mu_);
+    const SendLock send_lock(*this, deadline, "send");
     std::unique_lock lock(mu_);
     check_usable("send");
     reap();
@@ -587,6 +619,7 @@ class PublisherImpl {
         if (s.map.size() > cls && s.map.size() <= 4 * cls && larger < 0) larger = static_cast<long>(i);
         else if (other < 0) other = static_cast<long>(i);
       }
+      if (exact >= 0 || larger >= 0 || empty >= 0) waiting_for_.clear();
       if (exact >= 0) return static_cast<size_t>(exact);
       if (larger >= 0) return static_cast<size_t>(larger);
       if (empty >= 0 && (total + cls <= opt_.pool_bytes || total == 0))
@@ -606,7 +639,11 @@ class PublisherImpl {
       for (auto& sub : subs_)
         if (!sub->dead.load() && sub->hung_up()) any_died = true;
       if (any_died) continue;
-      if (deadline.expired()) throw TimeoutError(exhausted_message(what, total));
+      waiting_for_ = "the buffer pool is exhausted";
+      if (deadline.expired()) {
+        waiting_for_.clear();
+        throw TimeoutError(exhausted_message(what, total));
+      }
       lock.unlock();
       backoff.pause(deadline);
       lock.lock();
@@ -718,14 +755,20 @@ class PublisherImpl {
         blocked = sp;
         break;
       }
-      if (!blocked) return;
+      if (!blocked) {
+        waiting_for_.clear();
+        return;
+      }
       if (blocked->hung_up()) continue;
-      if (deadline.expired())
-        throw TimeoutError("Publisher::send on '" + name_ + "' timed out: subscriber pid " +
-                           std::to_string(blocked->pid) + " has " + std::to_string(blocked->ring.queued()) +
-                           " unread messages (depth " + std::to_string(opt_.depth) +
-                           "); nobody received this message. Use on_full='drop_oldest' to never wait for a slow "
+      waiting_for_ = "subscriber pid " + std::to_string(blocked->pid) + " has " +
+                     std::to_string(blocked->ring.queued()) + " unread messages (depth " + std::to_string(opt_.depth) + ")";
+      if (deadline.expired()) {
+        const std::string why = std::move(waiting_for_);
+        waiting_for_.clear();
+        throw TimeoutError("Publisher::send on '" + name_ + "' timed out: " + why +
+                           "; nobody received this message. Use on_full='drop_oldest' to never wait for a slow "
                            "subscriber");
+      }
       lock.unlock();
       if (backoff.rounds() < 128) {
         backoff.pause(deadline);  // a reader still copying out of the cell, or a ring about to drain
@@ -922,6 +965,7 @@ class PublisherImpl {
   size_t slot_end_ = 0;  // 1 + the highest slot index that ever held a segment: scans stop there
   Fd listener_, wake_;
   std::mutex send_mu_, mu_;
+  std::string waiting_for_;  // (mu_) what the send or loan holding send_mu_ waits for, in words
   std::vector<std::shared_ptr<Sub>> subs_;
   uint64_t next_segment_id_ = 1, sequence_ = 0, dropped_gone_ = 0;
   std::atomic<bool> closed_{false}, stop_{false};

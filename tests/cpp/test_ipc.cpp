@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -370,6 +371,57 @@ TEST(IpcThreadPubSub, ConcurrentSendersAndLoanReleaseOnOtherThreads) {
     }
   }
   for (auto& t : ts) t.join();
+}
+
+TEST(IpcThreadPubSub, GettersAndCloseNeverWaitForABlockedSend) {
+  const std::string name = topic("blockedsend");
+  Publisher pub(name, PublisherOptions{.depth = 1});
+  Subscriber sub(name);  // never reads: its ring of one fills at once
+  pub.send(Tensor::zeros({4}, DType::float32()));
+  std::atomic<int> outcome{0};
+  std::thread blocked([&] {
+    try {
+      pub.send(Tensor::zeros({4}, DType::float32()));  // waits for room until closed
+      outcome = 1;
+    } catch (const tw::Error&) {
+      outcome = 2;
+    }
+  });
+  std::this_thread::sleep_for(100ms);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(pub.subscriber_count(), 1u);
+  EXPECT_EQ(pub.dropped(), 0u);
+  EXPECT_GE(pub.pool_buffers(), 1u);
+  EXPECT_THROW(pub.send(Tensor::zeros({1}, DType::int8()), {}, 50ms), tw::TimeoutError);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  pub.close();
+  blocked.join();
+  EXPECT_EQ(outcome.load(), 2);
+}
+
+TEST(IpcThreadPubSub, SeveralThreadsReceiveOnOneSubscriber) {
+  const std::string name = topic("recvthreads");
+  Publisher pub(name, PublisherOptions{.depth = 64});
+  Subscriber sub(name);
+  constexpr int kThreads = 4, kPer = 500;
+  std::vector<std::vector<int>> got(kThreads);
+  std::vector<std::thread> ts;
+  for (int w = 0; w < kThreads; ++w)
+    ts.emplace_back([&, w] {
+      while (auto t = sub.recv(10s)) got[static_cast<size_t>(w)].push_back(t->data<const int32_t>()[0]);
+    });
+  for (int i = 0; i < kThreads * kPer; ++i) {
+    Tensor t = Tensor::zeros({1}, DType::int32());
+    t.data<int32_t>()[0] = i;
+    ASSERT_EQ(pub.send(t, {}, 10s), 1u);
+  }
+  pub.close();
+  for (auto& t : ts) t.join();
+  std::vector<int> all;
+  for (auto& g : got) all.insert(all.end(), g.begin(), g.end());
+  std::sort(all.begin(), all.end());
+  ASSERT_EQ(all.size(), static_cast<size_t>(kThreads * kPer));
+  for (int i = 0; i < kThreads * kPer; ++i) ASSERT_EQ(all[static_cast<size_t>(i)], i);
 }
 
 // ---- a hostile publisher ----------------------------------------------------------------------------------------
