@@ -9,7 +9,7 @@
 #include <memory>
 #include <numeric>
 
-#include "../core/checked.hpp"
+#include "core/checked.hpp"
 #include "arrow_internal.hpp"
 #include "tensorwire/copy.hpp"
 #include "tensorwire/cuda.hpp"

@@ -2,7 +2,7 @@
 #include <memory>
 #include <vector>
 
-#include "../core/checked.hpp"
+#include "core/checked.hpp"
 #include "tensorwire/interop.hpp"
 
 namespace tw {

@@ -4,7 +4,7 @@
 #include <charconv>
 #include <string>
 
-#include "../core/checked.hpp"
+#include "core/checked.hpp"
 #include "tensorwire/interop.hpp"
 
 namespace tw {

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "../core/checked.hpp"
+#include "core/checked.hpp"
 #include "ipc_internal.hpp"
 
 namespace tw {
@@ -47,6 +47,12 @@ void validate_topic_name(std::string_view name) {
 }
 
 namespace ipc_detail {
+
+std::string publisher_address(std::string_view name) {
+  return "tw/" + std::to_string(::getuid()) + "/" + std::string(name);
+}
+
+std::string subscriber_address_prefix(std::string_view name) { return publisher_address(name) + "#s"; }
 
 namespace {
 

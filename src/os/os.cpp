@@ -1,5 +1,5 @@
-// os.cpp — the Linux pieces of IPC: fds, mappings, sealed memfds, abstract SOCK_SEQPACKET sockets with SCM_RIGHTS,
-// peer credentials, futexes.
+// os.cpp — the OS layer the transports share: fds, mappings, sealed memfds, abstract SOCK_SEQPACKET sockets with
+// SCM_RIGHTS, peer credentials, futexes, and the memory this process can still get.
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <poll.h>
@@ -20,14 +20,14 @@
 #include <set>
 #include <sstream>
 
-#include "ipc_internal.hpp"
+#include "os_internal.hpp"
 
-namespace tw::ipc_detail {
+namespace tw::os {
 
 void throw_errno(const std::string& what) {
   const int e = errno;
   const ErrorCode code = (e == ENOMEM || e == ENOSPC || e == EFBIG) ? ErrorCode::out_of_memory : ErrorCode::internal;
-  throw Error(code, "tensorwire ipc: " + what + " failed: " + std::strerror(e));
+  throw Error(code, "tensorwire: " + what + " failed: " + std::strerror(e));
 }
 
 namespace {
@@ -114,7 +114,7 @@ uint64_t memory_headroom() noexcept {
 void check_memory_available(uint64_t bytes, const std::string& what) {
   const uint64_t room = memory_headroom();
   if (bytes > room)
-    throw Error(ErrorCode::out_of_memory, "tensorwire ipc: " + what + " needs " + std::to_string(bytes) +
+    throw Error(ErrorCode::out_of_memory, "tensorwire: " + what + " needs " + std::to_string(bytes) +
                                               " bytes of shared memory but this process can get about " +
                                               std::to_string(room) + " (available memory, cgroup and address-space "
                                               "limits); ask for less, or free memory first");
@@ -173,22 +173,16 @@ void add_seals(int fd, int seals) {
 void check_sealed(int fd, uint64_t size) {
   const int seals = ::fcntl(fd, F_GET_SEALS);
   if (seals < 0 || !(seals & F_SEAL_SHRINK))
-    throw Error(ErrorCode::invalid_argument, "tensorwire ipc: a peer sent a memory fd that is not sealed against "
+    throw Error(ErrorCode::invalid_argument, "tensorwire: a peer sent a memory fd that is not sealed against "
                                              "shrinking; refusing to map it (it could SIGBUS a reader)");
   struct stat st {};
   if (::fstat(fd, &st) != 0) throw_errno("fstat");
   if (st.st_size < 0 || static_cast<uint64_t>(st.st_size) < size)
-    throw Error(ErrorCode::invalid_argument, "tensorwire ipc: a peer sent a memory fd of " + std::to_string(st.st_size) +
+    throw Error(ErrorCode::invalid_argument, "tensorwire: a peer sent a memory fd of " + std::to_string(st.st_size) +
                                                  " bytes but announced " + std::to_string(size));
 }
 
 // ---- sockets ----------------------------------------------------------------------------------------------------
-
-std::string publisher_address(std::string_view name) {
-  return "tw/" + std::to_string(::getuid()) + "/" + std::string(name);
-}
-
-std::string subscriber_address_prefix(std::string_view name) { return publisher_address(name) + "#s"; }
 
 namespace {
 
@@ -196,7 +190,7 @@ socklen_t fill_address(sockaddr_un& a, const std::string& address) {
   std::memset(&a, 0, sizeof a);
   a.sun_family = AF_UNIX;
   if (address.size() + 1 > sizeof a.sun_path)
-    throw Error(ErrorCode::invalid_argument, "tensorwire ipc: socket address '" + address + "' is too long");
+    throw Error(ErrorCode::invalid_argument, "tensorwire: socket address '" + address + "' is too long");
   std::memcpy(a.sun_path + 1, address.data(), address.size());  // sun_path[0] == 0: abstract namespace
   return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + address.size());
 }
@@ -334,4 +328,4 @@ bool futex_wait(uint32_t* word, uint32_t expected, int64_t timeout_ns) noexcept 
 
 void futex_wake_all(uint32_t* word) noexcept { ::syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0); }
 
-}  // namespace tw::ipc_detail
+}  // namespace tw::os
