@@ -31,41 +31,15 @@
 #include <thread>
 
 #include "tensorwire/copy.hpp"
-#include "ipc_internal.hpp"
+#include "ipc/ipc_internal.hpp"
+#include "ipc/pool_internal.hpp"
 
 namespace tw {
 namespace ipc_detail {
 
 namespace {
 
-constexpr size_t kMinSegment = 4096;
 using Clock = std::chrono::steady_clock;
-
-// One pool buffer = one segment (memfd). Slots never move: loaned tensors point at them.
-struct Slot {
-  uint64_t segment_id = 0;  // 0: empty slot
-  Fd fd;
-  Mapping map;
-  std::atomic<int32_t> loans{0};  // loaned tensors (and their views) alive in this process
-  bool writable = true;           // false once a loan of it was sent: this process's mapping is read-only then
-  bool reserved = false;          // packed by the send in progress, not yet pushed
-};
-
-struct Pool {
-  explicit Pool(size_t n) : slots(new Slot[n]), count(n) {}
-  std::unique_ptr<Slot[]> slots;
-  size_t count;
-};
-
-// Owner of a loaned tensor's Buffer: keeps the mapping alive and returns the loan when the last view is gone.
-struct LoanRef {
-  LoanRef(std::shared_ptr<Pool> p, size_t s) : pool(std::move(p)), slot(s) {}
-  LoanRef(const LoanRef&) = delete;
-  LoanRef& operator=(const LoanRef&) = delete;
-  ~LoanRef() { pool->slots[slot].loans.fetch_sub(1, std::memory_order_release); }
-  std::shared_ptr<Pool> pool;
-  size_t slot;
-};
 
 struct Sub {
   Fd sock;
@@ -164,7 +138,7 @@ class PublisherImpl {
       throw Error(ErrorCode::invalid_argument, "max_subscribers must be at least 1");
     channel_proto_ = make_channel_header(opt_.depth, opt_.max_metadata_bytes, opt_.max_buffers,
                                          static_cast<uint32_t>(pid_));
-    pool_ = std::make_shared<Pool>(opt_.max_buffers);
+    pool_ = std::make_shared<Pool>(host_segment_source(), opt_.max_buffers, opt_.pool_bytes, name_);
     listener_ = listen_abstract(publisher_address(name_));
     if (!listener_) throw name_in_use();
     wake_ = Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
@@ -225,14 +199,7 @@ class PublisherImpl {
     wake_.reset();
     // Give back every segment no loaned tensor still uses: a closed publisher holds no fds or mappings beyond
     // those (the rest go with the last loan).
-    for (size_t i = 0; i < slot_end_; ++i) {
-      Slot& sl = pool_->slots[i];
-      if (sl.segment_id && sl.loans.load(std::memory_order_acquire) == 0) {
-        sl.segment_id = 0;
-        sl.map.reset();
-        sl.fd.reset();
-      }
-    }
+    pool_->release_unloaned();
   }
 
   size_t subscriber_count() {
@@ -252,9 +219,7 @@ class PublisherImpl {
 
   size_t pool_buffers() {
     std::lock_guard lock(mu_);
-    size_t n = 0;
-    for (size_t i = 0; i < slot_end_; ++i) n += pool_->slots[i].segment_id ? 1u : 0u;
-    return n;
+    return pool_->buffers();
   }
 
   Tensor loan(const Shape& shape, DType dtype, Timeout timeout) {
@@ -266,19 +231,14 @@ class PublisherImpl {
     std::unique_lock lock(mu_);
     check_usable("loan");
     const size_t slot = acquire_slot(static_cast<size_t>(l.nbytes()), deadline, lock, "loan");
-    Slot& s = pool_->slots[slot];
-    make_writable(s);
-    s.loans.fetch_add(1, std::memory_order_relaxed);
-    auto owner = std::make_shared<LoanRef>(pool_, slot);
-    auto buf = std::make_shared<Buffer>(s.map.data(), s.map.size(), Device::cpu(), std::move(owner));
-    return Tensor::make(std::move(buf), std::move(l), false);
+    return pool_->loan(slot, std::move(l));
   }
 
   bool owns(const Tensor& t) {
     if (!t.defined()) return false;
     std::lock_guard lock(mu_);
     size_t off;
-    return find_slot_of(t.buffer(), off) >= 0;
+    return pool_->find(t.buffer(), off) >= 0;
   }
 
   // `consumed`: the caller hands its handle over (send(Tensor&&)); otherwise it may keep writing through it.
@@ -356,7 +316,7 @@ class PublisherImpl {
     PublisherImpl& p;
     std::vector<size_t> slots;
     ~Reservation() {
-      for (size_t s : slots) p.pool_->slots[s].reserved = false;
+      for (size_t s : slots) p.pool_->slot(s).reserved = false;
     }
   };
 
@@ -407,7 +367,7 @@ class PublisherImpl {
     Reservation reserved{*this, {}};
     for (Part& p : parts) {
       const Tensor& t = *p.t;
-      const long found = find_slot_of(t.buffer(), p.alloc_offset);
+      const long found = pool_->find(t.buffer(), p.alloc_offset);
       if (found >= 0) {  // a view of a pool buffer: crosses as it is, with no copy
         p.loan = true;
         p.slot = static_cast<size_t>(found);
@@ -417,13 +377,13 @@ class PublisherImpl {
       }
       p.layout = Layout{t.dtype(), t.shape(), Layout::contiguous_strides(t.shape()), 0, t.subbyte_padded()};
       p.slot = acquire_slot(static_cast<size_t>(p.layout.nbytes()), deadline, lock, "send");
-      Slot& s = pool_->slots[p.slot];
+      Pool::Slot& s = pool_->slot(p.slot);
       s.reserved = true;
       reserved.slots.push_back(p.slot);
-      make_writable(s);
+      pool_->make_writable(p.slot);
       p.alloc_offset = 0;
-      p.alloc_bytes = s.map.size();
-      char* dst = s.map.data();
+      p.alloc_bytes = s.size();
+      char* dst = s.data();
       // The slot is ours until pushed (reserved, and send_mu_ orders every taker): pack without mu_.
       lock.unlock();
       if (t.numel() > 0 && t.is_contiguous()) {
@@ -441,15 +401,14 @@ class PublisherImpl {
     //    subscriber that joined meanwhile has an empty ring.
     reap();
     for (Part& p : parts) {
-      Slot& s = pool_->slots[p.slot];
-      if (p.loan && s.writable && opt_.protect_sent_loans &&
+      if (p.loan && opt_.protect_sent_loans &&
           (!consumed || p.t->buffer_ptr().use_count() > 1 || p.t->buffer().escaped())) {
         // Someone could still write the loan after this send: the caller keeps its handle, another view or copy
         // is alive, or a raw pointer escaped (an __array_interface__ consumer, torch.frombuffer). The loan's
         // memory is read-only here from now on (until loaned again), so such a write faults instead of changing
         // what subscribers hold. A loan handed over whole (send(std::move(loan)), Python's send) skips the two
         // mprotect calls, which cost O(pages) (bench/RESULTS.md).
-        if (s.map.protect(false)) s.writable = false;
+        pool_->protect_sent(p.slot);
       }
     }
     const uint64_t seqno = ++sequence_;
@@ -459,7 +418,7 @@ class PublisherImpl {
       if (!sub.active()) continue;
       bool announced = true;
       for (const Part& p : parts) {
-        const uint64_t seg = pool_->slots[p.slot].segment_id;
+        const uint64_t seg = pool_->slot(p.slot).segment_id;
         if (sub.announced[p.slot] != seg && !announce(sub, p.slot)) {
           announced = false;
           break;
@@ -474,7 +433,7 @@ class PublisherImpl {
           return;
         }
         const Part& p = parts[i - first];
-        encode_message(c.msg, p.layout, seqno, pool_->slots[p.slot].segment_id, p.alloc_offset, p.alloc_bytes,
+        encode_message(c.msg, p.layout, seqno, pool_->slot(p.slot).segment_id, p.alloc_offset, p.alloc_bytes,
                        static_cast<uint32_t>(p.slot), static_cast<uint32_t>(p.meta.size()),
                        head ? kGroupPart : uint16_t{0}, static_cast<uint16_t>(i - first));
         if (!p.meta.empty()) std::memcpy(sub.ring.cell_metadata(c), p.meta.data(), p.meta.size());
@@ -540,41 +499,19 @@ class PublisherImpl {
     return n;
   }
 
-  void make_writable(Slot& s) {
-    if (s.writable) return;
-    if (!s.map.protect(true)) throw_errno("mprotect of a pool buffer");
-    s.writable = true;
-  }
-
-  // The slot whose mapping contains the buffer, or -1. `off` receives the buffer's offset in the segment.
-  long find_slot_of(const Buffer& b, size_t& off) const {
-    const char* base = static_cast<const char*>(b.base());
-    for (size_t i = 0; i < slot_end_; ++i) {
-      const Slot& s = pool_->slots[i];
-      if (!s.segment_id) continue;
-      const char* lo = s.map.data();
-      if (base >= lo && base < lo + s.map.size() && b.size() <= static_cast<size_t>(lo + s.map.size() - base)) {
-        off = static_cast<size_t>(base - lo);
-        return static_cast<long>(i);
-      }
-    }
-    return -1;
-  }
-
-  bool slot_free(size_t i) const {
-    const Slot& s = pool_->slots[i];
-    if (s.reserved || s.loans.load(std::memory_order_acquire) != 0) return false;
+  // Whether a live subscriber still holds slot i (pushed messages minus its releases).
+  bool held(size_t i) const {
     for (auto& sub : subs_)
-      if (!sub->dead.load() && sub->holds(i)) return false;
-    return true;
+      if (!sub->dead.load() && sub->holds(i)) return true;
+    return false;
   }
 
   // Says who holds the pool's buffers: the message of a timeout on an exhausted pool.
   std::string exhausted_message(const char* what, uint64_t total) const {
     std::map<int32_t, uint64_t> by_pid;
     uint64_t loaned = 0, buffers = 0;
-    for (size_t i = 0; i < slot_end_; ++i) {
-      const Slot& s = pool_->slots[i];
+    for (size_t i = 0; i < pool_->end(); ++i) {
+      const Pool::Slot& s = pool_->slot(i);
       if (!s.segment_id) continue;
       ++buffers;
       if (s.loans.load(std::memory_order_relaxed) != 0) ++loaned;
@@ -594,44 +531,23 @@ class PublisherImpl {
                "buffers return to the pool; or raise max_buffers/pool_bytes";
   }
 
-  // A free pool slot of at least `nbytes`, creating or replacing segments as the budget allows; follows the OnFull
-  // policy when the pool is exhausted, waiting (without mu_) until the deadline.
+  // A free pool slot of at least `nbytes` (the pool reuses, creates or retires segments as its budget allows);
+  // follows the OnFull policy when the pool is exhausted, waiting (without mu_) until the deadline.
   size_t acquire_slot(size_t nbytes, const Deadline& deadline, std::unique_lock<std::mutex>& lock, const char* what) {
-    const size_t cls = std::bit_ceil(std::max(nbytes, kMinSegment));
+    const auto is_held = [this](size_t i) { return held(i); };
+    const auto on_retire = [this](size_t i, uint64_t segment_id) { retired(i, segment_id); };
+    const std::string who = std::string("Publisher::") + what + " on '" + name_ + "'";
     Backoff backoff;
     for (;;) {
       reap();
-      long empty = -1, exact = -1, larger = -1, other = -1;
-      uint64_t total = 0;
-      for (size_t i = 0; i < pool_->count; ++i) {
-        Slot& s = pool_->slots[i];
-        if (!s.segment_id) {
-          if (empty < 0) empty = static_cast<long>(i);
-          if (i >= slot_end_) break;  // nothing beyond
-          continue;
-        }
-        total += s.map.size();
-        if (!slot_free(i)) continue;
-        if (s.map.size() == cls) {
-          exact = static_cast<long>(i);
-          break;
-        }
-        if (s.map.size() > cls && s.map.size() <= 4 * cls && larger < 0) larger = static_cast<long>(i);
-        else if (other < 0) other = static_cast<long>(i);
-      }
-      if (exact >= 0 || larger >= 0 || empty >= 0) waiting_for_.clear();
-      if (exact >= 0) return static_cast<size_t>(exact);
-      if (larger >= 0) return static_cast<size_t>(larger);
-      if (empty >= 0 && (total + cls <= opt_.pool_bytes || total == 0))
-        return create_segment(static_cast<size_t>(empty), cls, what);
-      if (other >= 0) {  // make room: retire a free segment of another size
-        retire(static_cast<size_t>(other));
-        continue;
+      if (const auto slot = pool_->try_take(nbytes, is_held, on_retire, who)) {
+        waiting_for_.clear();
+        return *slot;
       }
       // Exhausted: every buffer is loaned, queued or held by a subscriber.
       if (opt_.on_full == OnFull::raise)
         throw WouldBlockError("tensorwire publisher '" + name_ + "': the buffer pool is exhausted (" +
-                              std::to_string(pool_->count) + " buffers at most, pool_bytes " +
+                              std::to_string(pool_->capacity()) + " buffers at most, pool_bytes " +
                               std::to_string(opt_.pool_bytes) + "); subscribers hold every buffer (on_full='raise')");
       if (opt_.on_full == OnFull::drop_oldest && drop_one_queued()) continue;
       // Never wait for the dead: look at the holders ourselves (the monitor may be busy).
@@ -642,7 +558,7 @@ class PublisherImpl {
       waiting_for_ = "the buffer pool is exhausted";
       if (deadline.expired()) {
         waiting_for_.clear();
-        throw TimeoutError(exhausted_message(what, total));
+        throw TimeoutError(exhausted_message(what, pool_->bytes()));
       }
       lock.unlock();
       backoff.pause(deadline);
@@ -651,43 +567,23 @@ class PublisherImpl {
     }
   }
 
-  size_t create_segment(size_t i, size_t bytes, const char* what) {
-    check_memory_available(bytes, std::string("Publisher::") + what + " on '" + name_ + "'");
-    Slot& s = pool_->slots[i];
-    const uint64_t id = next_segment_id_++;
-    Fd fd = make_memfd("tensorwire:" + name_ + ":" + std::to_string(id), bytes);
-    Mapping map = Mapping::map(fd.get(), bytes, true, true);  // pre-faulted (within bounds): a fresh page costs ~10 us
-    // Readers map it read-only, and no peer can ever map it writable again (our mapping stays writable).
-    add_seals(fd.get(), F_SEAL_FUTURE_WRITE | F_SEAL_SEAL);
-    s.fd = std::move(fd);
-    s.map = std::move(map);
-    s.segment_id = id;
-    s.writable = true;
-    slot_end_ = std::max(slot_end_, i + 1);
-    return i;
-  }
-
-  void retire(size_t i) {
-    Slot& s = pool_->slots[i];
-    const ControlWire w = encode_control(ControlType::retire, s.segment_id, 0);
+  // The pool retired a segment to make room: subscribers that mapped it drop their mapping.
+  void retired(size_t i, uint64_t segment_id) {
+    const ControlWire w = encode_control(ControlType::retire, segment_id, 0);
     for (auto& sub : subs_)
-      if (sub->announced[i] == s.segment_id) {
+      if (sub->announced[i] == segment_id) {
         // Not sent: the subscriber keeps a stale mapping (harmless: no message names that segment again) unless
         // it is gone; a full socket stops the subscriber.
         control_failed(*sub, send_packet(sub->sock.get(), &w, sizeof w, {}, 0));
         sub->announced[i] = 0;
       }
-    s.segment_id = 0;
-    s.map.reset();
-    s.fd.reset();
-    s.writable = true;
   }
 
   // Announces a slot's segment; false when the subscriber could not take it (then it is stopped or dead).
   bool announce(Sub& sub, size_t slot) {
-    const Slot& s = pool_->slots[slot];
-    const ControlWire w = encode_control(ControlType::segment, s.segment_id, s.map.size());
-    const int fd = s.fd.get();
+    const Pool::Slot& s = pool_->slot(slot);
+    const ControlWire w = encode_control(ControlType::segment, s.segment_id, s.size());
+    const int fd = s.seg.fd.get();
     const SendResult r = send_packet(sub.sock.get(), &w, sizeof w, std::span<const int>(&fd, 1), 0);
     if (r == SendResult::sent) {
       sub.announced[slot] = s.segment_id;
@@ -882,8 +778,8 @@ class PublisherImpl {
       return;
     }
     sub->sock = std::move(sock);
-    sub->sent.assign(pool_->count, 0);
-    sub->announced.assign(pool_->count, 0);
+    sub->sent.assign(pool_->capacity(), 0);
+    sub->announced.assign(pool_->capacity(), 0);
     const ControlWire w = encode_control(ControlType::welcome, 0, proto.total_bytes);
     const int fds[2] = {chan_fd.get(), sub->efd.get()};
     if (send_packet(sub->sock.get(), &w, sizeof w, fds, 100) != SendResult::sent) return;
@@ -962,12 +858,11 @@ class PublisherImpl {
   pid_t pid_;
   ChannelHeader channel_proto_{};
   std::shared_ptr<Pool> pool_;
-  size_t slot_end_ = 0;  // 1 + the highest slot index that ever held a segment: scans stop there
   Fd listener_, wake_;
   std::mutex send_mu_, mu_;
   std::string waiting_for_;  // (mu_) what the send or loan holding send_mu_ waits for, in words
   std::vector<std::shared_ptr<Sub>> subs_;
-  uint64_t next_segment_id_ = 1, sequence_ = 0, dropped_gone_ = 0;
+  uint64_t sequence_ = 0, dropped_gone_ = 0;
   std::atomic<bool> closed_{false}, stop_{false};
   bool forked_ = false;
   std::unique_ptr<std::thread> monitor_;

@@ -1,0 +1,100 @@
+// pool_internal.hpp (private) — the publisher's buffer pool: segments of one memory kind, reused by size class.
+//
+// A pool buffer is one segment: memory this process maps, and a descriptor (an fd) a subscriber maps once. Where
+// the memory comes from is a SegmentSource: host memfds today; a CUDA source (VMM allocations exported as POSIX
+// fds) plugs in as a second kind without the pool or the send policy changing, since its fd crosses the same way.
+//
+// The pool decides which buffer a request gets — an exact size class, a larger one within 4x, a new segment while
+// the budget allows, or else it retires a free buffer of another size to make room — but not who holds a buffer:
+// leases live in the subscribers' channels, so the publisher answers `held(slot)` and hears of each retirement
+// (`on_retire`) to tell the subscribers that mapped it. Not thread-safe: the publisher's state lock guards it,
+// except Slot::loans, which loaned tensors release from any thread.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "ipc/ipc_internal.hpp"
+#include "os/os_internal.hpp"
+#include "tensorwire/tensor.hpp"
+
+namespace tw::ipc_detail {
+
+/// One segment's memory: the fd a peer maps, and this process's mapping of it.
+struct Segment {
+  os::Fd fd;
+  os::Mapping map;
+};
+
+/// Where a pool's memory comes from (see the top of this file).
+class SegmentSource {
+ public:
+  virtual ~SegmentSource() = default;
+  virtual MemoryKind kind() const noexcept = 0;
+  /// A new segment of `bytes`, writable here, sealed so that peers can only ever map it read-only. Throws
+  /// Error(out_of_memory) when this process cannot have the memory (never leaves it to the OOM killer).
+  virtual Segment create(size_t bytes, const std::string& debug_name) = 0;
+  /// Makes this process's view of a segment read-only or writable again; false when the OS refused.
+  virtual bool protect(Segment& s, bool writable) noexcept = 0;
+};
+
+/// Host memory: sealed memfds, pre-faulted within bounds.
+std::unique_ptr<SegmentSource> host_segment_source();
+
+class Pool : public std::enable_shared_from_this<Pool> {
+ public:
+  struct Slot {
+    uint64_t segment_id = 0;        ///< 0: empty slot
+    Segment seg;
+    std::atomic<int32_t> loans{0};  ///< loaned tensors (and their views) alive in this process
+    bool writable = true;           ///< false once a loan of it was sent and protected: read-only here
+    bool reserved = false;          ///< packed by the send in progress, not yet pushed
+    size_t size() const noexcept { return seg.map.size(); }
+    char* data() const noexcept { return seg.map.data(); }
+  };
+
+  Pool(std::unique_ptr<SegmentSource> source, size_t max_buffers, size_t pool_bytes, std::string name);
+
+  size_t capacity() const noexcept { return count_; }
+  /// 1 + the highest slot index that ever held a segment: scans stop there.
+  size_t end() const noexcept { return end_; }
+  Slot& slot(size_t i) noexcept { return slots_[i]; }
+  const Slot& slot(size_t i) const noexcept { return slots_[i]; }
+  /// Buffers (segments) allocated now, and their bytes.
+  size_t buffers() const noexcept;
+  uint64_t bytes() const noexcept;
+  size_t max_bytes() const noexcept { return max_bytes_; }
+
+  /// The slot whose mapping holds all of `b`, or -1; `off` gets the buffer's offset in the segment.
+  long find(const Buffer& b, size_t& off) const noexcept;
+  /// Whether slot i may be handed out: a segment no loan, no send in progress and (per `held`) no subscriber uses.
+  bool is_free(size_t i, const std::function<bool(size_t)>& held) const;
+
+  /// One attempt, never waiting: a free slot of at least `nbytes`, reusing, creating or (to make room) retiring
+  /// segments; nullopt when every buffer is in use. `what` names the caller in errors (out_of_memory).
+  std::optional<size_t> try_take(size_t nbytes, const std::function<bool(size_t)>& held,
+                                 const std::function<void(size_t, uint64_t)>& on_retire, const std::string& what);
+
+  /// A writable, C-contiguous tensor over slot i (a loan): the slot's loan count holds it until the last view goes.
+  Tensor loan(size_t i, Layout layout);
+  /// Makes slot i writable again here (before a loan or packing into it). Throws Error when the OS refuses.
+  void make_writable(size_t i);
+  /// Makes slot i read-only here (a sent loan someone could still write through).
+  void protect_sent(size_t i) noexcept;
+  /// Gives back every segment no loan uses (the publisher closes; loans keep theirs until they go).
+  void release_unloaned() noexcept;
+
+ private:
+  std::unique_ptr<SegmentSource> source_;
+  std::unique_ptr<Slot[]> slots_;
+  size_t count_, end_ = 0, max_bytes_;
+  std::string name_;
+  uint64_t next_segment_id_ = 1;
+};
+
+}  // namespace tw::ipc_detail
