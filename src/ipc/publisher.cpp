@@ -1,5 +1,6 @@
-// publisher.cpp — the sending end: buffer pool, subscriber channels, the send policy (room, drops, deadlines) and
-// the monitor thread that accepts subscribers and notices when they go away.
+// publisher.cpp — the sending end: the send policy (room in every ring, drops, deadlines, all or none), the list of
+// subscriber channels and the monitor thread that accepts subscribers and notices when they go away. The buffer
+// pool is ipc/pool.cpp (behind a SegmentSource: host memory today); one subscriber's channel is ipc/channel.cpp.
 //
 // Locking, two mutexes, always taken in this order:
 //  - send_mu_ orders send() and loan(): held for a whole operation, waits included, and taken within the caller's
@@ -23,7 +24,6 @@
 #include <fcntl.h>
 
 #include <algorithm>
-#include <bit>
 #include <chrono>
 #include <map>
 #include <mutex>
@@ -32,6 +32,7 @@
 
 #include "tensorwire/copy.hpp"
 #include "ipc/ipc_internal.hpp"
+#include "ipc/channel_internal.hpp"
 #include "ipc/pool_internal.hpp"
 
 namespace tw {
@@ -41,37 +42,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-struct Sub {
-  Fd sock;
-  Fd efd;
-  Mapping chan;
-  Ring ring;
-  std::vector<uint32_t> sent;       // per slot: messages pushed holding that slot, minus those the publisher dropped
-  std::vector<uint64_t> announced;  // per slot: the segment id this subscriber was told about
-  std::atomic<bool> dead{false};    // hung up (or broke the protocol): its leases are void
-  bool stalled = false;             // too slow to read control messages: stopped (no more messages), leases kept
-  int32_t pid = 0;
-
-  bool detached() const noexcept { return aref(ring.header().detached).load(std::memory_order_acquire) != 0; }
-  bool active() const noexcept { return !dead.load(std::memory_order_acquire) && !stalled && !detached(); }
-  uint32_t released(size_t slot) const noexcept {
-    uint32_t* r = ring.released(static_cast<uint32_t>(slot));
-    return r ? aref(*r).load(std::memory_order_acquire) : 0;
-  }
-  bool holds(size_t slot) const noexcept { return sent[slot] != released(slot); }
-  uint32_t held(size_t slot) const noexcept { return sent[slot] - released(slot); }
-  void notify() noexcept {
-    uint64_t one = 1;
-    [[maybe_unused]] ssize_t r = ::write(efd.get(), &one, sizeof one);
-  }
-  // True when the peer hung up (checked without blocking).
-  bool hung_up() noexcept {
-    if (dead.load(std::memory_order_acquire)) return true;
-    pollfd p{sock.get(), POLLRDHUP, 0};
-    if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR | POLLRDHUP))) dead.store(true);
-    return dead.load(std::memory_order_acquire);
-  }
-};
+using Sub = SubscriberChannel;
 
 // A deadline from a Timeout.
 struct Deadline {
@@ -188,12 +159,7 @@ class PublisherImpl {
     if (monitor_ && monitor_->joinable()) monitor_->join();
     std::lock_guard send_lock(send_mu_);  // no send is half done past this point
     std::lock_guard lock(mu_);
-    const ControlWire bye = encode_control(ControlType::bye, 0, 0);
-    for (auto& s : subs_) {
-      s->ring.close();
-      s->notify();
-      send_packet(s->sock.get(), &bye, sizeof bye, {}, 0);
-    }
+    for (auto& s : subs_) s->bye();
     subs_.clear();
     listener_.reset();
     wake_.reset();
@@ -419,7 +385,8 @@ class PublisherImpl {
       bool announced = true;
       for (const Part& p : parts) {
         const uint64_t seg = pool_->slot(p.slot).segment_id;
-        if (sub.announced[p.slot] != seg && !announce(sub, p.slot)) {
+        const Pool::Slot& ps = pool_->slot(p.slot);
+        if (sub.announced[p.slot] != seg && !sub.announce(p.slot, seg, ps.size(), ps.seg.fd.get())) {
           announced = false;
           break;
         }
@@ -452,11 +419,7 @@ class PublisherImpl {
   void on_fork_child() noexcept {
     forked_ = true;
     closed_.store(true);
-    for (auto& s : subs_) {
-      s->sock.reset();
-      s->efd.reset();
-    }
-    subs_.clear();
+    subs_.clear();  // closes this process's copies of their sockets and eventfds
     listener_.reset();
     wake_.reset();
   }
@@ -569,50 +532,7 @@ class PublisherImpl {
 
   // The pool retired a segment to make room: subscribers that mapped it drop their mapping.
   void retired(size_t i, uint64_t segment_id) {
-    const ControlWire w = encode_control(ControlType::retire, segment_id, 0);
-    for (auto& sub : subs_)
-      if (sub->announced[i] == segment_id) {
-        // Not sent: the subscriber keeps a stale mapping (harmless: no message names that segment again) unless
-        // it is gone; a full socket stops the subscriber.
-        control_failed(*sub, send_packet(sub->sock.get(), &w, sizeof w, {}, 0));
-        sub->announced[i] = 0;
-      }
-  }
-
-  // Announces a slot's segment; false when the subscriber could not take it (then it is stopped or dead).
-  bool announce(Sub& sub, size_t slot) {
-    const Pool::Slot& s = pool_->slot(slot);
-    const ControlWire w = encode_control(ControlType::segment, s.segment_id, s.size());
-    const int fd = s.seg.fd.get();
-    const SendResult r = send_packet(sub.sock.get(), &w, sizeof w, std::span<const int>(&fd, 1), 0);
-    if (r == SendResult::sent) {
-      sub.announced[slot] = s.segment_id;
-      return true;
-    }
-    control_failed(sub, r);
-    return false;
-  }
-
-  // A control packet did not go out: a hung-up peer is dead (its leases go); a live one whose socket buffer is
-  // full reads too lazily to follow the pool: it is stopped — its stream ends after what it has queued — but its
-  // leases are honoured until it actually hangs up, because it still maps the buffers.
-  void control_failed(Sub& sub, SendResult r) {
-    if (r == SendResult::sent) return;
-    if (r == SendResult::gone) {
-      sub.dead.store(true);
-      return;
-    }
-    if (!sub.stalled) {
-      sub.stalled = true;
-      sub.ring.close();
-      sub.notify();
-    }
-  }
-
-  // A subscriber that broke the ring protocol is dropped: its socket is shut down, so it sees its stream end.
-  void drop_broken(Sub& sub) {
-    sub.dead.store(true);
-    ::shutdown(sub.sock.get(), SHUT_RDWR);
+    for (auto& sub : subs_) sub->retire(i, segment_id);
   }
 
   // Waits until every active subscriber's ring has `cells` free cells, applying the OnFull policy to full ones.
@@ -625,7 +545,7 @@ class PublisherImpl {
         Sub& s = *sp;
         if (!s.active()) continue;
         if (!s.ring.sane()) {
-          drop_broken(s);
+          s.drop_broken();
           continue;
         }
         if (s.ring.room_for(cells)) continue;
@@ -642,7 +562,7 @@ class PublisherImpl {
               if (r != Pop::popped) break;
             }
             if (broke) {
-              drop_broken(s);
+              s.drop_broken();
               continue;
             }
             if (s.ring.room_for(cells)) continue;
@@ -694,7 +614,7 @@ class PublisherImpl {
     }
     if (!victim) return false;
     const Pop r = drop_oldest(*victim);
-    if (r == Pop::corrupt) drop_broken(*victim);
+    if (r == Pop::corrupt) victim->drop_broken();
     return r != Pop::empty;
   }
 
@@ -747,42 +667,22 @@ class PublisherImpl {
     }
   }
 
-  void refuse(Fd& sock, RefuseReason why) {
-    const ControlWire w = encode_control(ControlType::refused, static_cast<uint64_t>(why), 0);
-    send_packet(sock.get(), &w, sizeof w, {}, 0);
-  }
-
   void add_subscriber(Fd sock) {
     const PeerCred cred = peer_credentials(sock.get());
     if (!opt_.allow_other_users && cred.uid != ::getuid()) return;  // refused: closing the socket tells the peer
     reap();
     if (subs_.size() >= opt_.max_subscribers) {
-      refuse(sock, RefuseReason::too_many_subscribers);
+      SubscriberChannel::refuse(sock, RefuseReason::too_many_subscribers);
       return;
     }
-    auto sub = std::make_shared<Sub>();
-    sub->pid = cred.pid;
-    const ChannelHeader& proto = channel_proto_;
-    Fd chan_fd;
+    std::shared_ptr<Sub> sub;
     try {
-      chan_fd = make_memfd("tensorwire:" + name_ + ":channel", proto.total_bytes);
-      sub->chan = Mapping::map(chan_fd.get(), proto.total_bytes, true, true);
-      std::memcpy(sub->chan.data(), &proto, sizeof proto);
-      add_seals(chan_fd.get(), F_SEAL_SEAL);
-      sub->ring = Ring(sub->chan.data(), proto);
-      sub->ring.init_cells();
-      sub->efd = Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-      if (!sub->efd) throw_errno("eventfd");
+      sub = SubscriberChannel::open(sock, channel_proto_, pool_->capacity(), cred.pid, name_);
     } catch (const Error&) {
-      refuse(sock, RefuseReason::no_resources);
+      SubscriberChannel::refuse(sock, RefuseReason::no_resources);
       return;
     }
-    sub->sock = std::move(sock);
-    sub->sent.assign(pool_->capacity(), 0);
-    sub->announced.assign(pool_->capacity(), 0);
-    const ControlWire w = encode_control(ControlType::welcome, 0, proto.total_bytes);
-    const int fds[2] = {chan_fd.get(), sub->efd.get()};
-    if (send_packet(sub->sock.get(), &w, sizeof w, fds, 100) != SendResult::sent) return;
+    if (!sub) return;
     subs_.push_back(std::move(sub));
     uint64_t one = 1;
     [[maybe_unused]] ssize_t r = ::write(wake_.get(), &one, sizeof one);
@@ -801,7 +701,7 @@ class PublisherImpl {
       {
         std::lock_guard lock(mu_);
         for (auto& s : subs_) {
-          fds.push_back({s->sock.get(), POLLIN | POLLRDHUP, 0});
+          fds.push_back({s->socket(), POLLIN | POLLRDHUP, 0});
           watched.push_back(s);
         }
       }

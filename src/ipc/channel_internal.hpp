@@ -1,0 +1,70 @@
+// channel_internal.hpp (private) — the publisher's side of one subscriber: its connection, its channel (the ring of
+// message descriptors and the lease table, in a memfd only the two of them map) and its bookkeeping of which pool
+// buffers it holds.
+//
+// Per subscriber, step by step:
+//  1. open(): the channel memfd is made (sealed: neither side can resize it), the ring initialised from the
+//     publisher's private copy of its geometry, an eventfd made, and both fds sent with WELCOME.
+//  2. announce(): before the first message that names a pool segment, its fd is sent once (SEGMENT); retire()
+//     tells the subscriber to drop a mapping the pool gave up (RETIRE).
+//  3. Each pushed message counts in sent[slot]; the subscriber bumps its release counter for the slot when the
+//     last view of the tensor goes. The slot is held while the two differ.
+//  4. A control packet that cannot go out because the peer's socket is full stops the subscriber (its stream ends
+//     after what it has queued) but keeps its leases, since it still maps the buffers; one whose peer hung up, or
+//     that broke the ring protocol, is dead: its leases are void and it is dropped.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ipc/ipc_internal.hpp"
+
+namespace tw::ipc_detail {
+
+class SubscriberChannel {
+ public:
+  /// Sets up the channel for an accepted connection and sends WELCOME; the socket moves into the channel then.
+  /// Returns nullptr when the peer went away meanwhile; throws Error when this process lacks the fds or memory
+  /// (`sock` is still the caller's, to refuse the peer).
+  static std::shared_ptr<SubscriberChannel> open(os::Fd& sock, const ChannelHeader& proto, size_t pool_slots,
+                                                 int32_t pid, const std::string& topic);
+  /// Turns a peer away with a reason it can report (REFUSED), then the socket closes.
+  static void refuse(os::Fd& sock, RefuseReason why) noexcept;
+
+  Ring ring;
+  std::vector<uint32_t> sent;       ///< per slot: messages pushed holding that slot, minus those taken back
+  std::vector<uint64_t> announced;  ///< per slot: the segment id this subscriber was told about
+  std::atomic<bool> dead{false};    ///< hung up (or broke the protocol): its leases are void
+  bool stalled = false;             ///< too slow to read control messages: stopped, leases kept
+  int32_t pid = 0;
+
+  int socket() const noexcept { return sock_.get(); }
+  bool detached() const noexcept { return aref(ring.header().detached).load(std::memory_order_acquire) != 0; }
+  /// Receives messages: not dead, not stopped, not detached (closed on its side).
+  bool active() const noexcept { return !dead.load(std::memory_order_acquire) && !stalled && !detached(); }
+  uint32_t released(size_t slot) const noexcept;
+  bool holds(size_t slot) const noexcept { return sent[slot] != released(slot); }
+  /// Writes the eventfd (a subscriber in fileno() mode polls it).
+  void notify() noexcept;
+  /// True when the peer hung up (checked without blocking; marks it dead).
+  bool hung_up() noexcept;
+
+  /// Sends a segment's fd once; false when the subscriber could not take it (then it is stopped or dead).
+  bool announce(size_t slot, uint64_t segment_id, uint64_t bytes, int fd);
+  /// Tells the subscriber a segment left the pool, if it had mapped it.
+  void retire(size_t slot, uint64_t segment_id);
+  /// Ends the stream (the publisher closes): the ring says closed, BYE goes out.
+  void bye() noexcept;
+  /// The subscriber broke the protocol: dead, and its socket shut down so it sees its stream end.
+  void drop_broken() noexcept;
+
+ private:
+  void control_failed(SendResult r) noexcept;
+  os::Fd sock_, efd_;
+  os::Mapping chan_;
+};
+
+}  // namespace tw::ipc_detail
