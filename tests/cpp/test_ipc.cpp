@@ -541,39 +541,45 @@ struct RogueChannel {
   }
 };
 
+// The rogue runs in a second process, as a hostile publisher would: it welcomes the subscriber, waits for the
+// go-ahead on a pipe, rewrites the shared channel, acknowledges, and keeps its socket open until told to stop.
 void rogue_publisher(const std::string& name, const std::function<void(RogueChannel&)>& corrupt,
                      const std::function<void(Subscriber&)>& check) {
-  ipc::Fd l = ipc::listen_abstract(ipc::publisher_address(name));
-  ASSERT_TRUE(l);
-  RogueChannel ch;
-  ipc::Fd efd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  std::atomic<bool> welcomed{false};
-  std::thread t([&] {
-    for (int i = 0; i < 5000; ++i) {
-      ipc::Fd c(::accept4(l.get(), nullptr, nullptr, SOCK_CLOEXEC));
-      if (c) {
-        const auto w = ipc::encode_control(ipc::ControlType::welcome, 0, ch.h.total_bytes);
-        const int fds[2] = {ch.fd.get(), efd.get()};
-        ipc::send_packet(c.get(), &w, sizeof w, fds, 1000);
-        welcomed = true;
-        for (int k = 0; k < 300 && welcomed; ++k) std::this_thread::sleep_for(10ms);  // keep the socket open
-        return;
-      }
-      std::this_thread::sleep_for(1ms);
-    }
+  int go[2], ack[2];
+  ASSERT_EQ(::pipe(go), 0);
+  ASSERT_EQ(::pipe(ack), 0);
+  pid_t child = spawn([&] {
+    ipc::Fd l = ipc::listen_abstract(ipc::publisher_address(name));
+    if (!l) return 2;
+    RogueChannel ch;
+    ipc::Fd efd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    char c = 1;
+    if (::write(ack[1], &c, 1) != 1) return 3;  // listening
+    pollfd p{l.get(), POLLIN, 0};
+    if (::poll(&p, 1, 10000) != 1) return 4;
+    ipc::Fd conn(::accept4(l.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (!conn) return 5;
+    const auto w = ipc::encode_control(ipc::ControlType::welcome, 0, ch.h.total_bytes);
+    const int fds[2] = {ch.fd.get(), efd.get()};
+    if (ipc::send_packet(conn.get(), &w, sizeof w, fds, 1000) != ipc::SendResult::sent) return 6;
+    if (::read(go[0], &c, 1) != 1) return 7;
+    corrupt(ch);
+    if (::write(ack[1], &c, 1) != 1) return 8;
+    if (::read(go[0], &c, 1) != 1) return 9;  // stop
+    return 0;
   });
-  struct Joiner {
-    std::thread& t;
-    std::atomic<bool>& flag;
-    ~Joiner() {
-      flag = false;
-      t.join();
-    }
-  } joiner{t, welcomed};
-  Subscriber sub(name);
-  ASSERT_TRUE(sub.connected());
-  corrupt(ch);
-  check(sub);
+  char c = 1;
+  ASSERT_EQ(::read(ack[0], &c, 1), 1);
+  {
+    Subscriber sub(name);
+    EXPECT_TRUE(sub.connected());
+    ASSERT_EQ(::write(go[1], &c, 1), 1);
+    ASSERT_EQ(::read(ack[0], &c, 1), 1);  // the shared channel is rewritten now
+    check(sub);
+  }
+  ASSERT_EQ(::write(go[1], &c, 1), 1);
+  EXPECT_EQ(wait_exit(child), 0);
+  for (int fd : {go[0], go[1], ack[0], ack[1]}) ::close(fd);
 }
 
 TEST(IpcHostile, RewrittenRingGeometryIsNeverReadAgain) {
@@ -606,7 +612,7 @@ TEST(IpcHostile, ACellAheadOfHeadEndsTheStreamWithAnErrorWithinTheTimeout) {
 TEST(IpcHostile, HostileLeaseSlotsAndSegmentsAreRefused) {
   rogue_publisher(topic("lease"), [](RogueChannel& ch) {
     ipc::CellHeader* c = ch.ring.begin_push();
-    ASSERT_NE(c, nullptr);
+    if (!c) ::_exit(20);
     tw::Layout l{DType::uint8(), Shape{4}, tw::Strides{1}, 0, false};
     ipc::encode_message(c->msg, l, 1, 77, 0, 4096, 1u << 30, 0);  // lease slot far outside the table
     ch.ring.commit_push();

@@ -284,3 +284,15 @@ TEST(Layout, ValidateRefusesMalformedLayouts) {
 }
 
 }  // namespace
+
+// validate() accepts a packed sub-byte span whose end in bits lies within 7 of INT64_MAX: rounding it up to bytes
+// must not overflow (UBSan caught hi_bits + 7 here).
+TEST(Layout, PackedSubByteSpanNearTheLimitRoundsWithoutOverflow) {
+  const int64_t stride = INT64_MAX / 4 - 1;  // (stride + 1) * 4 bits is within 7 of INT64_MAX
+  tw::Layout l{tw::DType::int4(), tw::Shape{2}, tw::Strides{stride}, 0, false};
+  ASSERT_NO_THROW(l.validate());
+  const tw::ByteSpan sp = l.byte_span();
+  const int64_t hi_bits = (stride + 1) * 4;
+  EXPECT_EQ(sp.begin, 0);
+  EXPECT_EQ(sp.end, hi_bits / 8 + (hi_bits % 8 ? 1 : 0));
+}
