@@ -33,6 +33,7 @@
 #include "tensorwire/copy.hpp"
 #include "ipc/ipc_internal.hpp"
 #include "ipc/channel_internal.hpp"
+#include "ipc/fork_internal.hpp"
 #include "ipc/pool_internal.hpp"
 
 namespace tw {
@@ -88,18 +89,8 @@ std::string mib(uint64_t bytes) {
 
 class PublisherImpl;
 
-// Every live publisher, so that a fork()ed child can drop its copies of their sockets at once (see on_fork_child).
-struct PublisherRegistry {
-  std::mutex mu;
-  std::set<PublisherImpl*> live;
-};
-PublisherRegistry& publisher_registry() {
-  static auto* r = new PublisherRegistry();  // never destroyed: atfork handlers may run during exit
-  return *r;
-}
-void publishers_prepare_fork() noexcept;
-void publishers_after_fork_parent() noexcept;
-void publishers_after_fork_child() noexcept;
+class PublisherImpl;
+using PublisherForks = ForkRegistry<PublisherImpl>;
 
 class PublisherImpl {
  public:
@@ -126,23 +117,13 @@ class PublisherImpl {
         }
       }
     }
-    static std::once_flag atfork_once;
-    std::call_once(atfork_once, [] {
-      ::pthread_atfork(publishers_prepare_fork, publishers_after_fork_parent, publishers_after_fork_child);
-    });
-    {
-      std::lock_guard reg(publisher_registry().mu);
-      publisher_registry().live.insert(this);
-    }
+    PublisherForks::add(this);
     monitor_ = std::make_unique<std::thread>([this] { monitor(); });
   }
 
   ~PublisherImpl() {
     close();
-    {
-      std::lock_guard reg(publisher_registry().mu);
-      publisher_registry().live.erase(this);
-    }
+    PublisherForks::remove(this);
     // The thread does not exist in a fork()ed child: never join it there (the handle is leaked on purpose).
     if (forked_ || ::getpid() != pid_) (void)monitor_.release();
   }
@@ -414,8 +395,9 @@ class PublisherImpl {
 
  public:
 
-  // In a fork()ed child (pthread_atfork, every lock held by publishers_prepare_fork): drop the copies of the
-  // parent's sockets and eventfds, so the parent's subscribers see the parent's hang-up and nothing of the child.
+  // In a fork()ed child (ForkRegistry, with mu_ held): drop the copies of the parent's sockets and eventfds, so the
+  // parent's subscribers see the parent's hang-up and nothing of the child. send_mu_ is not taken around fork(): a
+  // send blocked on a slow subscriber must not hold fork() up; the child never takes it (it checks first).
   void on_fork_child() noexcept {
     forked_ = true;
     closed_.store(true);
@@ -767,28 +749,6 @@ class PublisherImpl {
   bool forked_ = false;
   std::unique_ptr<std::thread> monitor_;
 };
-
-// pthread_atfork: hold every publisher's state lock across fork() (it is only ever held briefly) so the child sees
-// consistent state, then drop the child's copies of their sockets. send_mu_ is not taken: a send blocked on a slow
-// subscriber must not hold up fork(); the child never takes send_mu_ (it checks that it is a child first).
-void publishers_prepare_fork() noexcept {
-  auto& reg = publisher_registry();
-  reg.mu.lock();
-  for (PublisherImpl* p : reg.live) p->mutex().lock();
-}
-void publishers_after_fork_parent() noexcept {
-  auto& reg = publisher_registry();
-  for (PublisherImpl* p : reg.live) p->mutex().unlock();
-  reg.mu.unlock();
-}
-void publishers_after_fork_child() noexcept {
-  auto& reg = publisher_registry();
-  for (PublisherImpl* p : reg.live) {
-    p->on_fork_child();
-    p->mutex().unlock();
-  }
-  reg.mu.unlock();
-}
 
 }  // namespace ipc_detail
 

@@ -20,7 +20,8 @@
 #include <set>
 #include <unordered_map>
 
-#include "ipc_internal.hpp"
+#include "ipc/fork_internal.hpp"
+#include "ipc/ipc_internal.hpp"
 
 namespace tw {
 namespace ipc_detail {
@@ -66,17 +67,7 @@ std::atomic<uint32_t> g_listener_counter{0};
 }  // namespace
 
 class SubscriberImpl;
-struct SubscriberRegistry {
-  std::mutex mu;
-  std::set<SubscriberImpl*> live;
-};
-SubscriberRegistry& subscriber_registry() {
-  static auto* r = new SubscriberRegistry();  // never destroyed: atfork handlers may run during exit
-  return *r;
-}
-void subscribers_prepare_fork() noexcept;
-void subscribers_after_fork_parent() noexcept;
-void subscribers_after_fork_child() noexcept;
+using SubscriberForks = ForkRegistry<SubscriberImpl>;
 
 using PollStatus = Subscriber::PollStatus;
 using Received = Subscriber::Received;
@@ -96,14 +87,7 @@ class SubscriberImpl {
     }
     if (!listener_) throw Error(ErrorCode::internal, "Subscriber: no free socket address for topic '" + name_ + "'");
     watch(listener_.get(), EPOLLIN);
-    static std::once_flag atfork_once;
-    std::call_once(atfork_once, [] {
-      ::pthread_atfork(subscribers_prepare_fork, subscribers_after_fork_parent, subscribers_after_fork_child);
-    });
-    {
-      std::lock_guard reg(subscriber_registry().mu);
-      subscriber_registry().live.insert(this);
-    }
+    SubscriberForks::add(this);
     try {
       std::lock_guard lock(mu_);
       if (Fd c = connect_abstract(publisher_address(name_))) {
@@ -117,16 +101,14 @@ class SubscriberImpl {
         }
       }
     } catch (...) {
-      std::lock_guard reg(subscriber_registry().mu);
-      subscriber_registry().live.erase(this);
+      SubscriberForks::remove(this);
       throw;
     }
   }
 
   ~SubscriberImpl() {
     close();
-    std::lock_guard reg(subscriber_registry().mu);
-    subscriber_registry().live.erase(this);
+    SubscriberForks::remove(this);
   }
 
   const std::string& name() const noexcept { return name_; }
@@ -271,7 +253,7 @@ class SubscriberImpl {
     }
   }
 
-  // In a fork()ed child (every subscriber's lock held by subscribers_prepare_fork): drop the copies of the
+  // In a fork()ed child (ForkRegistry, with mu_ held): drop the copies of the
   // parent's connection, so the publisher sees the parent's hang-up, not a child keeping its leases alive.
   void on_fork_child() noexcept {
     forked_ = true;
@@ -610,25 +592,6 @@ class SubscriberImpl {
   bool welcomed_ = false, peer_gone_ = false, user_closed_ = false, eos_ = false, fd_mode_ = false, forked_ = false;
   bool broken_ = false;  // the publisher broke the protocol: reported once, then end-of-stream
 };
-
-void subscribers_prepare_fork() noexcept {
-  auto& reg = subscriber_registry();
-  reg.mu.lock();
-  for (SubscriberImpl* s : reg.live) s->mutex().lock();
-}
-void subscribers_after_fork_parent() noexcept {
-  auto& reg = subscriber_registry();
-  for (SubscriberImpl* s : reg.live) s->mutex().unlock();
-  reg.mu.unlock();
-}
-void subscribers_after_fork_child() noexcept {
-  auto& reg = subscriber_registry();
-  for (SubscriberImpl* s : reg.live) {
-    s->on_fork_child();
-    s->mutex().unlock();
-  }
-  reg.mu.unlock();
-}
 
 }  // namespace ipc_detail
 
