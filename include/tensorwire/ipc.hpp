@@ -157,6 +157,9 @@ class Publisher {
   /// structure, each with its own layout and its metadata merged with `extra`. Loans among them cross with no copy.
   /// A message of n tensors takes n + 1 cells of a subscriber's ring (depth must be at least n + 1).
   size_t send(const Message& message, const Metadata& extra = {}, Timeout timeout = std::nullopt);
+  /// The same, consuming the message (its tensors are released once it is sent; a failed send leaves it intact):
+  /// loans handed over this way are not made read-only unless something else can still write them.
+  size_t send(Message&& message, const Metadata& extra = {}, Timeout timeout = std::nullopt);
   /// The same, consuming the tensor: `send(std::move(loan))` leaves nothing in the caller to write through, so a
   /// loan with no other views, copies or escaped raw pointers (Buffer::escaped) is not made read-only (faster).
   /// The tensor is consumed only when the send succeeds.

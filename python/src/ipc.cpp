@@ -171,34 +171,42 @@ size_t send_message(tw::Publisher& p, nb::handle obj, nb::handle metadata, nb::h
   }
   if (values.empty()) throw tw::Error(tw::ErrorCode::invalid_argument, "Publisher.send: an empty message");
   nb::object asarray = nb::module_::import_("tensorwire").attr("asarray");
-  std::vector<tw::Tensor*> loans;
+  std::vector<tw::Tensor*> srcs;  // the tw.Tensor behind each value
+  std::vector<bool> loaned;
   for (nb::object& v : values) {
     if (!is_tensor(v)) v = asarray(v);
     tw::Tensor& t = unwrap(v);
     if (!t.defined())
       throw tw::Error(tw::ErrorCode::invalid_argument,
                       "Publisher.send: a tensor of the message is spent (a loan already sent)");
-    bool loaned;
+    bool owned;
     {
       nb::gil_scoped_release nogil;
-      loaned = p.owns(t);
+      owned = p.owns(t);
     }
-    if (loaned) {
+    if (owned) {
+      for (size_t j = 0; j < srcs.size(); ++j)
+        if (loaned[j] && srcs[j]->buffer_ptr() == t.buffer_ptr())
+          throw nb::buffer_error("tensorwire.Publisher.send: the same loan appears twice in the message");
       if (has_other_exports(t))
         throw nb::buffer_error("tensorwire.Publisher.send: a loaned tensor of the message has other live exports "
                                "(views, NumPy arrays, memoryviews or DLPack capsules); release them before sending");
-      loans.push_back(&t);
     }
-    m.tensors.push_back(t);
+    srcs.push_back(&t);
+    loaned.push_back(owned);
   }
-  for (size_t i = 0; i < m.tensors.size(); ++i)
-    for (size_t j = 0; j < i; ++j)
-      if (m.tensors[i].buffer_ptr() == m.tensors[j].buffer_ptr() && p.owns(m.tensors[i]))
-        throw nb::buffer_error("tensorwire.Publisher.send: the same loan appears twice in the message");
-  tw::Metadata extra = metadata_from(metadata);
-  const size_t n = sliced(timeout, [&](tw::Timeout slice) { return p.send(m, extra, slice); });
-  for (tw::Tensor* t : loans) *t = tw::Tensor();  // handed over: those Python objects are spent
-  return n;
+  const tw::Metadata extra = metadata_from(metadata);  // (before anything is moved: it may raise)
+  // Loans are handed over (moved: their Python objects are spent once the message is sent, and get them back if
+  // it is not); everything else is shared.
+  m.tensors.reserve(srcs.size());
+  for (size_t i = 0; i < srcs.size(); ++i) m.tensors.push_back(loaned[i] ? std::move(*srcs[i]) : *srcs[i]);
+  try {
+    return sliced(timeout, [&](tw::Timeout slice) { return p.send(std::move(m), extra, slice); });
+  } catch (...) {
+    for (size_t i = 0; i < srcs.size(); ++i)
+      if (loaned[i]) *srcs[i] = std::move(m.tensors[i]);
+    throw;
+  }
 }
 
 nb::object recv(tw::Subscriber& s, nb::handle timeout_h) {

@@ -17,8 +17,8 @@ namespace tw {
 namespace {
 
 [[noreturn]] void undefined() {
-  throw Error(ErrorCode::invalid_argument, "operation on an undefined Tensor: default-constructed, moved-from, or a loan already "
-                                           "handed over by Publisher::send (send consumes a loan; loan again or send a copy)");
+  throw Error(ErrorCode::invalid_argument, "operation on an undefined tensor: default-constructed, moved-from, or a spent loan "
+                                           "(send() handed it over; loan again, or send a copy)");
 }
 
 size_t norm_dim(int64_t dim, size_t ndim, const char* op) {

@@ -313,7 +313,13 @@ class Ring {
   /// Claims the oldest message and calls read(CellHeader&) on it before freeing the cell. Bounded: never spins
   /// on a cell whose sequence word contradicts head.
   template <class F>
-  Pop try_pop(F&& read);
+  Pop try_pop(F&& read) {
+    return try_pop_if([](const CellHeader&) { return true; }, read);
+  }
+  /// The same, claiming the oldest cell only when accept(cell) says so (Pop::empty otherwise). The cell is read
+  /// before it is claimed: safe for the producer (nobody rewrites a written cell but the producer itself).
+  template <class P, class F>
+  Pop try_pop_if(P&& accept, F&& read);
   bool empty() const noexcept;
   /// After a pop: tells a publisher waiting for room.
   void signal_space() noexcept;
@@ -335,8 +341,8 @@ bool Ring::push_n(uint32_t k, F&& fill) noexcept {
   return publish(pos + k);
 }
 
-template <class F>
-Pop Ring::try_pop(F&& read) {
+template <class P, class F>
+Pop Ring::try_pop_if(P&& accept, F&& read) {
   auto head = aref(h_->head);
   // Two consumers at most (the subscriber, and the publisher dropping the oldest): a lost CAS means the other one
   // made progress, so a bounded number of rounds is plenty; more means someone rewrites head under us.
@@ -350,6 +356,7 @@ Pop Ring::try_pop(F&& read) {
       if (head.load(std::memory_order_seq_cst) == h) return Pop::corrupt;  // ...or a cell ahead of head
       continue;
     }
+    if (!accept(static_cast<const CellHeader&>(c))) return Pop::empty;
     if (!head.compare_exchange_weak(h, h + 1, std::memory_order_acq_rel, std::memory_order_relaxed)) continue;
     read(c);
     aref(c.seq).store(h + cells_, std::memory_order_release);

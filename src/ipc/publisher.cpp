@@ -29,6 +29,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <unordered_set>
 
 #include "tensorwire/copy.hpp"
 #include "ipc/ipc_internal.hpp"
@@ -88,8 +89,6 @@ std::string mib(uint64_t bytes) {
 }  // namespace
 
 class PublisherImpl;
-
-class PublisherImpl;
 using PublisherForks = ForkRegistry<PublisherImpl>;
 
 class PublisherImpl {
@@ -117,8 +116,8 @@ class PublisherImpl {
         }
       }
     }
-    PublisherForks::add(this);
     monitor_ = std::make_unique<std::thread>([this] { monitor(); });
+    PublisherForks::add(this);  // last: a constructor that throws never leaves a dangling registration
   }
 
   ~PublisherImpl() {
@@ -194,7 +193,7 @@ class PublisherImpl {
     return send_parts(std::span<const Tensor* const>(&one, 1), nullptr, extra, timeout, consumed);
   }
 
-  size_t send(const Message& m, const Metadata& extra, Timeout timeout) {
+  size_t send(const Message& m, const Metadata& extra, Timeout timeout, bool consumed) {
     if (m.tensors.empty()) throw Error(ErrorCode::invalid_argument, "Publisher::send: a message of no tensors");
     if (m.tensors.size() > kMaxGroup)
       throw Error(ErrorCode::invalid_argument, "Publisher::send: a message of " + std::to_string(m.tensors.size()) +
@@ -208,14 +207,17 @@ class PublisherImpl {
       std::vector<Value> keys(m.keys.begin(), m.keys.end());
       structure.set("kind", "dict");
       structure.set("keys", Value::list(std::move(keys)));
-      (void)Value::dict(m.keys, std::vector<Value>(m.keys.size()));  // throws on a duplicate key
+      std::unordered_set<std::string_view> seen;
+      for (const std::string& k : m.keys)
+        if (!seen.insert(k).second)
+          throw Error(ErrorCode::invalid_argument, "Publisher::send: the message has the key '" + k + "' twice");
     } else {
       structure.set("kind", m.kind == Message::Kind::tuple ? "tuple" : "list");
     }
     const std::string head = encode_metadata(structure);
     std::vector<const Tensor*> ts;
     for (const Tensor& t : m.tensors) ts.push_back(&t);
-    return send_parts(ts, &head, extra, timeout, false);
+    return send_parts(ts, &head, extra, timeout, consumed);
   }
 
   // Holds send_mu_, taken before the deadline. Without one it simply waits: the holder notices close() within
@@ -365,9 +367,8 @@ class PublisherImpl {
       if (!sub.active()) continue;
       bool announced = true;
       for (const Part& p : parts) {
-        const uint64_t seg = pool_->slot(p.slot).segment_id;
         const Pool::Slot& ps = pool_->slot(p.slot);
-        if (sub.announced[p.slot] != seg && !sub.announce(p.slot, seg, ps.size(), ps.seg.fd.get())) {
+        if (sub.announced[p.slot] != ps.segment_id && !sub.announce(p.slot, ps.segment_id, ps.size(), ps.seg.fd.get())) {
           announced = false;
           break;
         }
@@ -600,15 +601,30 @@ class PublisherImpl {
     return r != Pop::empty;
   }
 
+  // Which cells pop_cell takes.
+  enum class Take : uint8_t {
+    any,        ///< whatever is oldest (a detached subscriber's ring is emptied)
+    message,    ///< a single tensor or a group header: never a part of a group the subscriber is reading
+    part_of,    ///< a part of the group whose header we just took (same sequence number)
+  };
+
   // Pops one cell and forgets its lease (the lease slot and flags read back from the ring are hostile: checked
   // before use; a group header holds no lease). Sets `group` to the number of parts a group header announces.
-  Pop pop_cell(Sub& s, uint32_t& group) {
+  Pop pop_cell(Sub& s, uint32_t& group, Take take = Take::any, uint64_t* sequence = nullptr) {
     uint32_t slot = UINT32_MAX;
     uint16_t flags = 0, n = 0;
-    const Pop r = s.ring.try_pop([&](CellHeader& c) {
+    const auto accept = [take, sequence](const CellHeader& c) {
+      auto& m = const_cast<MessageDescriptor&>(c.msg);
+      const bool part = (aref(m.flags).load(std::memory_order_relaxed) & kGroupPart) != 0;
+      if (take == Take::any) return true;
+      if (take == Take::message) return !part;
+      return part && aref(m.sequence).load(std::memory_order_relaxed) == *sequence;
+    };
+    const Pop r = s.ring.try_pop_if(accept, [&](CellHeader& c) {
       slot = aref(c.msg.lease_slot).load(std::memory_order_relaxed);
       flags = aref(c.msg.flags).load(std::memory_order_relaxed);
       n = aref(c.msg.group).load(std::memory_order_relaxed);
+      if (sequence) *sequence = aref(c.msg.sequence).load(std::memory_order_relaxed);
     });
     group = 0;
     if (r != Pop::popped) return r;
@@ -617,14 +633,22 @@ class PublisherImpl {
     return r;
   }
 
-  // Drops the subscriber's oldest unread message: one cell, or a group header and its parts.
+  // Drops the subscriber's oldest unread message: one cell, or a group header and its parts. When the oldest cell
+  // is a part, the subscriber holds that group's header and is reading it: nothing is dropped (Pop::empty; the
+  // reader frees those cells in a moment). After taking a header, only its own parts are taken (same sequence
+  // number): those the reader claimed first (it releases them as orphans) are simply not there, and the next
+  // message — which the reader may already be reading — is never touched.
   Pop drop_oldest(Sub& s) {
     uint32_t group = 0;
-    const Pop r = pop_cell(s, group);
+    uint64_t sequence = 0;
+    const Pop r = pop_cell(s, group, Take::message, &sequence);
     if (r != Pop::popped) return r;
-    for (uint32_t i = 0; i < group; ++i) {  // committed before their header: all there (unless the reader races)
+    for (uint32_t i = 0; i < group; ++i) {
       uint32_t ignored;
-      if (pop_cell(s, ignored) == Pop::corrupt) return Pop::corrupt;
+      uint64_t seq = sequence;
+      const Pop part = pop_cell(s, ignored, Take::part_of, &seq);
+      if (part == Pop::corrupt) return Pop::corrupt;
+      if (part == Pop::empty) break;
     }
     aref(s.ring.header().dropped).fetch_add(1, std::memory_order_relaxed);
     return r;
@@ -772,7 +796,13 @@ size_t Publisher::send(const Tensor& t, const Metadata& extra, Timeout timeout) 
   return get(impl_, "send").send(t, extra, timeout, false);
 }
 size_t Publisher::send(const Message& message, const Metadata& extra, Timeout timeout) {
-  return get(impl_, "send").send(message, extra, timeout);
+  return get(impl_, "send").send(message, extra, timeout, false);
+}
+size_t Publisher::send(Message&& message, const Metadata& extra, Timeout timeout) {
+  const size_t n = get(impl_, "send").send(message, extra, timeout, true);
+  message.tensors.clear();  // consumed only once delivered
+  message.keys.clear();
+  return n;
 }
 size_t Publisher::send(Tensor&& t, const Metadata& extra, Timeout timeout) {
   const size_t n = get(impl_, "send").send(t, extra, timeout, true);

@@ -512,13 +512,16 @@ class SubscriberImpl {
     // orphans: release them and look further. Bounded by the ring's size.
     for (uint32_t skipped = 0;; ++skipped) {
       if (!pop_copy(d, meta)) return std::nullopt;
-      if (!(d.flags & kGroupPart) || skipped > chan_->ring.depth()) break;
+      if (!(d.flags & kGroupPart)) break;
       release_slot(d.lease_slot);
+      if (skipped > chan_->ring.depth()) {
+        peer_gone_ = broken_ = true;
+        broken(name_, "a run of group parts without their header");
+      }
     }
     chan_->ring.signal_space();
     if (fd_mode_) settle_eventfd();
     Received out;
-    if (d.flags & kGroupPart) broken(name_, "a run of group parts without their header");
     if (!(d.flags & kGroupHead)) {
       out.message.tensors.push_back(take_tensor(d, meta));
       return out;
@@ -537,11 +540,12 @@ class SubscriberImpl {
       for (const Value& k : g.structure.at("keys").items()) out.message.keys.push_back(k.as_string());
     out.message.tensors.reserve(g.count);
     for (uint32_t i = 0; i < g.count; ++i) {
-      // Committed before their header, so every part is there — unless the publisher's drop_oldest took the whole
-      // group from under us after we claimed the header: then the message is gone (counted as dropped).
+      // Committed before their header, and never dropped once we hold it (drop_oldest takes whole messages from
+      // their header on): every part is there, or the publisher broke the protocol.
       if (!pop_copy(d, meta)) {
-        for (Tensor& t : out.message.tensors) t = Tensor();  // their leases go now
-        return std::nullopt;
+        peer_gone_ = broken_ = true;
+        broken(name_, "a message of " + std::to_string(g.count) + " tensors whose part " + std::to_string(i) +
+                          " never arrived");
       }
       if (!(d.flags & kGroupPart) || d.group != i) {
         if (d.lease_slot != UINT32_MAX) release_slot(d.lease_slot);
@@ -616,10 +620,14 @@ Subscriber& Subscriber::operator=(Subscriber&&) noexcept = default;
 namespace {
 std::optional<Tensor> single(std::optional<Subscriber::Received> r, const std::string& name) {
   if (!r) return std::nullopt;
-  if (!r->single)
-    throw Error(ErrorCode::invalid_argument, "Subscriber('" + name + "')::recv: the message holds " +
-                                                 std::to_string(r->message.tensors.size()) +
-                                                 " tensors; receive messages of several tensors with recv_message()");
+  if (!r->single) {
+    const auto k = r->message.kind;
+    const size_t n = r->message.tensors.size();
+    throw Error(ErrorCode::invalid_argument,
+                "Subscriber('" + name + "')::recv: the message was sent as a " +
+                    (k == Message::Kind::dict ? "dict" : k == Message::Kind::tuple ? "tuple" : "list") + " of " +
+                    std::to_string(n) + (n == 1 ? " tensor" : " tensors") + "; receive such messages with recv_message()");
+  }
   return std::move(r->message.tensors.front());
 }
 }  // namespace
