@@ -18,7 +18,6 @@ import sys
 import textwrap
 import threading
 import time
-import uuid
 
 import numpy as np
 import pytest
@@ -29,8 +28,8 @@ UNDER_ASAN = os.environ.get("TW_UNDER_ASAN") == "1"
 CTX = mp.get_context("spawn")
 
 
-def topic(what: str) -> str:
-    return f"pytest/{os.getpid()}/{what}/{uuid.uuid4().hex[:8]}"
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "soak"))
+from ipc_soak import topic, tw_mappings  # noqa: E402  (the soak script's helpers: one definition)
 
 
 def run_child(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -60,8 +59,8 @@ def test_every_slot_of_a_sent_loan_raises_and_repr_never_does():
                             ("slice", lambda: b[1:]), ("nbytes", lambda: b.nbytes)]:
                 try:
                     f()
-                except (ValueError, BufferError, TypeError, AttributeError) as e:
-                    assert str(e), what
+                except (ValueError, BufferError) as e:
+                    assert "spent" in str(e), (what, str(e))
                 else:
                     raise SystemExit(what + " did not raise")
             print("OK")
@@ -187,9 +186,9 @@ def test_delivery_is_all_or_none_when_one_subscriber_is_full():
     with tw.Publisher(name, depth=1) as pub, tw.Subscriber(name) as full, tw.Subscriber(name) as idle:
         pub.send(np.zeros(2))
         assert idle.recv(timeout=5) is not None
-        with pytest.raises(TimeoutError):
+        with pytest.raises(TimeoutError, match=rf"subscriber pid {os.getpid()} has 1 unread messages"):
             pub.send(np.ones(2), timeout=0.2)
-        with pytest.raises(TimeoutError):
+        with pytest.raises(TimeoutError, match="no message waiting"):
             idle.recv(timeout=0)  # the idle subscriber did not get the message nobody else got
         assert full.recv(timeout=5) is not None
         pub.send(np.full(2, 7.0), timeout=5)
@@ -225,6 +224,12 @@ def test_to_torch_of_a_received_tensor_is_a_private_copy():
         np.testing.assert_array_equal(np.asarray(t2), np.arange(8, dtype=np.float32))
         with pytest.raises(tw.CopyError, match="read-only"):
             tw.to_torch(t1, copy=False)
+    a = np.arange(4.0)
+    a.flags.writeable = False  # any read-only producer, not only a received message
+    x = tw.to_torch(a)
+    assert x.data_ptr() != a.ctypes.data
+    x.add_(1)
+    np.testing.assert_array_equal(a, np.arange(4.0))
 
 
 # ---- 6. counters after close ---------------------------------------------------------------------------------------
@@ -271,9 +276,8 @@ def test_send_blocked_on_a_pool_held_by_a_killed_subscriber_returns():
             outcome = []
 
             def blocked():
-                t0 = time.monotonic()
-                pub.send(np.full(64, 9, np.uint8), timeout=30)
-                outcome.append(time.monotonic() - t0)
+                # Bounded: without the fix it waits for the dead subscriber's buffers until TimeoutError.
+                outcome.append(pub.send(np.full(64, 9, np.uint8), timeout=30))
 
             th = threading.Thread(target=blocked)
             th.start()
@@ -281,8 +285,8 @@ def test_send_blocked_on_a_pool_held_by_a_killed_subscriber_returns():
             assert th.is_alive()
             late = tw.Subscriber(name)  # a subscriber connecting meanwhile (this used to freeze the monitor)
             os.kill(child.pid, signal.SIGKILL)
-            th.join(20)
-            assert not th.is_alive() and outcome and outcome[0] < 15
+            th.join(40)
+            assert not th.is_alive() and outcome == [1]  # delivered, to the late subscriber
             assert int(np.asarray(late.recv(timeout=5))[0]) == 9
             late.close()
         finally:
@@ -427,11 +431,6 @@ def test_a_subscriber_too_slow_for_control_messages_is_stopped_and_its_tensors_s
         with pytest.raises(EOFError):
             for _ in range(10):
                 sub.recv(timeout=5)
-
-
-def tw_mappings() -> int:
-    with open("/proc/self/maps") as f:
-        return sum("memfd:tensorwire" in line for line in f)
 
 
 def test_mappings_go_at_end_of_stream_not_at_close():

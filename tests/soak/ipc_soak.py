@@ -1,7 +1,7 @@
 """Soak and fault runs of tw.Publisher / tw.Subscriber across real processes.
 
   fanout   one publisher, N subscriber processes; every message carries its sequence number and a payload derived
-           from it (random sizes and layouts from a seeded generator). Each subscriber checks that nothing is lost,
+           from it (random sizes and layouts from a seeded generator; some are loans, some messages of two tensors). Each subscriber checks that nothing is lost,
            duplicated, reordered or corrupted.
   kill     rounds that SIGKILL the subscriber or the publisher process at a random point (seeded). The survivor
            must never hang (every wait is bounded), must see what the protocol promises (a live publisher goes on
@@ -97,6 +97,11 @@ def _fanout_subscriber(name: str, ready, out) -> None:
             except TimeoutError:
                 errors.append(f"no message within {WAIT}s after {count}")
                 break
+            if isinstance(t, dict):  # a message of two tensors: the payload and a loaned copy of it, reversed
+                seq = t["x"].metadata["seq"]
+                if t["rev"].metadata["seq"] != seq or not np.array_equal(np.asarray(t["rev"]), np.asarray(t["x"])[::-1]):
+                    errors.append(f"message {seq}: the parts of a message disagree")
+                t = t["x"]
             seq = t.metadata["seq"]
             if seq != expect:
                 errors.append(f"expected message {expect}, got {seq}")
@@ -125,12 +130,17 @@ def fanout(subscribers: int, messages: int, seed: int) -> None:
             time.sleep(0.01)
         for seq in range(messages):
             a = payload(seq, rng)
-            if seq % 3 == 0:  # a loan now and then: zero-copy path
+            meta = {"seq": seq, "crc": checksum(a)}
+            if seq % 5 == 4:  # one message of two tensors (one of them a loan), delivered atomically
+                rev = pub.loan(a.shape, "uint32", timeout=WAIT)
+                np.asarray(rev)[...] = a[::-1]
+                sent = pub.send({"x": a, "rev": rev}, metadata=meta, timeout=WAIT)
+            elif seq % 3 == 0:  # a loan now and then: zero-copy path
                 buf = pub.loan(a.shape, "uint32", timeout=WAIT)
                 np.asarray(buf)[...] = a
-                sent = pub.send(buf, metadata={"seq": seq, "crc": checksum(a)}, timeout=WAIT)
+                sent = pub.send(buf, metadata=meta, timeout=WAIT)
             else:
-                sent = pub.send(a, metadata={"seq": seq, "crc": checksum(a)}, timeout=WAIT)
+                sent = pub.send(a, metadata=meta, timeout=WAIT)
             assert sent == subscribers, f"message {seq} reached {sent} of {subscribers} subscribers"
     results = [out.get(timeout=WAIT * 2) for _ in procs]
     for p in procs:
