@@ -30,4 +30,8 @@ void destroy_event(void* event) noexcept;
 /// Blocks until `event` (a CUevent) has completed. Throws like record_event.
 void synchronize_event(void* event);
 
+/// Installs the driver as interop's DeviceRuntime (tensorwire/device_runtime.hpp). The Python module and the C ABI
+/// call it when they load; a C++ program that imports CUDA memory through interop calls it once.
+void install_runtime() noexcept;
+
 }  // namespace tw::cuda

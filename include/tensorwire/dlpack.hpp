@@ -1,4 +1,4 @@
-// tensorwire/dlpack.hpp — DLPack 1.3 C ABI, declared from the specification (dmlc/dlpack, include/dlpack/dlpack.h).
+// tensorwire/dlpack.hpp — DLPack 1.4 C ABI, declared from the specification (dmlc/dlpack, include/dlpack/dlpack.h).
 //
 // These declarations are ABI-identical to the specification's header and sit behind the guard macro that header
 // uses (DLPACK_DLPACK_H_): if a translation unit includes the official dlpack.h first, its declarations are used
@@ -19,7 +19,7 @@
 #endif
 
 #define DLPACK_MAJOR_VERSION 1
-#define DLPACK_MINOR_VERSION 3
+#define DLPACK_MINOR_VERSION 4
 
 #ifdef _WIN32
 #ifdef DLPACK_EXPORTS
@@ -61,7 +61,10 @@ typedef enum {
   kDLWebGPU = 15,
   kDLHexagon = 16,
   kDLMAIA = 17,
-  kDLTrn = 18,
+  kDLTrn = 18,     /* 1.2 */
+  kDLTPU = 19,     /* 1.4 */
+  kDLTPUHost = 20, /* 1.4 */
+  kDLAscend = 21,  /* 1.4 */
 } DLDeviceType;
 
 typedef struct {
@@ -88,6 +91,7 @@ typedef enum {
   kDLFloat6_e2m3fn = 15U,
   kDLFloat6_e3m2fn = 16U,
   kDLFloat4_e2m1fn = 17U,
+  kDLBcomplex = 18U, /* 1.4: two bfloat16 (real, imag); bits counts both halves */
 } DLDataTypeCode;
 
 /* Packed sub-byte data is little bit-endian: element i of a byte run is (D >> (i * bits)) & mask. */
@@ -124,6 +128,32 @@ typedef struct DLManagedTensorVersioned {
   uint64_t flags;
   DLTensor dl_tensor;
 } DLManagedTensorVersioned;
+
+/* ---- the C exchange API (DLPack 1.2; advertised since 1.3 as a type attribute `__dlpack_c_exchange_api__`
+ * holding a PyCapsule named "dlpack_exchange_api" whose pointer is a DLPackExchangeAPI* that lives as long as the
+ * process). Every function returns 0 on success and -1 with a Python exception set on failure, and is called with
+ * the GIL held. "NoSync": the producer does not synchronise any stream; a consumer on a stream-ordered device
+ * orders its work after the producer's current_work_stream. */
+typedef int (*DLPackManagedTensorAllocator)(DLTensor* prototype, DLManagedTensorVersioned** out, void* error_ctx,
+                                            void (*SetError)(void* error_ctx, const char* kind, const char* message));
+typedef int (*DLPackManagedTensorFromPyObjectNoSync)(void* py_object, DLManagedTensorVersioned** out);
+typedef int (*DLPackManagedTensorToPyObjectNoSync)(DLManagedTensorVersioned* tensor, void** out_py_object);
+typedef int (*DLPackDLTensorFromPyObjectNoSync)(void* py_object, DLTensor* out);
+typedef int (*DLPackCurrentWorkStream)(DLDeviceType device_type, int32_t device_id, void** out_current_stream);
+
+typedef struct DLPackExchangeAPIHeader {
+  DLPackVersion version;
+  struct DLPackExchangeAPIHeader* prev_api; /* NULL unless older major versions are chained */
+} DLPackExchangeAPIHeader;
+
+typedef struct DLPackExchangeAPI {
+  DLPackExchangeAPIHeader header;
+  DLPackManagedTensorAllocator managed_tensor_allocator;
+  DLPackManagedTensorFromPyObjectNoSync managed_tensor_from_py_object_no_sync;
+  DLPackManagedTensorToPyObjectNoSync managed_tensor_to_py_object_no_sync; /* steals `tensor` */
+  DLPackDLTensorFromPyObjectNoSync dltensor_from_py_object_no_sync;         /* may be NULL */
+  DLPackCurrentWorkStream current_work_stream;
+} DLPackExchangeAPI;
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -77,7 +77,12 @@ struct InterfaceDesc {
   std::optional<int64_t> buffer_extent;  ///< bytes available from `data` to the end of the exporter's buffer
   int64_t buffer_before = 0;             ///< bytes available before `data` inside that buffer (for negative strides)
   bool has_mask = false;
-  Device device = Device::cpu();
+  /// Where the memory is. Absent (the CUDA Array Interface): the device runtime is asked which device owns
+  /// `data`, else the import request's device is taken; an empty array with neither lands on cuda:0.
+  std::optional<Device> device = Device::cpu();
+  /// CUDA Array Interface v3 `stream`: absent/None = no synchronisation; 0 is refused (ambiguous); 1 and 2 are
+  /// the legacy and per-thread default streams. import_interface waits for it through the device runtime.
+  std::optional<int64_t> stream;
 };
 
 /// Validates an interface description and returns the layout (relative to `data`) and the byte-swap need.
@@ -89,5 +94,88 @@ struct InterfaceLayout {
   bool byteswap = false;
 };
 InterfaceLayout validate_interface(const InterfaceDesc& desc);
+
+// ---- the import/export policy: one set of rules for Python, C, C++ and Rust ------------------------------------
+//
+// Every binding converts its arguments into these requests and calls these functions; it decides nothing itself,
+// so every language takes the same decisions and reports them with the same text.
+
+/// Python's copy=None / True / False; C's TW_COPY_IF_NEEDED / ALWAYS / NEVER.
+enum class CopyMode : int { if_needed = 0, always = 1, never = 2 };
+
+/// What an export knows of its consumer.
+enum class ConsumerProfile : int {
+  /// Any DLPack consumer: negative strides are copied into a C-contiguous tensor (PyTorch aborts the process on
+  /// them, and a capsule's consumer is unknown), or refused under CopyMode::never.
+  portable = 0,
+  /// A consumer known to take every strided layout, negative strides included (NumPy, tensorwire itself).
+  strided = 1,
+};
+
+struct ExportRequest {
+  CopyMode copy = CopyMode::if_needed;
+  /// The consumer's device (DLPack `dl_device`); absent = where the tensor is.
+  std::optional<Device> device;
+  /// The consumer's stream, DLPack's convention: -1 = no synchronisation; on CUDA/ROCm 0 is refused, 1 and 2 are
+  /// the default streams; a CPU tensor takes only -1. Absent = the producer's choice.
+  std::optional<int64_t> stream;
+  ConsumerProfile consumer = ConsumerProfile::portable;
+  /// Highest DLPack version the consumer understands (versioned exports only).
+  DLPackVersion max_version{DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION};
+};
+
+/// The tensor an export hands out, and whether it is a copy made for this consumer alone.
+struct PreparedExport {
+  Tensor tensor;
+  bool copied = false;
+};
+
+/// Applies the export rules: validates the stream for the device; moves to the requested device (host-accessible
+/// to CPU only, for now) or refuses; copies for copy=always and for negative strides under the portable profile;
+/// CopyMode::never turns every needed copy into Error(copy_required) naming the reason.
+PreparedExport prepare_export(const Tensor& t, const ExportRequest& request);
+
+/// prepare_export, then a versioned struct (IS_COPIED set for a copy), capped to request.max_version: a dtype or
+/// device newer than that minor is Error(version_mismatch) naming both versions; another major is refused too.
+DLManagedTensorVersioned* export_dlpack(const Tensor& t, const ExportRequest& request);
+/// prepare_export, then a legacy struct. A read-only tensor is Error(unsupported) (the legacy struct cannot say so)
+/// unless the request's copy (CopyMode::always) made a writable one.
+DLManagedTensor* export_dlpack_legacy(const Tensor& t, const ExportRequest& request);
+
+struct ImportRequest {
+  CopyMode copy = CopyMode::if_needed;
+  /// The device the caller wants the result on; absent = wherever the producer's memory is.
+  std::optional<Device> device;
+};
+
+/// What the protocol said about the memory it handed over.
+struct ImportFacts {
+  bool producer_copied = false;  ///< the producer made this memory for us alone (DLPack IS_COPIED, copy=True)
+  bool byteswap = false;         ///< non-native byte order: must be swapped into a copy
+};
+
+/// True when finish_import may copy (so a binding releases its interpreter lock around it).
+bool import_may_copy(const ImportRequest& request, const ImportFacts& facts) noexcept;
+/// Applies the import rules to a zero-copy import: device match (tensorwire does not move data between devices
+/// on import), byte swapping (one copy; refused under never), copy=always (one copy unless the producer's was
+/// made for us).
+Tensor finish_import(Tensor t, const ImportRequest& request, const ImportFacts& facts);
+
+/// from_dlpack + finish_import (IS_COPIED counts as the producer's copy). Ownership as from_dlpack.
+Tensor import_dlpack(DLManagedTensorVersioned* m, const ImportRequest& request);
+Tensor import_dlpack(DLManagedTensor* m, const ImportRequest& request);
+
+/// Validates an interface description, resolves its device and stream (CUDA Array Interface rules, see
+/// InterfaceDesc), views its memory (keeping `keep` alive) and applies finish_import.
+Tensor import_interface(const InterfaceDesc& desc, std::shared_ptr<const void> keep, const ImportRequest& request);
+
+/// The one span-to-buffer helper: a tensor over foreign memory whose element 0 is at `element0` and whose
+/// layout is `rel` (byte_offset relative to element0, may be negative with negative strides). The Buffer is the
+/// exact span the elements occupy; `keep` holds the producer's memory. Validates address-space overflow.
+Tensor view_foreign(uintptr_t element0, Layout rel, Device device, std::shared_ptr<const void> keep, bool readonly);
+
+/// The smallest DLPack minor version (major 1) that can describe `d` / `dev`.
+uint32_t dlpack_minor_for(DType d) noexcept;
+uint32_t dlpack_minor_for(Device dev) noexcept;
 
 }  // namespace tw

@@ -142,6 +142,8 @@ struct Layout {
   bool is_dense() const noexcept;
   /// Some dimension of size > 1 has stride 0.
   bool has_broadcast() const noexcept;
+  /// True when some dimension of size > 1 steps backwards (a negative stride).
+  bool has_negative_stride() const noexcept;
   /// Two distinct indices could address the same element (sufficient test: false means no overlap).
   bool may_overlap() const noexcept;
   /// Bytes spanned by all elements relative to element 0; {0, 0} for zero-size tensors.

@@ -187,7 +187,9 @@ nb::object from_arrow(nb::handle obj, nb::handle copy) {
   return d;
 }
 
-// The tw.asarray hook: one tensor, or a refusal that names tw.from_arrow.
+}  // namespace
+
+// tw.asarray's Arrow path (convert.hpp): one tensor, or a refusal that names tw.from_arrow.
 nb::object arrow_import(nb::handle obj, nb::handle copy) {
   tw::ArrowColumns all = import_any(obj, copy, "tw.asarray");
   if (all.record_batch)
@@ -200,6 +202,8 @@ nb::object arrow_import(nb::handle obj, nb::handle copy) {
                     "tw.from_arrow, which returns a list of tensors");
   return wrap(std::move(all.columns[0].tensors[0]));
 }
+
+namespace {
 
 nb::object optional_tuple(const std::vector<int64_t>& v, bool none_if_empty) {
   if (v.empty() && none_if_empty) return nb::none();
@@ -217,6 +221,7 @@ std::string kind_name(const tw::ArrowTensorArray& a) {
 }
 
 }  // namespace
+
 
 void register_arrow(nb::module_& m) {
   g_asarray = nb::object(m.attr("asarray")).release();
@@ -286,7 +291,6 @@ void register_arrow(nb::module_& m) {
         "or a dict of column name to either for a record batch / table. Several chunks are concatenated, which "
         "copies (tw.CopyError with copy=False). copy=True returns writable copies. Metadata written by tw.to_arrow "
         "is restored wherever the consumer kept the field.");
-  m.def("_arrow_import", &arrow_import, "obj"_a, "copy"_a = nb::none());
   m.def("_arrow_exports_alive", &tw::arrow_exports_alive,
         "Exported ArrowArray structs (children included) not yet released; for leak tests.");
 

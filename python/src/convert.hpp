@@ -51,8 +51,11 @@ void register_arrow(nb::module_& m);
 /// Buffer-protocol slots of tw.Tensor (export.cpp).
 extern PyType_Slot tensor_slots[];
 
-/// Copy modes of the Python API's copy= argument.
-enum class CopyMode { if_needed, always, never };
+/// The copy= argument (None / True / False) as the C++ policy's copy mode.
+using CopyMode = tw::CopyMode;
 CopyMode parse_copy(nb::handle h);
+
+/// Imports an object through the Arrow PyCapsule interface (arrow.cpp); copy= as in tw.asarray.
+nb::object arrow_import(nb::handle obj, nb::handle copy);
 
 }  // namespace twpy

@@ -144,71 +144,19 @@ void legacy_capsule_destructor(PyObject* cap) {
   PyErr_Restore(type, value, tb);
 }
 
-std::optional<intptr_t> parse_stream(nb::handle stream, const tw::Tensor& t, const char* who) {
-  if (stream.is_none()) return std::nullopt;
-  if (PyBool_Check(stream.ptr()) || !PyLong_Check(stream.ptr()))
-    throw tw::Error(tw::ErrorCode::type_mismatch, std::string(who) + ": stream must be None or an int, not " +
-                                                      Py_TYPE(stream.ptr())->tp_name);
-  const intptr_t s = static_cast<intptr_t>(int64_arg(stream, std::string(who) + ": stream"));
-  const DLDeviceType dt = t.device().type;
-  if (dt == kDLCUDA || dt == kDLCUDAManaged || dt == kDLROCM) {
-    if (s == 0)
-      throw tw::Error(tw::ErrorCode::invalid_argument, std::string(who) + ": stream 0 is disallowed by DLPack for " +
-                                                           t.device().type_name() + " (ambiguous); use 1 for the "
-                                                           "legacy default stream, 2 for per-thread, -1 for no sync");
-    if (s < -1)
-      throw tw::Error(tw::ErrorCode::invalid_argument, std::string(who) + ": stream " + std::to_string(s) + " is not valid");
-    return s;
-  }
-  if (s != -1)
-    throw tw::Error(tw::ErrorCode::invalid_argument, std::string(who) + ": a " + t.device().str() +
-                                                         " tensor takes stream=None (or -1), not " + std::to_string(s));
-  return s;
-}
-
+// Converts __dlpack__'s arguments into the C++ policy's request; the rules themselves are tw::export_dlpack's.
 nb::object dlpack(nb::handle self, nb::handle stream, nb::handle max_version, nb::handle dl_device, nb::handle copy) {
   const tw::Tensor& t = unwrap(self);
-  const CopyMode cm = parse_copy(copy);
-  parse_stream(stream, t, "__dlpack__");
-  tw::Tensor e = t;
-  bool copied = false;
-  if (!dl_device.is_none()) {
-    auto want = parse_device(dl_device);
-    if (want && !(*want == t.device())) {
-      if (cm == CopyMode::never)
-        throw tw::Error(tw::ErrorCode::copy_required, "__dlpack__: the tensor is on " + t.device().str() + ", " +
-                                                          want->str() + " was requested, and copy=False");
-      if (!(want->type == kDLCPU && t.device().is_host_accessible()))
-        throw tw::Error(tw::ErrorCode::unsupported, "__dlpack__: cannot copy from " + t.device().str() + " to " + want->str());
-      nb::gil_scoped_release nogil;
-      e = t.copy();
-      copied = true;
-    }
+  tw::ExportRequest req;
+  req.copy = parse_copy(copy);
+  if (!stream.is_none()) {
+    if (PyBool_Check(stream.ptr()) || !PyLong_Check(stream.ptr()))
+      throw tw::Error(tw::ErrorCode::type_mismatch,
+                      std::string("__dlpack__: stream must be None or an int, not ") + Py_TYPE(stream.ptr())->tp_name);
+    req.stream = int64_arg(stream, "__dlpack__: stream");
   }
-  if (cm == CopyMode::always && !copied) {
-    nb::gil_scoped_release nogil;
-    e = t.copy();
-    copied = true;
-  }
-  // DLPack allows negative strides, but consumers differ: PyTorch aborts the whole process on them (c10::Error
-  // thrown from its importer). A consumer-independent export must not hand them out: copy when allowed.
-  bool negative = false;
-  for (size_t i = 0; i < e.ndim(); ++i) negative = negative || (e.shape()[i] > 1 && e.strides()[i] < 0);
-  if (negative) {
-    if (cm == CopyMode::never)
-      throw tw::Error(tw::ErrorCode::copy_required,
-                      "__dlpack__: strides " + e.strides().str() + " are negative; PyTorch and other DLPack consumers "
-                      "cannot take them, and copy=False forbids the copy (np.asarray(t) views them without one)");
-    if (!e.device().is_host_accessible())
-      throw tw::Error(tw::ErrorCode::unsupported, "__dlpack__: negative strides on " + e.device().str() +
-                                                      " cannot be exported and the host cannot copy them");
-    tw::Tensor src = e;
-    nb::gil_scoped_release nogil;
-    e = src.copy();
-    copied = true;
-  }
+  if (!dl_device.is_none()) req.device = parse_device(dl_device);
   bool versioned = false;
-  DLPackVersion v{DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION};
   if (!max_version.is_none()) {
     if (!PyTuple_Check(max_version.ptr()) || nb::len(max_version) != 2)
       throw tw::Error(tw::ErrorCode::type_mismatch, "__dlpack__: max_version must be None or a (major, minor) tuple");
@@ -224,14 +172,21 @@ nb::object dlpack(nb::handle self, nb::handle stream, nb::handle max_version, nb
     const int64_t major = part(0), minor = part(1);
     if (major >= 1) {
       versioned = true;
-      if (major == 1) v.minor = static_cast<uint32_t>(std::clamp<int64_t>(minor, 0, DLPACK_MINOR_VERSION));
+      // A newer major than ours gets our newest 1.x (the array API's rule: the producer picks what it can make).
+      req.max_version = major == 1 ? DLPackVersion{1, static_cast<uint32_t>(std::clamp<int64_t>(minor, 0, UINT32_MAX))}
+                                   : DLPackVersion{DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION};
     }
   }
+  // A copy (a device move, copy=True, negative strides) of a large tensor must not hold the interpreter lock.
+  const bool may_copy = req.copy == CopyMode::always || req.device.has_value() || t.layout().has_negative_stride();
   if (versioned) {
-    tw::DLPackExportOptions opt;
-    opt.max_version = v;
-    opt.is_copied = copied;
-    DLManagedTensorVersioned* m = tw::to_dlpack(e, opt);
+    DLManagedTensorVersioned* m;
+    if (may_copy) {
+      nb::gil_scoped_release nogil;
+      m = tw::export_dlpack(t, req);
+    } else {
+      m = tw::export_dlpack(t, req);
+    }
     PyObject* cap = PyCapsule_New(m, kVersionedName, versioned_capsule_destructor);
     if (!cap) {
       m->deleter(m);
@@ -239,11 +194,13 @@ nb::object dlpack(nb::handle self, nb::handle stream, nb::handle max_version, nb
     }
     return nb::steal(cap);
   }
-  if (e.readonly())
-    throw tw::Error(tw::ErrorCode::unsupported, "__dlpack__: the tensor is read-only and the consumer asked for a "
-                                                "legacy (unversioned) capsule, which cannot mark it read-only; "
-                                                "pass max_version=(1, 0) or newer, or copy=True");
-  DLManagedTensor* m = tw::to_dlpack_unversioned(e);
+  DLManagedTensor* m;
+  if (may_copy) {
+    nb::gil_scoped_release nogil;
+    m = tw::export_dlpack_legacy(t, req);
+  } else {
+    m = tw::export_dlpack_legacy(t, req);
+  }
   PyObject* cap = PyCapsule_New(m, kLegacyName, legacy_capsule_destructor);
   if (!cap) {
     m->deleter(m);

@@ -36,11 +36,18 @@ struct Refused {
   std::string reason;
 };
 
+// The C++ policy's request plus the Python stream object (passed to producers' __dlpack__ as given).
 struct Request {
-  std::optional<tw::Device> device;
-  CopyMode copy = CopyMode::if_needed;
+  tw::ImportRequest policy;
   nb::handle stream;
 };
+
+// tw::finish_import with the interpreter lock released when it may copy.
+tw::Tensor finish(tw::Tensor t, const Request& req, tw::ImportFacts facts) {
+  if (!tw::import_may_copy(req.policy, facts)) return tw::finish_import(std::move(t), req.policy, facts);
+  nb::gil_scoped_release nogil;
+  return tw::finish_import(std::move(t), req.policy, facts);
+}
 
 // Imports a DLPack capsule; takes ownership (renames the capsule to used_*). Throws on malformed capsules.
 tw::Tensor import_capsule(nb::handle cap) {
@@ -158,17 +165,18 @@ tw::Tensor via_dlpack(nb::handle obj, const Request& req, bool& made_copy, bool 
   size_t nkw = 0;
   kw[nkw++] = {names().max_version, names().version_tuple};
   nb::object dl_dev;
-  if (req.device && src_dev && !(*req.device == *src_dev)) {
-    dl_dev = nb::make_tuple(static_cast<int>(req.device->type), req.device->id);
+  if (req.policy.device && src_dev && !(*req.policy.device == *src_dev)) {
+    dl_dev = nb::make_tuple(static_cast<int>(req.policy.device->type), req.policy.device->id);
     kw[nkw++] = {names().dl_device, dl_dev.ptr()};
   }
-  if (req.copy != CopyMode::if_needed) kw[nkw++] = {names().copy, req.copy == CopyMode::always ? Py_True : Py_False};
+  if (req.policy.copy != CopyMode::if_needed)
+    kw[nkw++] = {names().copy, req.policy.copy == CopyMode::always ? Py_True : Py_False};
   if (!req.stream.is_none() && !host) kw[nkw++] = {names().stream, req.stream.ptr()};
   nb::object cap;
   bool producer_copied_on_request = false;
   try {
     cap = call_dlpack(obj, kw, nkw);
-    producer_copied_on_request = req.copy == CopyMode::always;
+    producer_copied_on_request = req.policy.copy == CopyMode::always;
   } catch (nb::python_error& e) {
     if (!e.matches(PyExc_TypeError)) throw;
     // A producer from before DLPack 1.0 rejects the keywords: ask for a legacy capsule the old way.
@@ -241,14 +249,15 @@ void read_data_tuple(const std::string& proto, nb::handle data, tw::InterfaceDes
   desc.readonly = ro.ptr() == Py_True;
 }
 
-// Validated layout + memory -> tensor. `keep` keeps the exporter alive.
-tw::Tensor tensor_from_desc(const tw::InterfaceDesc& desc, std::shared_ptr<const void> keep, bool& byteswap) {
-  tw::InterfaceLayout il = tw::validate_interface(desc);
-  byteswap = il.byteswap;
-  char* base = reinterpret_cast<char*>(desc.data) + il.span.begin;
-  auto buf = std::make_shared<tw::Buffer>(il.layout.numel() ? base : reinterpret_cast<char*>(desc.data),
-                                          static_cast<size_t>(il.span.size()), desc.device, std::move(keep));
-  return tw::Tensor::make(std::move(buf), il.layout, desc.readonly);
+// tw::import_interface for host memory, with the interpreter lock released when it must copy (byte swap,
+// copy=True): a copy of a large array must not hold up other Python threads.
+tw::Tensor import_host(const tw::InterfaceDesc& desc, std::shared_ptr<const void> keep, const Request& req) {
+  const char swapped = std::endian::native == std::endian::little ? '>' : '<';
+  if (req.policy.copy != CopyMode::always && (desc.typestr.empty() || desc.typestr[0] != swapped))
+    return tw::import_interface(desc, std::move(keep), req.policy);
+  std::shared_ptr<const void> k = std::move(keep);
+  nb::gil_scoped_release nogil;  // `k` may be a Python keep-alive: it is released with the lock held (see its deleter)
+  return tw::import_interface(desc, k, req.policy);
 }
 
 // ml_dtypes arrays describe most of their types as void typestrs ('<V2' bfloat16, '<V1' float8_e4m3fn, int4...)
@@ -306,47 +315,11 @@ tw::Tensor via_cuda_interface(nb::handle obj, const Request& req) {
   nb::handle v;
   if (!(v = dict_get(d, "data")).is_valid()) throw Refused{PyExc_TypeError, "'data' is missing"};
   read_data_tuple(proto, v, desc);
-  // stream: absent or None = no synchronisation needed; 0 is disallowed; 1 legacy default, 2 per-thread default.
-  std::optional<intptr_t> stream;
-  if ((v = dict_get(d, "stream")).is_valid() && !v.is_none()) {
-    int64_t s = dict_int(proto, "stream", v);
-    if (s == 0)
-      throw Refused{PyExc_ValueError, "'stream' is 0, which the CUDA Array Interface v3 disallows (ambiguous "
-                                      "between the legacy and per-thread default streams); use 1, 2 or a stream handle"};
-    if (s < 0) throw Refused{PyExc_ValueError, "'stream' " + std::to_string(s) + " is not a stream"};
-    stream = static_cast<intptr_t>(s);
-  }
-  // The interface carries no device number: the driver knows it; otherwise the caller must say.
-  // Only "is it empty" matters here; a product could overflow (undefined behaviour) before validation runs.
-  const bool empty = std::find(desc.shape.begin(), desc.shape.end(), int64_t{0}) != desc.shape.end();
-  std::optional<int> ordinal;
-  if (desc.data) ordinal = tw::cuda::device_of_pointer(desc.data);
-  if (req.device && req.device->type != kDLCUDA && req.device->type != kDLCUDAManaged)
-    throw Refused{PyExc_BufferError, "the data is CUDA device memory but device='" + req.device->str() +
-                                         "' was requested; tensorwire does not copy between devices"};
-  if (ordinal) {
-    if (req.device && req.device->id != *ordinal)
-      throw Refused{PyExc_ValueError, "the CUDA driver places the pointer on cuda:" + std::to_string(*ordinal) +
-                                          " but device='" + req.device->str() + "' was given"};
-    desc.device = tw::Device::cuda(*ordinal);
-  } else if (req.device) {
-    desc.device = *req.device;
-  } else if (empty) {
-    desc.device = tw::Device::cuda(0);  // no memory is referenced, so no device can be wrong
-  } else {
-    throw Refused{PyExc_BufferError, "the CUDA Array Interface does not say which device the pointer is on, and "
-                                     "the CUDA driver cannot tell (" + tw::cuda::driver_status() +
-                                     "); pass device='cuda:N'"};
-  }
+  // stream and device: the C++ policy applies the interface's rules (tw::import_interface).
+  if ((v = dict_get(d, "stream")).is_valid() && !v.is_none()) desc.stream = dict_int(proto, "stream", v);
+  desc.device.reset();
   if (typestr_needs_dtype_name(desc.typestr)) desc.dtype = dtype_from_name_attr(obj);
-  bool byteswap = false;
-  tw::Tensor t = tensor_from_desc(desc, keep_python_alive(obj.ptr()), byteswap);
-  if (byteswap) throw Refused{PyExc_BufferError, "non-native byte order on a CUDA device cannot be swapped on the host"};
-  if (stream) {
-    t.set_stream(stream);
-    if (tw::cuda::driver_available()) tw::cuda::synchronize_stream(*stream);
-  }
-  return t;
+  return tw::import_interface(desc, keep_python_alive(obj.ptr()), req.policy);
 }
 
 struct PyBufferOwner {
@@ -369,7 +342,7 @@ std::shared_ptr<PyBufferOwner> get_buffer(nb::handle obj, int flags_rw, int flag
   return owner;
 }
 
-tw::Tensor via_array_interface(nb::handle obj, const Request& req, bool& byteswap) {
+tw::Tensor via_array_interface(nb::handle obj, const Request& req) {
   const std::string proto = "__array_interface__";
   tw::InterfaceDesc desc;
   nb::object d = read_interface_dict(obj, names().ai, proto, desc);
@@ -381,9 +354,6 @@ tw::Tensor via_array_interface(nb::handle obj, const Request& req, bool& byteswa
     if (nb::handle descr = dict_get(d, "descr"); descr.is_valid() && PyList_Check(descr.ptr()) && nb::len(descr) > 1)
       throw Refused{PyExc_BufferError, "structured (record) arrays have no tensor dtype"};
   }
-  if (req.device && !(req.device->type == kDLCPU))
-    throw Refused{PyExc_BufferError, "__array_interface__ data is host memory but device='" + req.device->str() +
-                                         "' was requested; tensorwire does not copy between devices"};
   nb::handle data = dict_get(d, "data");
   std::shared_ptr<const void> keep;
   if (data.is_valid() && PyTuple_Check(data.ptr())) {
@@ -408,15 +378,11 @@ tw::Tensor via_array_interface(nb::handle obj, const Request& req, bool& byteswa
     desc.buffer_extent = owner->view.len - offset;
     desc.buffer_before = offset;
     keep = owner;
-    if (desc.data == 0 && owner->view.len == 0) desc.data = 0;
   }
-  return tensor_from_desc(desc, std::move(keep), byteswap);
+  return import_host(desc, std::move(keep), req);
 }
 
-tw::Tensor via_buffer(nb::handle obj, const Request& req, bool& byteswap) {
-  if (req.device && !(req.device->type == kDLCPU))
-    throw Refused{PyExc_BufferError, "buffer-protocol memory is host memory but device='" + req.device->str() + "' was requested"};
-  std::shared_ptr<PyBufferOwner> owner;
+tw::Tensor via_buffer(nb::handle obj, const Request& req) {  std::shared_ptr<PyBufferOwner> owner;
   try {
     owner = get_buffer(obj, PyBUF_RECORDS, PyBUF_RECORDS_RO);
   } catch (nb::python_error& e) {
@@ -451,7 +417,7 @@ tw::Tensor via_buffer(nb::handle obj, const Request& req, bool& byteswap) {
   }
   desc.data = reinterpret_cast<uintptr_t>(b.buf);
   desc.readonly = b.readonly != 0;
-  return tensor_from_desc(desc, owner, byteswap);
+  return import_host(desc, owner, req);
 }
 
 // Final error after every protocol refused: one class when all agree, else BufferError (CopyError when any
@@ -476,36 +442,6 @@ tw::Tensor via_buffer(nb::handle obj, const Request& req, bool& byteswap) {
   throw nb::python_error();
 }
 
-nb::handle g_arrow_hook;  // tensorwire._arrow_import(obj) when the Arrow module is present
-
-// Applies the device and copy requests to an imported tensor.
-tw::Tensor finish(tw::Tensor t, const Request& req, bool already_copied, bool byteswap) {
-  if (req.device && !(*req.device == t.device()))
-    throw Refused{PyExc_BufferError, "the data is on " + t.device().str() + " but device='" + req.device->str() +
-                                         "' was requested; tensorwire does not move data between devices"};
-  if (byteswap) {
-    if (req.copy == CopyMode::never)
-      throw Refused{g_copy_error, "the data is in non-native byte order and must be byte-swapped into a copy, "
-                                  "but copy=False"};
-    if (!t.device().is_host_accessible())
-      throw Refused{PyExc_BufferError, "non-native byte order in device memory"};
-    tw::Tensor out = tw::Tensor::empty(t.shape(), t.dtype());
-    {
-      nb::gil_scoped_release nogil;
-      tw::copy(t, out, tw::CopyOptions{true});
-    }
-    return out;
-  }
-  if (req.copy == CopyMode::always && !already_copied) {
-    if (!t.device().is_host_accessible())
-      throw Refused{PyExc_BufferError, "copy=True for memory on " + t.device().str() +
-                                           ": the host copy engine cannot copy device memory"};
-    tw::Tensor src = t;
-    nb::gil_scoped_release nogil;
-    return src.copy(tw::MemoryOrder::C);
-  }
-  return t;
-}
 
 // True for numpy.ndarray itself (not subclasses): the type is remembered the first time one is seen, so NumPy is
 // never imported here.
@@ -523,30 +459,24 @@ bool is_exact_ndarray(nb::handle obj) {
 
 nb::object asarray(nb::handle obj, nb::handle device, nb::handle copy, nb::handle stream) {
   Request req;
-  req.device = parse_device(device);
-  req.copy = parse_copy(copy);
+  req.policy.device = parse_device(device);
+  req.policy.copy = parse_copy(copy);
   req.stream = stream;
   if (is_tensor(obj)) {
-    tw::Tensor& t = unwrap(obj);
-    if (req.device && !(*req.device == t.device()))
-      throw tw::Error(tw::ErrorCode::unsupported, "asarray: the tensor is on " + t.device().str() + " but device='" +
-                                                      req.device->str() + "' was requested; tensorwire does not move "
-                                                      "data between devices");
-    if (req.copy != CopyMode::always) return nb::borrow(obj);
-    tw::Tensor src = t;
-    nb::gil_scoped_release nogil;
-    tw::Tensor c = src.copy(tw::MemoryOrder::C);
-    nb::gil_scoped_acquire gil;
-    return wrap(std::move(c));
+    const tw::Tensor& t = unwrap(obj);
+    if (!tw::import_may_copy(req.policy, {}) && (!req.policy.device || *req.policy.device == t.device()))
+      return nb::borrow(obj);
+    return wrap(finish(t, req, {}));
   }
   // The common case, a NumPy array with no device or copy request: NumPy memory is on the CPU and an ndarray has no
   // Arrow capsules, so go straight to __dlpack__ without probing the other protocols or asking __dlpack_device__
   // (~40% of tw.asarray's time). Anything NumPy's __dlpack__ refuses (ml_dtypes, ...) takes the general path below,
   // which asks again and reports every protocol's answer.
-  if (req.copy == CopyMode::if_needed && !req.device && is_exact_ndarray(obj)) {
+  if (req.policy.copy == CopyMode::if_needed && !req.policy.device && is_exact_ndarray(obj)) {
     try {
       bool copied = false;
-      return wrap(finish(via_dlpack(obj, req, copied, /*host_known=*/true), req, copied, false));
+      tw::Tensor t = via_dlpack(obj, req, copied, /*host_known=*/true);
+      return wrap(std::move(t));
     } catch (nb::python_error& e) {
       if (!e.matches(PyExc_Exception)) throw;
     } catch (const tw::Error&) {
@@ -579,12 +509,12 @@ nb::object asarray(nb::handle obj, nb::handle device, nb::handle copy, nb::handl
   // permuted arrow.fixed_shape_tensor arrays through DLPack with wrong strides), plus chunking and metadata.
   // The capsule methods are looked up on the type, as Python looks up protocol methods: getattr on an object
   // without them raises and clears an AttributeError each time, which cost every NumPy import ~1.4 us.
-  if (g_arrow_hook.is_valid() && (has_attr_on_type(obj, names().arrow_array) ||
+  if ((has_attr_on_type(obj, names().arrow_array) ||
                                   has_attr_on_type(obj, names().arrow_device_array) ||
                                   has_attr_on_type(obj, names().arrow_stream))) {
     auto t = attempt("Arrow PyCapsule interface", [&] {
-      nb::object r = g_arrow_hook(obj, copy);
-      return finish(unwrap(r), req, req.copy == CopyMode::always, false);
+      nb::object r = arrow_import(obj, copy);
+      return finish(unwrap(r), req, {req.policy.copy == CopyMode::always, false});
     });
     if (t) return wrap(std::move(*t));
   }
@@ -592,32 +522,24 @@ nb::object asarray(nb::handle obj, nb::handle device, nb::handle copy, nb::handl
     auto t = attempt("__dlpack__", [&] {
       bool copied = false;
       tw::Tensor r = via_dlpack(obj, req, copied);
-      return finish(std::move(r), req, copied, false);
+      return finish(std::move(r), req, {copied, false});
     });
     if (t) return wrap(std::move(*t));
   }
   if (PyObject_HasAttr(obj.ptr(), names().cai)) {
-    auto t = attempt("__cuda_array_interface__", [&] { return finish(via_cuda_interface(obj, req), req, false, false); });
+    auto t = attempt("__cuda_array_interface__", [&] { return via_cuda_interface(obj, req); });
     if (t) return wrap(std::move(*t));
   }
   if (PyObject_HasAttr(obj.ptr(), names().ai)) {
-    auto t = attempt("__array_interface__", [&] {
-      bool bs = false;
-      tw::Tensor r = via_array_interface(obj, req, bs);
-      return finish(std::move(r), req, false, bs);
-    });
+    auto t = attempt("__array_interface__", [&] { return via_array_interface(obj, req); });
     if (t) return wrap(std::move(*t));
   }
   if (PyObject_CheckBuffer(obj.ptr())) {
-    auto t = attempt("buffer protocol", [&] {
-      bool bs = false;
-      tw::Tensor r = via_buffer(obj, req, bs);
-      return finish(std::move(r), req, false, bs);
-    });
+    auto t = attempt("buffer protocol", [&] { return via_buffer(obj, req); });
     if (t) return wrap(std::move(*t));
   }
   if (PyCapsule_CheckExact(obj.ptr())) {
-    auto t = attempt("DLPack capsule", [&] { return finish(import_capsule(obj), req, false, false); });
+    auto t = attempt("DLPack capsule", [&] { return finish(import_capsule(obj), req, {}); });
     if (t) return wrap(std::move(*t));
   }
   raise_refusals(obj, refusals);
@@ -633,10 +555,10 @@ void register_import(nb::module_& m) {
   m.def("from_dlpack", [](nb::handle x, nb::handle device, nb::handle copy) -> nb::object {
     if (PyCapsule_CheckExact(x.ptr())) {
       Request req;
-      req.device = parse_device(device);
-      req.copy = parse_copy(copy);
+      req.policy.device = parse_device(device);
+      req.policy.copy = parse_copy(copy);
       try {
-        return wrap(finish(import_capsule(x), req, false, false));
+        return wrap(finish(import_capsule(x), req, {}));
       } catch (const Refused& r) {
         PyErr_SetString(r.type, ("from_dlpack: " + r.reason).c_str());
         throw nb::python_error();
@@ -646,19 +568,18 @@ void register_import(nb::module_& m) {
       throw nb::type_error((std::string("from_dlpack: an object of type ") + Py_TYPE(x.ptr())->tp_name +
                             " has no __dlpack__ method (and is not a DLPack capsule)").c_str());
     Request req;
-    req.device = parse_device(device);
-    req.copy = parse_copy(copy);
+    req.policy.device = parse_device(device);
+    req.policy.copy = parse_copy(copy);
     try {
       bool copied = false;
       tw::Tensor t = via_dlpack(x, req, copied);
-      return wrap(finish(std::move(t), req, copied, false));
+      return wrap(finish(std::move(t), req, {copied, false}));
     } catch (const Refused& r) {
       PyErr_SetString(r.type, ("from_dlpack: " + r.reason).c_str());
       throw nb::python_error();
     }
   }, "x"_a.none(), nb::kw_only(), "device"_a = nb::none(), "copy"_a = nb::none(),
   "Import through DLPack only (the array API's from_dlpack).");
-  m.def("_set_arrow_hook", [](nb::object hook) { g_arrow_hook = hook.release(); });
 }
 
 }  // namespace twpy

@@ -292,6 +292,7 @@ tw::Tensor& unwrap(nb::handle h) { return *nb::inst_ptr<tw::Tensor>(h); }
 using namespace twpy;
 
 NB_MODULE(_tensorwire, m) {
+  tw::cuda::install_runtime();  // interop reaches the driver through it (CUDA Array Interface, Arrow events)
   m.doc() = "tensorwire native core";
   // Tensor gains Python-level attributes (metadata, __array__, pickling) in the package, which nanobind's
   // shutdown leak report would misread as leaks of the type.

@@ -6,8 +6,7 @@
   ``arrow.variable_shape_tensor`` for a list of tensors.
 - ``tw.from_arrow(obj, *, copy=None)`` -> a Tensor, a list of Tensors (variable shapes) or a dict of columns (record
   batches, tables).
-- ``tw.asarray(obj)`` accepts Arrow arrays, chunked arrays and streams of one fixed-shape column: this module
-  registers the import hook it calls.
+- ``tw.asarray(obj)`` accepts Arrow arrays, chunked arrays and streams of one fixed-shape column.
 - ``Tensor.__arrow_c_array__`` exports a tensor directly; layouts Arrow cannot describe are copied (the protocol
   has no copy argument: use ``tw.to_arrow(t, copy=False)`` to refuse instead).
 
@@ -16,11 +15,9 @@ A tensor's metadata travels in the field metadata under the key ``"tensorwire.me
 
 from __future__ import annotations
 
-from ._tensorwire import ArrowTensorArray, _arrow_import, _set_arrow_hook, from_arrow, to_arrow
+from ._tensorwire import ArrowTensorArray, from_arrow, to_arrow
 
 #: Field-metadata key under which a tensor's metadata travels (tensorwire's binary metadata encoding).
 METADATA_KEY = "tensorwire.metadata"
-
-_set_arrow_hook(_arrow_import)
 
 __all__ = ["ArrowTensorArray", "to_arrow", "from_arrow", "METADATA_KEY"]

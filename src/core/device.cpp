@@ -18,7 +18,7 @@ constexpr NamedDevice kDevices[] = {
     {"vulkan", kDLVulkan},   {"metal", kDLMetal},     {"vpi", kDLVPI},            {"rocm", kDLROCM},
     {"rocm_host", kDLROCMHost}, {"ext_dev", kDLExtDev}, {"cuda_managed", kDLCUDAManaged},
     {"oneapi", kDLOneAPI},   {"webgpu", kDLWebGPU},   {"hexagon", kDLHexagon},    {"maia", kDLMAIA},
-    {"trn", kDLTrn},
+    {"trn", kDLTrn},         {"tpu", kDLTPU},         {"tpu_host", kDLTPUHost},   {"ascend", kDLAscend},
 };
 
 }  // namespace
@@ -34,7 +34,7 @@ Device Device::from_dlpack(DLDevice d) {
   for (const auto& k : kDevices) known = known || k.type == d.device_type;
   if (!known)
     throw Error(ErrorCode::unsupported,
-                "DLPack device type " + std::to_string(static_cast<int>(d.device_type)) + " is not a DLPack 1.3 device");
+                "DLPack device type " + std::to_string(static_cast<int>(d.device_type)) + " is not a DLPack 1.4 device");
   if (d.device_id < 0)
     throw Error(ErrorCode::invalid_argument, "DLPack device id " + std::to_string(d.device_id) + " is negative");
   return Device{d.device_type, d.device_id};

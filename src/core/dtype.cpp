@@ -29,6 +29,8 @@ constexpr Named kNamed[] = {
     {"bfloat16", DType::bfloat16()},
     {"complex64", DType::complex64()},
     {"complex128", DType::complex128()},
+    {"complex32", DType::complex32()},
+    {"bcomplex32", DType::bcomplex32()},
     {"float8_e3m4", DType::float8_e3m4()},
     {"float8_e4m3", DType::float8_e4m3()},
     {"float8_e4m3b11fnuz", DType::float8_e4m3b11fnuz()},
@@ -60,7 +62,8 @@ bool scalar_valid(uint8_t code, uint8_t bits) {
       return bits == 1 || bits == 2 || bits == 4 || bits == 8 || bits == 16 || bits == 32 || bits == 64;
     case kDLFloat: return bits == 16 || bits == 32 || bits == 64;
     case kDLBfloat: return bits == 16;
-    case kDLComplex: return bits == 64 || bits == 128;
+    case kDLComplex: return bits == 32 || bits == 64 || bits == 128;
+    case kDLBcomplex: return bits == 32;
     case kDLBool: return bits == 8;
     case kDLFloat8_e3m4:
     case kDLFloat8_e4m3:
@@ -86,7 +89,7 @@ DType DType::from_dlpack(DLDataType dt) {
                                             "tensorwire cannot interpret it");
   if (!scalar_valid(dt.code, dt.bits))
     throw Error(ErrorCode::unsupported, "DLPack dtype " + triple(dt) +
-                                            " is not a known DLPack 1.3 type (unknown code, or bits not valid "
+                                            " is not a known DLPack 1.4 type (unknown code, or bits not valid "
                                             "for the code)");
   if (dt.lanes == 0)
     throw Error(ErrorCode::unsupported, "DLPack dtype " + triple(dt) + " has zero lanes");

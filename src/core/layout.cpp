@@ -154,4 +154,10 @@ Strides Layout::contiguous_strides(const Shape& shape, MemoryOrder order) {
   return s;
 }
 
+bool Layout::has_negative_stride() const noexcept {
+  for (size_t i = 0; i < ndim(); ++i)
+    if (shape[i] > 1 && strides[i] < 0) return true;
+  return false;
+}
+
 }  // namespace tw

@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "tensorwire/cuda.hpp"
+#include "tensorwire/device_runtime.hpp"
 #include "tensorwire/error.hpp"
 
 namespace tw::cuda {
@@ -116,5 +117,22 @@ void synchronize_event(void* event) {
   if (CUresult r = d.cuEventSynchronize(event); r != 0)
     throw Error(ErrorCode::invalid_argument, "cuEventSynchronize failed with CUresult " + std::to_string(r));
 }
+
+namespace {
+// The driver behind interop's DeviceRuntime interface (tensorwire/device_runtime.hpp).
+class DriverRuntime final : public DeviceRuntime {
+ public:
+  bool available() const noexcept override { return driver_available(); }
+  std::string status() const override { return driver_status(); }
+  std::optional<int> device_of_pointer(uintptr_t ptr) const noexcept override { return cuda::device_of_pointer(ptr); }
+  void synchronize_stream(intptr_t stream) const override { cuda::synchronize_stream(stream); }
+  void* record_event(intptr_t stream) const override { return cuda::record_event(stream); }
+  void destroy_event(void* event) const noexcept override { cuda::destroy_event(event); }
+  void synchronize_event(void* event) const override { cuda::synchronize_event(event); }
+};
+const DriverRuntime g_runtime;
+}  // namespace
+
+void install_runtime() noexcept { install_device_runtime(&g_runtime); }
 
 }  // namespace tw::cuda

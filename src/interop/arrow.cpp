@@ -12,7 +12,7 @@
 #include "core/checked.hpp"
 #include "arrow_internal.hpp"
 #include "tensorwire/copy.hpp"
-#include "tensorwire/cuda.hpp"
+#include "tensorwire/device_runtime.hpp"
 
 namespace tw {
 namespace {
@@ -494,7 +494,7 @@ void release_array(ArrowArray* a) noexcept {
     if (c->release) c->release(c);
     delete c;
   }
-  if (p->event) cuda::destroy_event(p->event);
+  if (p->event) device_runtime().destroy_event(p->event);
   delete p;
   a->release = nullptr;
   g_exports_alive.fetch_sub(1, std::memory_order_relaxed);
@@ -1007,15 +1007,15 @@ void ArrowTensorArray::export_to(ArrowSchema* schema, ArrowDeviceArray* array) c
   void* event = nullptr;
   const auto stream = state_->data.stream();
   // Without a driver no GPU work can be pending in this process, so there is nothing to wait for (NULL event).
-  if ((dev.type == kDLCUDA || dev.type == kDLCUDAManaged) && stream && *stream != -1 && cuda::driver_available())
-    event = cuda::record_event(*stream);
+  if ((dev.type == kDLCUDA || dev.type == kDLCUDAManaged) && stream && *stream != -1 && device_runtime().available())
+    event = device_runtime().record_event(*stream);
   SchemaPtr s;
   ArrayPtr a;
   try {
     s = type_schema(state_->type, state_->metadata);
     a = build_array(state_);
   } catch (...) {
-    cuda::destroy_event(event);
+    device_runtime().destroy_event(event);
     throw;
   }
   auto* p = static_cast<ArrayPrivate*>(a->private_data);
@@ -1505,7 +1505,7 @@ ArrowColumns from_arrow_columns(ArrowSchema* schema, ArrowDeviceArray* array, co
     if (dev.type != kDLCUDA && dev.type != kDLCUDAManaged && dev.type != kDLCUDAHost)
       throw Error(ErrorCode::unsupported, "from_arrow: tensorwire cannot wait on a sync_event of a " +
                                               std::string(dev.type_name()) + " device");
-    cuda::synchronize_event(*static_cast<void**>(array->sync_event));
+    device_runtime().synchronize_event(*static_cast<void**>(array->sync_event));
   }
   guard.s = nullptr;
   return columns_from(schema, owner, dev, options);

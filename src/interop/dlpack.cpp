@@ -61,24 +61,8 @@ Tensor import(Managed* m, bool readonly, bool padded) {
   }
   const DLTensor& dl = m->dl_tensor;
   Layout l = validate_dltensor(dl, padded);
-  Device dev = Device::from_dlpack(dl.device);
-  ByteSpan sp = l.byte_span();
-  // The lowest address any element occupies, relative to dl.data.
-  const int64_t lo = detail::add(l.byte_offset, sp.begin, "DLPack byte_offset plus the byte span");
-  const auto data = reinterpret_cast<uintptr_t>(dl.data);
-  if (l.numel() > 0) {
-    if (lo < 0 && data <= static_cast<uintptr_t>(-lo))
-      throw Error(ErrorCode::out_of_range, "DLPack tensor: its lowest element would lie at or below address 0");
-    // Whatever the sign of lo: with negative strides element 0 can sit above the lowest address and still wrap.
-    if (static_cast<__int128>(data) + lo + sp.size() > static_cast<__int128>(UINTPTR_MAX))
-      throw Error(ErrorCode::overflow, "DLPack tensor: data + byte_offset overflows the address space");
-  }
-  // Integer arithmetic: the producer's pointer need not point into one object we could do pointer arithmetic in.
-  char* base = l.numel() > 0 ? reinterpret_cast<char*>(data + static_cast<uintptr_t>(lo))
-                             : static_cast<char*>(dl.data);
-  l.byte_offset = l.numel() > 0 ? -sp.begin : 0;
-  auto buf = std::make_shared<Buffer>(base, static_cast<size_t>(sp.size()), dev, owner);
-  return Tensor::make(std::move(buf), std::move(l), readonly);
+  return view_foreign(reinterpret_cast<uintptr_t>(dl.data), std::move(l), Device::from_dlpack(dl.device),
+                      std::move(owner), readonly);
 }
 
 }  // namespace
@@ -123,10 +107,14 @@ DLManagedTensorVersioned* to_dlpack(const Tensor& t, const DLPackExportOptions& 
                                                  "; tensorwire produces major version " +
                                                  std::to_string(DLPACK_MAJOR_VERSION));
   const uint32_t minor = std::min<uint32_t>(options.max_version.minor, DLPACK_MINOR_VERSION);
-  if (minor < 1 && t.dtype().code >= kDLFloat8_e3m4)
-    throw Error(ErrorCode::unsupported, "to_dlpack: " + t.dtype().name() +
-                                            " exists from DLPack 1.1; the consumer only understands 1." +
-                                            std::to_string(minor));
+  const auto too_new = [&](const std::string& what, uint32_t need) {
+    throw Error(ErrorCode::version_mismatch, "to_dlpack: " + what + " needs DLPack 1." + std::to_string(need) +
+                                                 " but the consumer understands at most " +
+                                                 std::to_string(options.max_version.major) + "." +
+                                                 std::to_string(options.max_version.minor));
+  };
+  if (const uint32_t need = dlpack_minor_for(t.dtype()); need > minor) too_new(t.dtype().name(), need);
+  if (const uint32_t need = dlpack_minor_for(t.device()); need > minor) too_new("device " + t.device().str(), need);
   auto ctx = std::make_unique<ExportCtx<DLManagedTensorVersioned>>();
   fill(*ctx, t);
   auto& m = ctx->managed;

@@ -1,4 +1,4 @@
-// Freezes the DLPack 1.3 C ABI as declared in include/tensorwire/dlpack.hpp (x86_64 / LP64). A consumer compiled
+// Freezes the DLPack 1.4 C ABI as declared in include/tensorwire/dlpack.hpp (x86_64 / LP64). A consumer compiled
 // against the official dlpack.h reads our structs through these exact offsets, so any change here is an ABI break.
 #include <gtest/gtest.h>
 
@@ -16,7 +16,7 @@ static_assert(sizeof(void*) == 8, "these offsets are the LP64 layout");
 
 // ---- version ---------------------------------------------------------------------------------------------------
 static_assert(DLPACK_MAJOR_VERSION == 1);
-static_assert(DLPACK_MINOR_VERSION == 3);
+static_assert(DLPACK_MINOR_VERSION == 4);
 static_assert(sizeof(DLPackVersion) == 8);
 static_assert(offsetof(DLPackVersion, major) == 0);
 static_assert(offsetof(DLPackVersion, minor) == 4);
@@ -47,6 +47,9 @@ static_assert(kDLWebGPU == 15);
 static_assert(kDLHexagon == 16);
 static_assert(kDLMAIA == 17);
 static_assert(kDLTrn == 18);
+static_assert(kDLTPU == 19);
+static_assert(kDLTPUHost == 20);
+static_assert(kDLAscend == 21);
 
 // ---- dtype -----------------------------------------------------------------------------------------------------
 static_assert(sizeof(DLDataType) == 4);
@@ -76,6 +79,7 @@ static_assert(kDLFloat8_e8m0fnu == 14);
 static_assert(kDLFloat6_e2m3fn == 15);
 static_assert(kDLFloat6_e3m2fn == 16);
 static_assert(kDLFloat4_e2m1fn == 17);
+static_assert(kDLBcomplex == 18);
 
 // ---- DLTensor --------------------------------------------------------------------------------------------------
 static_assert(sizeof(DLTensor) == 48);
@@ -101,6 +105,24 @@ static_assert(std::is_same_v<decltype(DLManagedTensor::deleter), void (*)(DLMana
 
 // ---- DLManagedTensorVersioned ----------------------------------------------------------------------------------
 static_assert(sizeof(DLManagedTensorVersioned) == 80);
+
+// ---- the C exchange API (DLPack 1.2+) ----------------------------------------------------------------------------
+static_assert(sizeof(DLPackExchangeAPIHeader) == 16);
+static_assert(offsetof(DLPackExchangeAPIHeader, version) == 0);
+static_assert(offsetof(DLPackExchangeAPIHeader, prev_api) == 8);
+static_assert(sizeof(DLPackExchangeAPI) == 56);
+static_assert(offsetof(DLPackExchangeAPI, header) == 0);
+static_assert(offsetof(DLPackExchangeAPI, managed_tensor_allocator) == 16);
+static_assert(offsetof(DLPackExchangeAPI, managed_tensor_from_py_object_no_sync) == 24);
+static_assert(offsetof(DLPackExchangeAPI, managed_tensor_to_py_object_no_sync) == 32);
+static_assert(offsetof(DLPackExchangeAPI, dltensor_from_py_object_no_sync) == 40);
+static_assert(offsetof(DLPackExchangeAPI, current_work_stream) == 48);
+static_assert(std::is_same_v<DLPackManagedTensorFromPyObjectNoSync, int (*)(void*, DLManagedTensorVersioned**)>);
+static_assert(std::is_same_v<DLPackManagedTensorToPyObjectNoSync, int (*)(DLManagedTensorVersioned*, void**)>);
+static_assert(std::is_same_v<DLPackDLTensorFromPyObjectNoSync, int (*)(void*, DLTensor*)>);
+static_assert(std::is_same_v<DLPackCurrentWorkStream, int (*)(DLDeviceType, int32_t, void**)>);
+static_assert(std::is_same_v<DLPackManagedTensorAllocator,
+                             int (*)(DLTensor*, DLManagedTensorVersioned**, void*, void (*)(void*, const char*, const char*))>);
 static_assert(offsetof(DLManagedTensorVersioned, version) == 0);
 static_assert(offsetof(DLManagedTensorVersioned, manager_ctx) == 8);
 static_assert(offsetof(DLManagedTensorVersioned, deleter) == 16);

@@ -90,7 +90,7 @@ TEST(DLPack, RoundTripIsZeroCopy) {
   DLManagedTensorVersioned* m = tw::to_dlpack(t);
   ASSERT_NE(m, nullptr);
   EXPECT_EQ(m->version.major, 1u);
-  EXPECT_EQ(m->version.minor, 3u);
+  EXPECT_EQ(m->version.minor, 4u);
   EXPECT_EQ(m->flags, 0u);
   const DLTensor& dl = m->dl_tensor;
   EXPECT_EQ(dl.data, t.data_ptr());
@@ -469,7 +469,7 @@ TEST(DLPack, SubbytePaddedFlagBothWays) {
 // ---- version negotiation ---------------------------------------------------------------------------------------
 
 TEST(DLPack, ExportedVersionIsCappedAtTheConsumersMax) {
-  for (auto [req, got] : std::vector<std::pair<uint32_t, uint32_t>>{{0, 0}, {1, 1}, {2, 2}, {3, 3}, {4, 3}, {99, 3}}) {
+  for (auto [req, got] : std::vector<std::pair<uint32_t, uint32_t>>{{0, 0}, {1, 1}, {2, 2}, {3, 3}, {4, 4}, {5, 4}, {99, 4}}) {
     tw::DLPackExportOptions opt;
     opt.max_version = DLPackVersion{1, req};
     DLManagedTensorVersioned* m = tw::to_dlpack(arange({2}), opt);
@@ -482,11 +482,25 @@ TEST(DLPack, ExportedVersionIsCappedAtTheConsumersMax) {
     opt.max_version = DLPackVersion{major, 5};
     TW_EXPECT_ERROR(tw::to_dlpack(arange({2}), opt), ErrorCode::version_mismatch);
   }
-  // Types that DLPack 1.0 did not have cannot go to a 1.0 consumer.
+  // Types that DLPack 1.0 did not have cannot go to a 1.0 consumer; the message names both versions.
   tw::DLPackExportOptions v10;
   v10.max_version = DLPackVersion{1, 0};
-  TW_EXPECT_ERROR(tw::to_dlpack(Tensor::zeros({2}, DType::float8_e4m3fn()), v10), ErrorCode::unsupported);
-  TW_EXPECT_ERROR(tw::to_dlpack(Tensor::zeros({2}, DType::float4_e2m1fn()), v10), ErrorCode::unsupported);
+  TW_EXPECT_ERROR_MSG(tw::to_dlpack(Tensor::zeros({2}, DType::float8_e4m3fn()), v10), ErrorCode::version_mismatch,
+                      "float8_e4m3fn needs DLPack 1.1 but the consumer understands at most 1.0");
+  TW_EXPECT_ERROR(tw::to_dlpack(Tensor::zeros({2}, DType::float4_e2m1fn()), v10), ErrorCode::version_mismatch);
+  tw::DLPackExportOptions v13;
+  v13.max_version = DLPackVersion{1, 3};
+  TW_EXPECT_ERROR_MSG(tw::to_dlpack(Tensor::zeros({2}, DType::bcomplex32()), v13), ErrorCode::version_mismatch,
+                      "bcomplex32 needs DLPack 1.4 but the consumer understands at most 1.3");
+  // complex32 (kDLComplex, 32 bits) was always expressible.
+  DLManagedTensorVersioned* c = tw::to_dlpack(Tensor::zeros({2}, DType::complex32()), v10);
+  EXPECT_EQ(c->dl_tensor.dtype.code, kDLComplex);
+  EXPECT_EQ(c->dl_tensor.dtype.bits, 32);
+  c->deleter(c);
+  // Devices added after 1.0 likewise.
+  static char blob[8];
+  Tensor tpu = Tensor::from_blob(blob, {2}, DType::float32(), Device{kDLTPU, 0}, nullptr);
+  TW_EXPECT_ERROR_MSG(tw::to_dlpack(tpu, v13), ErrorCode::version_mismatch, "device tpu:0 needs DLPack 1.4");
   tw::DLPackExportOptions v11;
   v11.max_version = DLPackVersion{1, 1};
   DLManagedTensorVersioned* m = tw::to_dlpack(Tensor::zeros({2}, DType::float8_e4m3fn()), v11);

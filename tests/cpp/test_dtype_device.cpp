@@ -21,7 +21,7 @@ struct Expect {
   bool subbyte;
 };
 
-// Written out from the DLPack 1.3 specification, independently of the library's own table.
+// Written out from the DLPack 1.4 specification, independently of the library's own table.
 const std::vector<Expect> kAllNames = {
     {"bool", kDLBool, 8, 1, false},
     {"int8", kDLInt, 8, 1, false},
@@ -38,6 +38,8 @@ const std::vector<Expect> kAllNames = {
     {"bfloat16", kDLBfloat, 16, 2, false},
     {"complex64", kDLComplex, 64, 8, false},
     {"complex128", kDLComplex, 128, 16, false},
+    {"complex32", kDLComplex, 32, 4, false},
+    {"bcomplex32", kDLBcomplex, 32, 4, false},
     {"float8_e3m4", kDLFloat8_e3m4, 8, 1, false},
     {"float8_e4m3", kDLFloat8_e4m3, 8, 1, false},
     {"float8_e4m3b11fnuz", kDLFloat8_e4m3b11fnuz, 8, 1, false},
@@ -165,7 +167,7 @@ TEST(DType, FromDlpackRejectsUnknownCodes) {
 TEST(DType, FromDlpackRejectsBitsInvalidForTheCode) {
   const std::vector<DLDataType> bad = {
       {kDLInt, 3, 1},      {kDLInt, 0, 1},       {kDLInt, 128, 1},   {kDLUInt, 24, 1},  {kDLFloat, 8, 1},
-      {kDLFloat, 128, 1},  {kDLFloat, 4, 1},     {kDLBfloat, 32, 1}, {kDLBfloat, 8, 1}, {kDLComplex, 32, 1},
+      {kDLFloat, 128, 1},  {kDLFloat, 4, 1},     {kDLBfloat, 32, 1}, {kDLBfloat, 8, 1}, {kDLBcomplex, 64, 1},
       {kDLComplex, 16, 1}, {kDLBool, 1, 1},      {kDLBool, 16, 1},   {kDLFloat8_e4m3fn, 16, 1},
       {kDLFloat8_e5m2, 4, 1}, {kDLFloat6_e2m3fn, 8, 1}, {kDLFloat4_e2m1fn, 8, 1}, {kDLFloat8_e8m0fnu, 6, 1},
   };
@@ -207,6 +209,7 @@ const std::vector<DevName> kDevices = {
     {"vulkan", kDLVulkan},   {"metal", kDLMetal},       {"vpi", kDLVPI},              {"rocm", kDLROCM},
     {"rocm_host", kDLROCMHost}, {"ext_dev", kDLExtDev}, {"cuda_managed", kDLCUDAManaged}, {"oneapi", kDLOneAPI},
     {"webgpu", kDLWebGPU},   {"hexagon", kDLHexagon},   {"maia", kDLMAIA},            {"trn", kDLTrn},
+    {"tpu", kDLTPU},         {"tpu_host", kDLTPUHost},  {"ascend", kDLAscend},
 };
 
 TEST(Device, FromStringParsesTypeAndId) {
@@ -246,7 +249,7 @@ TEST(Device, BadStringsAreRefused) {
 }
 
 TEST(Device, FromDlpackRejectsUnknownTypesAndNegativeIds) {
-  for (int t : {0, 5, 6, 19, 100, -1}) {
+  for (int t : {0, 5, 6, 22, 100, -1}) {
     SCOPED_TRACE(t);
     TW_EXPECT_ERROR(Device::from_dlpack(DLDevice{static_cast<DLDeviceType>(t), 0}), ErrorCode::unsupported);
   }

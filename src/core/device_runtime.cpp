@@ -1,0 +1,36 @@
+#include "tensorwire/device_runtime.hpp"
+
+#include <atomic>
+
+#include "tensorwire/error.hpp"
+
+namespace tw {
+namespace {
+
+class NoRuntime final : public DeviceRuntime {
+ public:
+  bool available() const noexcept override { return false; }
+  std::string status() const override { return "no device runtime is installed (tw::cuda::install_runtime())"; }
+  std::optional<int> device_of_pointer(uintptr_t) const noexcept override { return std::nullopt; }
+  void synchronize_stream(intptr_t) const override { fail(); }
+  void* record_event(intptr_t) const override { fail(); }
+  void destroy_event(void*) const noexcept override {}
+  void synchronize_event(void*) const override { fail(); }
+
+ private:
+  [[noreturn]] void fail() const { throw Error(ErrorCode::device_unavailable, status()); }
+};
+
+const NoRuntime g_none;
+std::atomic<const DeviceRuntime*> g_runtime{nullptr};
+
+}  // namespace
+
+const DeviceRuntime& device_runtime() noexcept {
+  const DeviceRuntime* r = g_runtime.load(std::memory_order_acquire);
+  return r ? *r : g_none;
+}
+
+void install_device_runtime(const DeviceRuntime* r) noexcept { g_runtime.store(r, std::memory_order_release); }
+
+}  // namespace tw
