@@ -19,7 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "tensorwire/dlpack.hpp"
+#include "tensorwire/dlpack.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -48,10 +48,56 @@ const char* tw_version(void);
 /* The message of the last error in the calling thread ("" when none). Valid until the next call in this thread. */
 const char* tw_last_error(void);
 
-/* DLPack in and out (see contract 3). max_major/max_minor: the highest DLPack version the caller understands. */
+/* DLPack in and out (see contract 3). max_major/max_minor: the highest DLPack version the caller understands.
+   Both apply the default policy of tw_tensor_import_dlpack / tw_tensor_export_dlpack below. */
 tw_status tw_tensor_from_dlpack(DLManagedTensorVersioned* managed, tw_tensor** out);
 tw_status tw_tensor_to_dlpack(const tw_tensor* t, uint32_t max_major, uint32_t max_minor,
                               DLManagedTensorVersioned** out);
+
+/* ---- the import/export policy: the same rules and error texts as Python's asarray / __dlpack__ ------------ */
+typedef enum {
+  TW_COPY_IF_NEEDED = 0, /* Python copy=None: copy only when no view can serve */
+  TW_COPY_ALWAYS = 1,    /* copy=True */
+  TW_COPY_NEVER = 2,     /* copy=False: a needed copy is TW_ERR_COPY_REQUIRED */
+} tw_copy_mode;
+
+typedef enum {
+  TW_CONSUMER_PORTABLE = 0, /* any DLPack consumer: negative strides are copied (PyTorch aborts on them) */
+  TW_CONSUMER_STRIDED = 1,  /* a consumer that takes every strided layout (NumPy, tensorwire) */
+} tw_consumer_profile;
+
+/* Export request. Initialise with tw_export_options_init (which sets struct_size), then change fields. */
+typedef struct {
+  uint32_t struct_size;      /* sizeof(tw_export_options) as the caller compiled it */
+  int32_t copy;              /* tw_copy_mode */
+  int32_t consumer;          /* tw_consumer_profile */
+  int32_t has_device;        /* nonzero: export onto `device` (DLPack dl_device) */
+  DLDevice device;
+  int32_t has_stream;        /* nonzero: `stream` is the consumer's stream (DLPack rules: -1 none; 0 refused on CUDA) */
+  int64_t stream;
+  DLPackVersion max_version; /* the newest version the consumer understands; a newer major gets our newest 1.x */
+} tw_export_options;
+
+typedef struct {
+  uint32_t struct_size; /* sizeof(tw_import_options) as the caller compiled it */
+  int32_t copy;         /* tw_copy_mode */
+  int32_t has_device;   /* nonzero: the result must be on `device` (import never moves data between devices) */
+  DLDevice device;
+} tw_import_options;
+
+void tw_export_options_init(tw_export_options* options);
+void tw_import_options_init(tw_import_options* options);
+/* Exports under `options` (NULL: defaults). *copied (may be NULL) is set to 1 when the struct holds a copy made for
+   this consumer (its IS_COPIED flag), else 0. The caller owns *out and calls its deleter. */
+tw_status tw_tensor_export_dlpack(const tw_tensor* t, const tw_export_options* options,
+                                  DLManagedTensorVersioned** out, int* copied);
+/* The legacy (unversioned) struct, for pre-1.0 consumers: a read-only tensor is refused (TW_ERR_UNSUPPORTED). */
+tw_status tw_tensor_export_dlpack_legacy(const tw_tensor* t, const tw_export_options* options, DLManagedTensor** out);
+/* Imports under `options` (NULL: defaults); takes ownership of `managed` as tw_tensor_from_dlpack does. */
+tw_status tw_tensor_import_dlpack(DLManagedTensorVersioned* managed, const tw_import_options* options,
+                                  tw_tensor** out);
+/* A read-only view of t (a new handle). */
+tw_status tw_tensor_as_readonly(const tw_tensor* t, tw_tensor** out);
 /* Zero-copy view of caller-owned memory; `release(ctx)` is called once when the last view dies (may be NULL).
    strides may be NULL (C-contiguous). */
 tw_status tw_tensor_from_blob(void* data, int32_t ndim, const int64_t* shape, const int64_t* strides,

@@ -172,9 +172,8 @@ nb::object dlpack(nb::handle self, nb::handle stream, nb::handle max_version, nb
     const int64_t major = part(0), minor = part(1);
     if (major >= 1) {
       versioned = true;
-      // A newer major than ours gets our newest 1.x (the array API's rule: the producer picks what it can make).
-      req.max_version = major == 1 ? DLPackVersion{1, static_cast<uint32_t>(std::clamp<int64_t>(minor, 0, UINT32_MAX))}
-                                   : DLPackVersion{DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION};
+      req.max_version = DLPackVersion{static_cast<uint32_t>(std::min<int64_t>(major, UINT32_MAX)),
+                                      static_cast<uint32_t>(std::clamp<int64_t>(minor, 0, UINT32_MAX))};
     }
   }
   // A copy (a device move, copy=True, negative strides) of a large tensor must not hold the interpreter lock.

@@ -1,6 +1,7 @@
 // The C ABI (include/tensorwire/tensorwire.h): a thin, exception-free shell over the C++ API.
 #include "tensorwire/tensorwire.h"
 
+#include <cstring>
 #include <new>
 #include <string>
 
@@ -40,6 +41,56 @@ tw_status guarded(F&& fn) {
   }
 }
 
+tw::CopyMode copy_mode(int32_t c) {
+  switch (c) {
+    case TW_COPY_IF_NEEDED: return tw::CopyMode::if_needed;
+    case TW_COPY_ALWAYS: return tw::CopyMode::always;
+    case TW_COPY_NEVER: return tw::CopyMode::never;
+    default:
+      throw tw::Error(tw::ErrorCode::invalid_argument,
+                      "copy mode " + std::to_string(c) + " is not TW_COPY_IF_NEEDED, TW_COPY_ALWAYS or TW_COPY_NEVER");
+  }
+}
+
+// Options structs carry their size so that fields can be added: a caller compiled against an older (smaller)
+// struct is read up to its size only; a size we do not know at all is refused.
+template <class Options>
+Options read_options(const Options* o, void (*init)(Options*), size_t min_size, const char* name) {
+  Options r;
+  init(&r);
+  if (!o) return r;
+  if (o->struct_size < min_size || o->struct_size > sizeof(Options))
+    throw tw::Error(tw::ErrorCode::invalid_argument,
+                    std::string(name) + ".struct_size is " + std::to_string(o->struct_size) + "; expected " +
+                        std::to_string(sizeof(Options)) + " (initialise it with " + name + "_init)");
+  std::memcpy(&r, o, o->struct_size);
+  return r;
+}
+
+tw::ExportRequest export_request(const tw_export_options* options) {
+  const tw_export_options o =
+      read_options(options, tw_export_options_init, sizeof(tw_export_options), "tw_export_options");
+  tw::ExportRequest r;
+  r.copy = copy_mode(o.copy);
+  if (o.consumer != TW_CONSUMER_PORTABLE && o.consumer != TW_CONSUMER_STRIDED)
+    throw tw::Error(tw::ErrorCode::invalid_argument, "consumer profile " + std::to_string(o.consumer) +
+                                                         " is not TW_CONSUMER_PORTABLE or TW_CONSUMER_STRIDED");
+  r.consumer = o.consumer == TW_CONSUMER_STRIDED ? tw::ConsumerProfile::strided : tw::ConsumerProfile::portable;
+  if (o.has_device) r.device = tw::Device::from_dlpack(o.device);
+  if (o.has_stream) r.stream = o.stream;
+  r.max_version = o.max_version;
+  return r;
+}
+
+tw::ImportRequest import_request(const tw_import_options* options) {
+  const tw_import_options o =
+      read_options(options, tw_import_options_init, sizeof(tw_import_options), "tw_import_options");
+  tw::ImportRequest r;
+  r.copy = copy_mode(o.copy);
+  if (o.has_device) r.device = tw::Device::from_dlpack(o.device);
+  return r;
+}
+
 tw_status null_arg(const char* what) noexcept {
   try {
     g_last_error.assign(what).append(" is NULL");
@@ -67,14 +118,70 @@ tw_status tw_tensor_from_dlpack(DLManagedTensorVersioned* managed, tw_tensor** o
 
 tw_status tw_tensor_to_dlpack(const tw_tensor* t, uint32_t max_major, uint32_t max_minor,
                               DLManagedTensorVersioned** out) {
+  tw_export_options o;
+  tw_export_options_init(&o);
+  o.max_version = DLPackVersion{max_major, max_minor};
+  return tw_tensor_export_dlpack(t, &o, out, nullptr);
+}
+
+void tw_export_options_init(tw_export_options* o) {
+  if (!o) return;
+  *o = tw_export_options{};
+  o->struct_size = sizeof(tw_export_options);
+  o->copy = TW_COPY_IF_NEEDED;
+  o->consumer = TW_CONSUMER_PORTABLE;
+  o->device = DLDevice{kDLCPU, 0};
+  o->max_version = DLPackVersion{DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION};
+}
+
+void tw_import_options_init(tw_import_options* o) {
+  if (!o) return;
+  *o = tw_import_options{};
+  o->struct_size = sizeof(tw_import_options);
+  o->copy = TW_COPY_IF_NEEDED;
+  o->device = DLDevice{kDLCPU, 0};
+}
+
+tw_status tw_tensor_export_dlpack(const tw_tensor* t, const tw_export_options* options,
+                                  DLManagedTensorVersioned** out, int* copied) {
   if (!t) return null_arg("tensor");
   if (!out) return null_arg("out");
   *out = nullptr;
+  if (copied) *copied = 0;
   return guarded([&] {
-    tw::DLPackExportOptions o;
-    o.max_version = DLPackVersion{max_major, max_minor};
-    *out = tw::to_dlpack(t->t, o);
+    const tw::ExportRequest r = export_request(options);
+    *out = tw::export_dlpack(t->t, r);
+    if (copied) *copied = ((*out)->flags & DLPACK_FLAG_BITMASK_IS_COPIED) ? 1 : 0;
   });
+}
+
+tw_status tw_tensor_export_dlpack_legacy(const tw_tensor* t, const tw_export_options* options, DLManagedTensor** out) {
+  if (!t) return null_arg("tensor");
+  if (!out) return null_arg("out");
+  *out = nullptr;
+  return guarded([&] { *out = tw::export_dlpack_legacy(t->t, export_request(options)); });
+}
+
+tw_status tw_tensor_import_dlpack(DLManagedTensorVersioned* managed, const tw_import_options* options,
+                                  tw_tensor** out) {
+  if (!out) {
+    if (managed && managed->deleter) managed->deleter(managed);  // ownership was ours: contract 3
+    return null_arg("out");
+  }
+  *out = nullptr;
+  tw::ImportRequest r;
+  if (const tw_status st = guarded([&] { r = import_request(options); }); st != TW_OK) {
+    if (managed && managed->deleter) managed->deleter(managed);  // ownership was ours: contract 3
+    return st;
+  }
+  return guarded([&] { *out = new tw_tensor{tw::import_dlpack(managed, r)}; });
+}
+
+tw_status tw_tensor_as_readonly(const tw_tensor* t, tw_tensor** out) {
+  if (!t) return null_arg("tensor");
+  if (!out) return null_arg("out");
+  *out = nullptr;
+  return guarded([&] { *out = new tw_tensor{t->t.as_readonly()}; });
 }
 
 tw_status tw_tensor_from_blob(void* data, int32_t ndim, const int64_t* shape, const int64_t* strides,

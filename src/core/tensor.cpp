@@ -11,7 +11,6 @@
 #endif
 
 #include "checked.hpp"
-#include "tensorwire/copy.hpp"
 
 namespace tw {
 namespace {
@@ -189,32 +188,7 @@ Tensor Tensor::derive(Layout l) const {
   return t;
 }
 
-Tensor Tensor::contiguous() const {
-  if (is_contiguous(MemoryOrder::C)) return *this;
-  return copy(MemoryOrder::C);
-}
 
-Tensor Tensor::copy(MemoryOrder order) const {
-  const Layout& l = layout();
-  if (!device().is_host_accessible())
-    throw Error(ErrorCode::unsupported, "Tensor::copy: the host copy engine cannot read memory on " + device().str());
-  Layout out{l.dtype, l.shape, {}, 0, l.subbyte_padded};
-  if (order == MemoryOrder::Any && l.is_dense() && !l.is_packed_subbyte()) {
-    out.strides = l.strides;  // same dimension order, dense
-    for (size_t i = 0; i < l.ndim(); ++i)
-      if (l.shape[i] == 1) out.strides[i] = 1;
-    if (!out.is_dense()) out.strides = Layout::contiguous_strides(l.shape);
-  } else {
-    out.strides = Layout::contiguous_strides(l.shape, order == MemoryOrder::F ? MemoryOrder::F : MemoryOrder::C);
-  }
-  int64_t nbytes = l.nbytes();
-  if (l.subbyte_padded) nbytes = l.numel();
-  auto buf = Buffer::allocate(static_cast<size_t>(nbytes));
-  Tensor dst(std::move(buf), std::move(out), false);
-  dst.metadata_ = clone_metadata();
-  tw::copy(*this, dst);
-  return dst;
-}
 
 Tensor Tensor::slice(int64_t dim, std::optional<int64_t> start, std::optional<int64_t> stop, int64_t step) const {
   const Layout& l = layout();
@@ -407,14 +381,6 @@ Tensor Tensor::view(const Shape& shape) const {
   return derive(std::move(out));
 }
 
-Tensor Tensor::reshape(const Shape& shape) const {
-  try {
-    return view(shape);
-  } catch (const Error& e) {
-    if (e.code() != ErrorCode::copy_required) throw;
-  }
-  return contiguous().view(shape);
-}
 
 Tensor Tensor::expand(const Shape& shape) const {
   const Layout& l = layout();

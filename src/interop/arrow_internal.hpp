@@ -1,44 +1,25 @@
-// arrow_internal.hpp (private) — the strict JSON reader/writer behind the canonical extensions' metadata.
-//
-// The reader accepts exactly RFC 8259 JSON (no comments, no trailing commas, no NaN, no leading zeros, no control
-// characters in strings, well-formed UTF-8 and surrogate pairs only) and refuses duplicate object keys, nesting
-// deeper than kMaxDepth and documents longer than kMaxBytes. Every failure is Error(invalid_argument) naming the
-// byte offset. Recursion depth is bounded, so hostile input cannot exhaust the stack.
+// arrow_internal.hpp (private) — what the three parts of the Arrow interop share: extension keys, limits and
+// the element-type and error helpers (defined in arrow_schema.cpp).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <string_view>
-#include <utility>
 #include <vector>
 
-namespace tw::detail::json {
+#include "tensorwire/arrow.hpp"
 
-inline constexpr int kMaxDepth = 32;
-inline constexpr size_t kMaxBytes = size_t(1) << 20;
+namespace tw::arrow_detail {
 
-struct Value {
-  enum class Type { null, boolean, number, string, array, object };
-  Type type = Type::null;
-  bool boolean = false;
-  std::string text;          ///< a string's decoded contents, or a number's literal
-  bool is_integer = false;   ///< a number without fraction or exponent that fits in int64
-  int64_t integer = 0;
-  std::vector<Value> items;      ///< array elements, or object member values (parallel to `keys`)
-  std::vector<std::string> keys;  ///< object member names, in document order (a pair<string, Value> would need
-                                  ///< Value complete here)
+inline constexpr std::string_view kExtName = "ARROW:extension:name";
+inline constexpr std::string_view kExtMetadata = "ARROW:extension:metadata";
+inline constexpr int64_t kInt32Max = 2147483647;
 
-  /// The member named `key` of an object, or nullptr.
-  const Value* find(std::string_view key) const;
-};
+[[noreturn]] void malformed(const std::string& where, const std::string& why);
+[[noreturn]] void unsupported(const std::string& where, const std::string& why);
+const char* format_of(DType d);
+std::string unsupported_dtype_message(DType d);
+bool is_identity(const std::vector<int64_t>& p);
+std::vector<int64_t> to_vec(const Dims& d);
 
-/// Parses a whole document (surrounding whitespace allowed, nothing else after the value).
-Value parse(std::string_view text);
-
-/// `s` as a JSON string literal (quotes included; control characters, quote and backslash escaped).
-std::string quote(std::string_view s);
-
-/// Name of a JSON type for messages ("null", "bool", "number", "string", "array", "object").
-const char* type_name(Value::Type t) noexcept;
-
-}  // namespace tw::detail::json
+}  // namespace tw::arrow_detail

@@ -83,11 +83,14 @@ PreparedExport prepare_export(const Tensor& t, const ExportRequest& r) {
 }
 
 DLManagedTensorVersioned* export_dlpack(const Tensor& t, const ExportRequest& r) {
-  const DLPackVersion v = r.max_version;
+  DLPackVersion v = r.max_version;
+  // max_version is an upper bound: a consumer of a newer major takes any older version (the array API's rule).
+  if (v.major > DLPACK_MAJOR_VERSION) v = DLPackVersion{DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION};
   if (v.major != DLPACK_MAJOR_VERSION)
     throw Error(ErrorCode::version_mismatch, "DLPack export: the consumer asked for DLPack " +
-                                                 version_str(v.major, v.minor) + "; tensorwire produces major version " +
-                                                 std::to_string(DLPACK_MAJOR_VERSION));
+                                                 version_str(v.major, v.minor) + " at most; tensorwire's versioned "
+                                                 "structs are major version " + std::to_string(DLPACK_MAJOR_VERSION) +
+                                                 " (ask for a legacy struct)");
   if (t.defined()) {  // refuse before copying anything
     const uint32_t minor = std::min<uint32_t>(v.minor, DLPACK_MINOR_VERSION);
     if (const uint32_t need = dlpack_minor_for(t.dtype()); need > minor)

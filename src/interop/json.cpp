@@ -2,7 +2,7 @@
 #include <cstring>
 #include <string>
 
-#include "arrow_internal.hpp"
+#include "json.hpp"
 #include "tensorwire/error.hpp"
 
 namespace tw::detail::json {
