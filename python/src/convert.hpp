@@ -32,6 +32,12 @@ nb::object from_value(const tw::Value& v);
 /// (tw overflow) when it does not fit. Never std::bad_cast, which would surface as an opaque RuntimeError.
 int64_t int64_arg(nb::handle h, const std::string& what);
 
+/// The one dtype converter behind every dtype= argument: a tw.DType, a name ("float32", and what NumPy accepts:
+/// "f4", "<f4", "double"), a NumPy dtype or scalar type, an ml_dtypes type, a PyTorch dtype (torch.float32), or
+/// anything numpy.dtype() accepts (Python's float, JAX's jnp.bfloat16). TypeError for other types, ValueError
+/// for a dtype tensorwire has no type for (non-native byte order, objects, strings, structured records).
+tw::DType parse_dtype(nb::handle h);
+
 /// Parses the `device=` argument: None, "cpu", "cuda:1", a tw.Device, or a (device_type, id) tuple.
 std::optional<tw::Device> parse_device(nb::handle h);
 

@@ -45,7 +45,7 @@ std::string numpy_typestr(tw::DType d) {
     case kDLInt: return d.bits >= 8 ? sized('i') : "";
     case kDLUInt: return d.bits >= 8 ? sized('u') : "";
     case kDLFloat: return sized('f');
-    case kDLComplex: return sized('c');
+    case kDLComplex: return d.bits >= 64 ? sized('c') : "";  // complex32: ml_dtypes, through __array__
     default: return "";
   }
 }
@@ -254,6 +254,124 @@ PyMethodDef dlpack_method = {
     "Export as a DLPack capsule ('dltensor_versioned' when max_version >= (1, 0), else legacy 'dltensor'). "
     "Any strided layout is exported as is; copy=True exports a copy (flagged IS_COPIED)."};
 
+// ---- the DLPack C exchange API (tw.Tensor.__dlpack_c_exchange_api__) -------------------------------------------
+// Consumers that know it skip __dlpack__'s method call, keyword parsing and capsule. Called with the GIL held;
+// 0 on success, -1 with a Python exception set (the allocator reports through SetError instead).
+
+template <class F>
+int exchange_guard(F&& fn) noexcept {
+  try {
+    fn();
+    return 0;
+  } catch (nb::python_error& e) {
+    e.restore();
+  } catch (const tw::Error& e) {
+    PyErr_SetString(exception_for(e.code()), e.what());
+  } catch (const std::bad_alloc&) {
+    PyErr_NoMemory();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return -1;
+}
+
+bool exact_tensor(void* obj) { return obj && is_tensor(nb::handle(static_cast<PyObject*>(obj))); }
+
+int exchange_from_py(void* obj, DLManagedTensorVersioned** out) noexcept {
+  if (!out || !exact_tensor(obj)) {
+    PyErr_SetString(PyExc_TypeError, "tensorwire exchange API: the object is not a tensorwire.Tensor");
+    return -1;
+  }
+  *out = nullptr;
+  return exchange_guard([&] {
+    // The portable profile, as __dlpack__ without arguments: negative strides are copied (flagged IS_COPIED).
+    *out = tw::export_dlpack(unwrap(nb::handle(static_cast<PyObject*>(obj))), tw::ExportRequest{});
+  });
+}
+
+int exchange_dltensor_from_py(void* obj, DLTensor* out) noexcept {
+  if (!out || !exact_tensor(obj)) {
+    PyErr_SetString(PyExc_TypeError, "tensorwire exchange API: the object is not a tensorwire.Tensor");
+    return -1;
+  }
+  return exchange_guard([&] {
+    // A non-owning view: no struct to carry READ_ONLY or a copy, so what needs either is refused.
+    const tw::Tensor& t = unwrap(nb::handle(static_cast<PyObject*>(obj)));
+    if (!t.defined())
+      throw tw::Error(tw::ErrorCode::invalid_argument, "DLPack export: the tensor is undefined (a spent loan)");
+    if (t.readonly())
+      throw tw::Error(tw::ErrorCode::unsupported, "DLPack export: a non-owning DLTensor cannot mark a read-only "
+                                                  "tensor read-only; use managed_tensor_from_py_object_no_sync");
+    if (t.layout().has_negative_stride())
+      throw tw::Error(tw::ErrorCode::copy_required, "DLPack export: strides " + t.strides().str() +
+                                                        " are negative and a non-owning DLTensor cannot hold the copy "
+                                                        "consumers need; use managed_tensor_from_py_object_no_sync");
+    if (t.subbyte_padded())
+      throw tw::Error(tw::ErrorCode::unsupported, "DLPack export: a padded sub-byte tensor needs the versioned "
+                                                  "struct's flag; use managed_tensor_from_py_object_no_sync");
+    out->data = t.numel() == 0 ? nullptr : t.data_ptr();
+    out->device = t.device().to_dlpack();
+    out->ndim = static_cast<int32_t>(t.ndim());
+    out->dtype = t.dtype().to_dlpack();
+    out->shape = t.ndim() ? const_cast<int64_t*>(t.shape().data()) : nullptr;  // valid while the object lives
+    out->strides = t.ndim() ? const_cast<int64_t*>(t.strides().data()) : nullptr;
+    out->byte_offset = 0;
+  });
+}
+
+int exchange_to_py(DLManagedTensorVersioned* m, void** out) noexcept {
+  if (!out) {
+    if (m && m->deleter) m->deleter(m);
+    PyErr_SetString(PyExc_ValueError, "tensorwire exchange API: out_py_object is NULL");
+    return -1;
+  }
+  *out = nullptr;
+  return exchange_guard([&] { *out = wrap(tw::from_dlpack(m)).release().ptr(); });  // from_dlpack owns m
+}
+
+int exchange_allocator(DLTensor* proto, DLManagedTensorVersioned** out, void* error_ctx,
+                       void (*set_error)(void*, const char*, const char*)) noexcept {
+  const auto fail = [&](const char* kind, const char* msg) {
+    if (set_error) set_error(error_ctx, kind, msg);
+    return -1;
+  };
+  if (!proto || !out) return fail("ValueError", "tensorwire exchange API: prototype or out is NULL");
+  *out = nullptr;
+  try {
+    const tw::Device dev = tw::Device::from_dlpack(proto->device);
+    if (!dev.is_host_accessible())
+      return fail("BufferError", ("tensorwire exchange API: cannot allocate on " + dev.str() +
+                                  " (tensorwire's device memory arrives with its CUDA support)").c_str());
+    if (proto->ndim < 0 || (proto->ndim > 0 && !proto->shape))
+      return fail("ValueError", "tensorwire exchange API: the prototype's shape is NULL or ndim is negative");
+    tw::Shape shape(proto->shape, static_cast<size_t>(proto->ndim));
+    tw::Tensor t = tw::Tensor::empty(shape, tw::DType::from_dlpack(proto->dtype));
+    *out = tw::to_dlpack(t);
+    return 0;
+  } catch (const tw::Error& e) {
+    return fail(e.code() == tw::ErrorCode::out_of_memory ? "MemoryError" : "ValueError", e.what());
+  } catch (const std::bad_alloc&) {
+    return fail("MemoryError", "tensorwire exchange API: out of memory");
+  } catch (const std::exception& e) {
+    return fail("RuntimeError", e.what());
+  }
+}
+
+int exchange_current_stream(DLDeviceType, int32_t, void** out) noexcept {
+  // tensorwire keeps no current stream: its work is ordered by the streams tensors carry. NULL = the default.
+  if (out) *out = nullptr;
+  return 0;
+}
+
+const DLPackExchangeAPI g_exchange_api = {
+    {{DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION}, nullptr},
+    exchange_allocator,
+    exchange_from_py,
+    exchange_to_py,
+    exchange_dltensor_from_py,
+    exchange_current_stream,
+};
+
 nb::object byte_strides_or_none(const tw::Tensor& t) {
   if (t.is_contiguous()) return nb::none();
   nb::list l;
@@ -283,6 +401,14 @@ void register_export(nb::class_<tw::Tensor>& cls, nb::module_&) {
       throw nb::python_error();
     }
     Py_DECREF(descr);
+  }
+  {
+    PyObject* cap = PyCapsule_New(const_cast<DLPackExchangeAPI*>(&g_exchange_api), "dlpack_exchange_api", nullptr);
+    if (!cap || PyObject_SetAttrString(cls.ptr(), "__dlpack_c_exchange_api__", cap) != 0) {
+      Py_XDECREF(cap);
+      throw nb::python_error();
+    }
+    Py_DECREF(cap);
   }
   cls.def("__dlpack_device__", [](const tw::Tensor& t) {
     return nb::make_tuple(static_cast<int>(t.device().type), t.device().id);

@@ -40,6 +40,7 @@ struct Refused {
 struct Request {
   tw::ImportRequest policy;
   nb::handle stream;
+  bool immutable = false;  // the producer's arrays never change (JAX): every zero-copy view is read-only
 };
 
 // tw::finish_import with the interpreter lock released when it may copy.
@@ -196,7 +197,138 @@ tw::Tensor via_dlpack(nb::handle obj, const Request& req, bool& made_copy, bool 
   }
   tw::Tensor t = import_capsule(cap);
   made_copy = flagged_copy || producer_copied_on_request;
+  if (req.immutable && !made_copy && !t.readonly()) t = t.as_readonly();
   return t;
+}
+
+// ---- what a producer's type tells us that its protocols do not ---------------------------------------------------
+struct TypeInfo {
+  const DLPackExchangeAPI* api = nullptr;  // its __dlpack_c_exchange_api__, when valid
+  bool immutable = false;                  // JAX arrays: never written after creation
+  PyObject* is_conj = nullptr;             // PyTorch tensors: the lazy-bit queries (method descriptors)
+  PyObject* is_neg = nullptr;
+  PyObject* resolve_conj = nullptr;
+  PyObject* resolve_neg = nullptr;
+};
+
+bool type_named(PyTypeObject* tp, const char* prefix) {
+  PyObject* mro = tp->tp_mro;
+  if (!mro || !PyTuple_Check(mro)) return std::strncmp(tp->tp_name, prefix, std::strlen(prefix)) == 0;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro); ++i) {
+    auto* b = reinterpret_cast<PyTypeObject*>(PyTuple_GET_ITEM(mro, i));
+    if (std::strncmp(b->tp_name, prefix, std::strlen(prefix)) == 0) return true;
+  }
+  return false;
+}
+
+PyObject* method_of(PyTypeObject* tp, const char* name) {
+  nb::object n = nb::steal(PyUnicode_InternFromString(name));
+  PyObject* m = _PyType_Lookup(tp, n.ptr());  // borrowed
+  return m ? Py_NewRef(m) : nullptr;          // kept: the type is kept too
+}
+
+// Per-type facts, computed once per type (types are few; each is kept alive for the life of the process).
+const TypeInfo& type_info(PyTypeObject* tp) {
+  static std::vector<std::pair<PyTypeObject*, TypeInfo>> cache;
+  for (auto& [t, info] : cache)
+    if (t == tp) return info;
+  TypeInfo info;
+  static PyObject* api_name = PyUnicode_InternFromString("__dlpack_c_exchange_api__");
+  if (PyObject* cap = _PyType_Lookup(tp, api_name); cap && PyCapsule_IsValid(cap, "dlpack_exchange_api")) {
+    auto* api = static_cast<const DLPackExchangeAPI*>(PyCapsule_GetPointer(cap, "dlpack_exchange_api"));
+    if (api && api->header.version.major == DLPACK_MAJOR_VERSION && api->managed_tensor_from_py_object_no_sync) {
+      Py_INCREF(cap);  // the table must outlive every use; the spec makes it static, the capsule keeps it so too
+      info.api = api;
+    }
+  }
+  PyErr_Clear();
+  info.immutable = type_named(tp, "jaxlib.") || type_named(tp, "jax.");
+  if (type_named(tp, "torch._C.TensorBase")) {
+    info.is_conj = method_of(tp, "is_conj");
+    info.is_neg = method_of(tp, "is_neg");
+    info.resolve_conj = method_of(tp, "resolve_conj");
+    info.resolve_neg = method_of(tp, "resolve_neg");
+  }
+  Py_INCREF(tp);
+  cache.emplace_back(tp, info);
+  return cache.back().second;
+}
+
+bool call_flag(PyObject* method, nb::handle obj) {
+  PyObject* args[1] = {obj.ptr()};
+  PyObject* r = PyObject_Vectorcall(method, args, 1, nullptr);
+  if (!r) throw nb::python_error();
+  const bool v = r == Py_True;
+  Py_DECREF(r);
+  return v;
+}
+
+// PyTorch keeps conjugation and negation as lazy bits on a view; DLPack has no field for them (its exchange API
+// exports such a view's raw memory, its __dlpack__ refuses conj but not neg). Resolved here with one copy by
+// PyTorch itself, or refused under copy=False: never imported as wrong values. Returns the object to import.
+nb::object resolve_lazy_bits(nb::handle obj, const TypeInfo& ti, const Request& req, bool& copied) {
+  if (!ti.is_conj || !ti.is_neg) return nb::borrow(obj);
+  const bool conj = call_flag(ti.is_conj, obj), neg = call_flag(ti.is_neg, obj);
+  if (!conj && !neg) return nb::borrow(obj);
+  const std::string what = conj && neg ? "conjugation and negation bits" : conj ? "conjugation bit" : "negation bit";
+  if (req.policy.copy == CopyMode::never)
+    throw tw::Error(tw::ErrorCode::copy_required,
+                    "the PyTorch tensor has its lazy " + what + " set, which DLPack cannot carry; resolving it "
+                    "takes one copy (resolve_conj()/resolve_neg()), and copy is forbidden");
+  nb::object r = nb::borrow(obj);
+  for (auto [flag, method] : {std::pair{conj, ti.resolve_conj}, std::pair{neg, ti.resolve_neg}}) {
+    if (!flag) continue;
+    PyObject* args[1] = {r.ptr()};
+    PyObject* x = method ? PyObject_Vectorcall(method, args, 1, nullptr) : nullptr;
+    if (!x) throw nb::python_error();
+    r = nb::steal(x);
+  }
+  copied = true;
+  return r;
+}
+
+// The DLPack C exchange API: one C call instead of __dlpack__'s method call, capsule and keyword parsing.
+// PyTorch's lazy bits are checked here, after the export, so that the conjugation query (which only a complex
+// tensor can need) is skipped for the others; a tensor with a bit set is released and resolved first.
+tw::Tensor via_exchange(nb::handle obj_in, const TypeInfo& ti, const Request& req) {
+  const DLPackExchangeAPI* api = ti.api;
+  nb::object obj = nb::borrow(obj_in);
+  bool already_copied = false;
+  DLManagedTensorVersioned* m = nullptr;
+  if (api->managed_tensor_from_py_object_no_sync(obj.ptr(), &m) != 0) throw nb::python_error();
+  if (!m)
+    throw tw::Error(tw::ErrorCode::invalid_argument, "the producer's exchange API reported success but returned no tensor");
+  if (ti.is_neg && ti.is_conj) {
+    bool lazy = false;
+    try {
+      const bool complex = m->dl_tensor.dtype.code == kDLComplex;
+      lazy = call_flag(ti.is_neg, obj) || (complex && call_flag(ti.is_conj, obj));
+    } catch (...) {
+      m->deleter(m);
+      throw;
+    }
+    if (lazy) {
+      m->deleter(m);
+      obj = resolve_lazy_bits(obj, ti, req, already_copied);
+      m = nullptr;
+      if (api->managed_tensor_from_py_object_no_sync(obj.ptr(), &m) != 0) throw nb::python_error();
+      if (!m)
+        throw tw::Error(tw::ErrorCode::invalid_argument,
+                        "the producer's exchange API reported success but returned no tensor");
+    }
+  }
+  const bool flagged_copy = m->version.major == DLPACK_MAJOR_VERSION && (m->flags & DLPACK_FLAG_BITMASK_IS_COPIED);
+  tw::Tensor t = tw::from_dlpack(m);
+  const tw::Device dev = t.device();
+  if (dev.type != kDLCPU && api->current_work_stream) {
+    // "NoSync": the data is ordered on the producer's current stream; the tensor says which.
+    void* stream = nullptr;
+    if (api->current_work_stream(dev.type, dev.id, &stream) != 0) throw nb::python_error();
+    if (stream) t.set_stream(reinterpret_cast<intptr_t>(stream));
+  }
+  const bool copied = flagged_copy || already_copied;
+  if (req.immutable && !copied && !t.readonly()) t = t.as_readonly();
+  return finish(std::move(t), req, {copied, false});
 }
 
 // ---- dict helpers with precise type errors ------------------------------------------------------------------
@@ -251,7 +383,9 @@ void read_data_tuple(const std::string& proto, nb::handle data, tw::InterfaceDes
 
 // tw::import_interface for host memory, with the interpreter lock released when it must copy (byte swap,
 // copy=True): a copy of a large array must not hold up other Python threads.
-tw::Tensor import_host(const tw::InterfaceDesc& desc, std::shared_ptr<const void> keep, const Request& req) {
+tw::Tensor import_host(const tw::InterfaceDesc& desc_in, std::shared_ptr<const void> keep, const Request& req) {
+  tw::InterfaceDesc desc = desc_in;
+  desc.readonly = desc.readonly || req.immutable;
   const char swapped = std::endian::native == std::endian::little ? '>' : '<';
   if (req.policy.copy != CopyMode::always && (desc.typestr.empty() || desc.typestr[0] != swapped))
     return tw::import_interface(desc, std::move(keep), req.policy);
@@ -262,8 +396,9 @@ tw::Tensor import_host(const tw::InterfaceDesc& desc, std::shared_ptr<const void
 
 // ml_dtypes arrays describe most of their types as void typestrs ('<V2' bfloat16, '<V1' float8_e4m3fn, int4...)
 // but float8_e5m2 as '<f1', a float size NumPy itself does not have. Either way the dtype's name says what it is.
+// ml_dtypes' complex32 / bcomplex32 say '<W4', a kind NumPy does not define.
 bool typestr_needs_dtype_name(const std::string& ts) {
-  return ts.size() > 2 && (ts[1] == 'V' || (ts[1] == 'f' && ts.substr(2) == "1"));
+  return ts.size() > 2 && (ts[1] == 'V' || ts[1] == 'W' || (ts[1] == 'f' && ts.substr(2) == "1"));
 }
 
 std::optional<tw::DType> dtype_from_name_attr(nb::handle obj) {
@@ -318,6 +453,7 @@ tw::Tensor via_cuda_interface(nb::handle obj, const Request& req) {
   // stream and device: the C++ policy applies the interface's rules (tw::import_interface).
   if ((v = dict_get(d, "stream")).is_valid() && !v.is_none()) desc.stream = dict_int(proto, "stream", v);
   desc.device.reset();
+  desc.readonly = desc.readonly || req.immutable;
   if (typestr_needs_dtype_name(desc.typestr)) desc.dtype = dtype_from_name_attr(obj);
   return tw::import_interface(desc, keep_python_alive(obj.ptr()), req.policy);
 }
@@ -457,7 +593,8 @@ bool is_exact_ndarray(nb::handle obj) {
   return false;
 }
 
-nb::object asarray(nb::handle obj, nb::handle device, nb::handle copy, nb::handle stream) {
+nb::object asarray(nb::handle obj_in, nb::handle device, nb::handle copy, nb::handle stream) {
+  nb::handle obj = obj_in;
   Request req;
   req.policy.device = parse_device(device);
   req.policy.copy = parse_copy(copy);
@@ -483,6 +620,9 @@ nb::object asarray(nb::handle obj, nb::handle device, nb::handle copy, nb::handl
     } catch (const Refused&) {
     }
   }
+  // What the type says beyond its protocols: an immutable producer, PyTorch's lazy bits, an exchange API.
+  const TypeInfo& ti = type_info(Py_TYPE(obj.ptr()));
+  req.immutable = ti.immutable;
   std::vector<Refusal> refusals;
   auto attempt = [&](const char* proto, auto&& fn) -> std::optional<tw::Tensor> {
     try {
@@ -518,11 +658,20 @@ nb::object asarray(nb::handle obj, nb::handle device, nb::handle copy, nb::handl
     });
     if (t) return wrap(std::move(*t));
   }
+  // The exchange API serves requests that need nothing of the producer: no device move, no stream to order on
+  // (those go to __dlpack__, which takes dl_device and stream).
+  if (ti.api && !req.policy.device && req.stream.is_none()) {
+    auto t = attempt("DLPack C exchange API", [&] { return via_exchange(obj, ti, req); });
+    if (t) return wrap(std::move(*t));
+  }
+  bool lazy_copied = false;
+  nb::object resolved = resolve_lazy_bits(obj, ti, req, lazy_copied);
+  if (lazy_copied) obj = resolved;
   if (has_attr_on_type(obj, names().dlpack)) {
     auto t = attempt("__dlpack__", [&] {
       bool copied = false;
       tw::Tensor r = via_dlpack(obj, req, copied);
-      return finish(std::move(r), req, {copied, false});
+      return finish(std::move(r), req, {copied || lazy_copied, false});
     });
     if (t) return wrap(std::move(*t));
   }
@@ -571,9 +720,22 @@ void register_import(nb::module_& m) {
     req.policy.device = parse_device(device);
     req.policy.copy = parse_copy(copy);
     try {
+      const TypeInfo& ti = type_info(Py_TYPE(x.ptr()));
+      req.immutable = ti.immutable;
+      if (ti.api && !req.policy.device) {
+        try {
+          return wrap(via_exchange(x, ti, req));
+        } catch (nb::python_error& e) {  // the exchange API refused: __dlpack__ may still serve (and say why not)
+          if (!e.matches(PyExc_Exception)) throw;
+        } catch (const tw::Error& e) {
+          if (e.code() == tw::ErrorCode::copy_required) throw;  // a lazy bit under copy=False: final
+        }
+      }
+      bool lazy_copied = false;
+      nb::object src = resolve_lazy_bits(x, ti, req, lazy_copied);
       bool copied = false;
-      tw::Tensor t = via_dlpack(x, req, copied);
-      return wrap(finish(std::move(t), req, {copied, false}));
+      tw::Tensor t = via_dlpack(src, req, copied);
+      return wrap(finish(std::move(t), req, {copied || lazy_copied, false}));
     } catch (const Refused& r) {
       PyErr_SetString(r.type, ("from_dlpack: " + r.reason).c_str());
       throw nb::python_error();

@@ -37,18 +37,6 @@ tw::Dims shape_from(nb::handle h) {
   return d;
 }
 
-// "uint8", tw.uint8, np.uint8, np.dtype("uint8"), torch.uint8.
-tw::DType dtype_from(nb::handle h) {
-  if (nb::isinstance<tw::DType>(h)) return nb::cast<tw::DType>(h);
-  if (nb::isinstance<nb::str>(h)) return tw::DType::from_name(nb::cast<std::string>(h));
-  if (PyType_Check(h.ptr()) && nb::hasattr(h, "__name__"))  // NumPy scalar types
-    return tw::DType::from_name(nb::cast<std::string>(h.attr("__name__")));
-  if (nb::hasattr(h, "name") && nb::isinstance<nb::str>(h.attr("name")))  // np.dtype
-    return tw::DType::from_name(nb::cast<std::string>(h.attr("name")));
-  std::string s = nb::cast<std::string>(nb::str(h));
-  if (s.rfind("torch.", 0) == 0) s = s.substr(6);
-  return tw::DType::from_name(s);
-}
 
 tw::Metadata metadata_from(nb::handle h) {
   if (h.is_none()) return tw::Metadata();
@@ -335,7 +323,7 @@ void register_ipc(nb::module_& m) {
                  dt = nb::handle(PySequence_Fast_GET_ITEM(spec.ptr(), 1));
                }
                const tw::Dims s = shape_from(sh);
-               const tw::DType d = dtype_from(dt);
+               const tw::DType d = parse_dtype(dt);
                return wrap(sliced(timeout, [&](tw::Timeout slice) { return p.loan(s, d, slice); }));
              };
              if (PyDict_Check(shape.ptr())) {

@@ -1,5 +1,7 @@
 // module.cpp — the tensorwire._tensorwire extension: Tensor, DType, Device, errors, metadata and views.
 // This layer only binds: every rule about layouts, copies and protocols lives in the C++ library.
+#include <bit>
+#include <cstring>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -173,6 +175,73 @@ CopyMode parse_copy(nb::handle h) {
 
 namespace {
 
+// A NumPy dtype (or what numpy.dtype() makes of h) as a tw dtype; nullopt when NumPy cannot interpret h at all.
+std::optional<tw::DType> dtype_via_numpy(nb::handle h, std::string& why) {
+  nb::object np;
+  try {
+    np = nb::module_::import_("numpy");
+  } catch (nb::python_error&) {
+    why = "NumPy is not installed to interpret it";
+    return std::nullopt;
+  }
+  nb::object d;
+  try {
+    d = np.attr("dtype")(h);
+  } catch (nb::python_error& e) {
+    if (!e.matches(PyExc_TypeError) && !e.matches(PyExc_ValueError)) throw;
+    why = e.what();
+    return std::nullopt;
+  }
+  const std::string byteorder = nb::cast<std::string>(d.attr("byteorder"));
+  if (byteorder == (std::endian::native == std::endian::little ? ">" : "<"))
+    throw tw::Error(tw::ErrorCode::invalid_argument,
+                    "dtype " + nb::cast<std::string>(nb::str(d)) + " is in non-native byte order; tensorwire "
+                    "tensors hold native values (byte-swapped data is swapped on import)");
+  const std::string name = nb::cast<std::string>(d.attr("name"));
+  try {
+    return tw::DType::from_name(name);
+  } catch (const tw::Error&) {
+    throw tw::Error(tw::ErrorCode::invalid_argument,
+                    "NumPy dtype '" + nb::cast<std::string>(nb::str(d)) + "' (" + name + ") has no tensorwire type");
+  }
+}
+
+}  // namespace
+
+tw::DType parse_dtype(nb::handle h) {
+  if (nb::isinstance<tw::DType>(h)) return nb::cast<tw::DType>(h);
+  if (PyUnicode_Check(h.ptr())) {
+    const std::string s = nb::cast<std::string>(h);
+    try {
+      return tw::DType::from_name(s);
+    } catch (const tw::Error& e) {
+      std::string why;
+      if (auto d = dtype_via_numpy(h, why)) return *d;  // "f4", "<f4", "double", "float"
+      throw;
+    }
+  }
+  if (h.is_none())
+    throw tw::Error(tw::ErrorCode::type_mismatch, "dtype must be given (a name, a NumPy/PyTorch/ml_dtypes dtype or a "
+                                                  "tensorwire.DType), not None");
+  // PyTorch: torch.float32 and friends print as "torch.<name>", tensorwire's spelling of every shared type.
+  if (std::strcmp(Py_TYPE(h.ptr())->tp_name, "torch.dtype") == 0) {
+    std::string s = nb::cast<std::string>(nb::str(h));
+    if (s.rfind("torch.", 0) == 0) s = s.substr(6);
+    try {
+      return tw::DType::from_name(s);
+    } catch (const tw::Error&) {
+      throw tw::Error(tw::ErrorCode::invalid_argument, "PyTorch dtype torch." + s + " has no tensorwire type");
+    }
+  }
+  std::string why;
+  if (auto d = dtype_via_numpy(h, why)) return *d;  // np.float32, np.dtype('f4'), ml_dtypes.bfloat16, float
+  throw tw::Error(tw::ErrorCode::type_mismatch,
+                  std::string("dtype must be a name, a NumPy/PyTorch/ml_dtypes dtype or a tensorwire.DType, not ") +
+                      Py_TYPE(h.ptr())->tp_name + " (" + why + ")");
+}
+
+namespace {
+
 nb::handle g_tensor_type;
 
 int64_t as_index(nb::handle h, const char* what) {
@@ -283,7 +352,13 @@ std::string repr(const tw::Tensor& t) {
 
 }  // namespace
 
-nb::object wrap(tw::Tensor t) { return nb::cast(std::move(t), nb::rv_policy::move); }
+// Allocates the instance directly (no type-map lookup, no cast machinery): every import ends here.
+nb::object wrap(tw::Tensor t) {
+  nb::object o = nb::inst_alloc(g_tensor_type);
+  new (nb::inst_ptr<tw::Tensor>(o)) tw::Tensor(std::move(t));
+  nb::inst_mark_ready(o);
+  return o;
+}
 bool is_tensor(nb::handle h) { return Py_TYPE(h.ptr()) == reinterpret_cast<PyTypeObject*>(g_tensor_type.ptr()) || nb::isinstance<tw::Tensor>(h); }
 tw::Tensor& unwrap(nb::handle h) { return *nb::inst_ptr<tw::Tensor>(h); }
 
@@ -315,8 +390,8 @@ NB_MODULE(_tensorwire, m) {
 
   // ---- DType ------------------------------------------------------------------------------------------------
   nb::class_<tw::DType>(m, "DType", "An element type (DLPack code, bits, lanes); str() gives its NumPy/PyTorch name.")
-      .def("__init__", [](tw::DType* self, const std::string& name) { new (self) tw::DType(tw::DType::from_name(name)); },
-           "name"_a)
+      .def("__init__", [](tw::DType* self, nb::handle dtype) { new (self) tw::DType(parse_dtype(dtype)); }, "dtype"_a,
+           "DType(dtype): from a name, a NumPy/PyTorch/ml_dtypes dtype or another DType.")
       .def_prop_ro("name", &tw::DType::name)
       .def_prop_ro("code", [](const tw::DType& d) { return d.code; })
       .def_prop_ro("bits", [](const tw::DType& d) { return d.bits; })
@@ -327,16 +402,16 @@ NB_MODULE(_tensorwire, m) {
       .def("__repr__", [](const tw::DType& d) { return "tensorwire.dtype('" + d.name() + "')"; })
       .def("__hash__", [](const tw::DType& d) { return nb::hash(nb::str(d.name().c_str())); })
       .def("__eq__", [](const tw::DType& d, nb::handle o) {
+        // Equal to whatever names the same type: "float32", np.float32, np.dtype("f4"), torch.float32, ...
         if (nb::isinstance<tw::DType>(o)) return d == nb::cast<tw::DType>(o);
-        if (nb::isinstance<nb::str>(o)) return d.name() == nb::cast<std::string>(o);
-        if (nb::hasattr(o, "name") && nb::hasattr(o, "itemsize")) {  // numpy / ml_dtypes dtypes
-          try {
-            return d.name() == nb::cast<std::string>(nb::str(o.attr("name")));
-          } catch (...) {
-            return false;
-          }
+        if (o.is_none()) return false;
+        try {
+          return d == parse_dtype(o);
+        } catch (const tw::Error&) {
+          return false;
+        } catch (nb::python_error&) {
+          return false;
         }
-        return false;
       }, "other"_a.none())
       .def("__ne__", [](nb::handle self, nb::handle o) { return !nb::cast<bool>(self.attr("__eq__")(o)); },
            "other"_a.none());
@@ -513,12 +588,14 @@ NB_MODULE(_tensorwire, m) {
   m.def("set_num_threads", &tw::set_num_threads, "n"_a,
         "Threads used by large copies (the caller included); n <= 0 restores the number of CPUs.");
   m.def("get_num_threads", &tw::get_num_threads);
-  m.def("empty", [](nb::handle shape, const std::string& dtype, const std::string& order) {
-    return tw::Tensor::empty(dims_from(shape, "shape"), tw::DType::from_name(dtype), parse_order(order));
-  }, "shape"_a, "dtype"_a = "float32", "order"_a = "C");
-  m.def("zeros", [](nb::handle shape, const std::string& dtype, const std::string& order) {
-    return tw::Tensor::zeros(dims_from(shape, "shape"), tw::DType::from_name(dtype), parse_order(order));
-  }, "shape"_a, "dtype"_a = "float32", "order"_a = "C");
+  m.def("empty", [](nb::handle shape, nb::handle dtype, const std::string& order) {
+    return tw::Tensor::empty(dims_from(shape, "shape"), parse_dtype(dtype), parse_order(order));
+  }, "shape"_a, "dtype"_a.none() = "float32", "order"_a = "C",
+  "A new uninitialised host tensor; dtype: a name, a NumPy/PyTorch/ml_dtypes dtype or a tensorwire.DType.");
+  m.def("zeros", [](nb::handle shape, nb::handle dtype, const std::string& order) {
+    return tw::Tensor::zeros(dims_from(shape, "shape"), parse_dtype(dtype), parse_order(order));
+  }, "shape"_a, "dtype"_a.none() = "float32", "order"_a = "C",
+  "A new zero-filled host tensor; dtype as in tensorwire.empty.");
   m.def("_copy_into", [](const tw::Tensor& src, const tw::Tensor& dst) {
     nb::gil_scoped_release nogil;
     tw::copy(src, dst);

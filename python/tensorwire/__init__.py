@@ -66,7 +66,8 @@ Tensor.__reduce__ = lambda self: _pickle.reduce_ex(self, 2)
 
 # dtype constants: tw.float32, tw.bfloat16, ...
 _DTYPE_NAMES = (
-    "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 float16 float32 float64 bfloat16 complex64 complex128 "
+    "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 float16 float32 float64 bfloat16 complex32 complex64 "
+    "complex128 bcomplex32 "
     "float8_e3m4 float8_e4m3 float8_e4m3b11fnuz float8_e4m3fn float8_e4m3fnuz float8_e5m2 float8_e5m2fnuz "
     "float8_e8m0fnu float6_e2m3fn float6_e3m2fn float4_e2m1fn int2 int4 uint2 uint4"
 ).split()
