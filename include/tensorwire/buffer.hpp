@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <atomic>
 #include <memory>
 
@@ -19,8 +20,10 @@ class Buffer {
   Buffer(void* base, size_t size, Device device, std::shared_ptr<const void> owner) noexcept
       : base_(base), size_(size), device_(device), owner_(std::move(owner)) {}
 
-  /// Allocates `nbytes` of host memory aligned to `alignment` (a power of two >= sizeof(void*)).
-  /// Throws Error(unsupported) for non-host devices and Error(overflow) when the size cannot be allocated.
+  /// Allocates `nbytes` of host memory aligned to `alignment` (a power of two >= sizeof(void*)). Blocks of 32 MiB
+  /// and more are mapped on 2 MiB boundaries (transparent huge pages) and come from the buffer cache when a
+  /// recently freed block of the same rounded size is there (see set_buffer_cache_limit).
+  /// Throws Error(overflow) when the size cannot be represented, Error(out_of_memory) when it cannot be had.
   static std::shared_ptr<Buffer> allocate(size_t nbytes, size_t alignment = 64);
 
   void* base() const noexcept { return base_; }
@@ -41,5 +44,24 @@ class Buffer {
   std::shared_ptr<const void> owner_;
   mutable std::atomic<bool> escaped_{false};
 };
+
+/// The buffer cache: large host blocks (>= 32 MiB) whose last tensor died are kept mapped, up to `limit` bytes in
+/// all, for the next allocation of the same size; the least recently freed go first, and memory above the limit
+/// returns to the OS at once. A loop of same-sized copies (contiguous(), copy=True imports, copies of received
+/// tensors) then writes into warm pages instead of faulting fresh ones.
+inline constexpr size_t kDefaultBufferCacheLimit = size_t(256) << 20;  ///< 256 MiB
+
+struct BufferCacheStats {
+  size_t limit = 0;     ///< bytes the cache may hold
+  size_t bytes = 0;     ///< bytes it holds now
+  size_t blocks = 0;    ///< blocks it holds now
+  uint64_t hits = 0;    ///< large allocations served from the cache
+  uint64_t misses = 0;  ///< large allocations that mapped fresh memory
+};
+
+/// Sets the limit (0 disables the cache and unmaps what it holds). Thread-safe.
+void set_buffer_cache_limit(size_t bytes) noexcept;
+size_t buffer_cache_limit() noexcept;
+BufferCacheStats buffer_cache_stats() noexcept;
 
 }  // namespace tw

@@ -126,6 +126,9 @@ tw_status tw_tensor_permute(const tw_tensor* t, const int64_t* dims, int32_t ndi
 /* Copies every element of src into dst (same shape and dtype). */
 tw_status tw_copy(const tw_tensor* src, const tw_tensor* dst);
 void tw_set_num_threads(int n);
+/* The buffer cache of recently freed large host blocks (tw::set_buffer_cache_limit): 0 disables it. */
+void tw_set_buffer_cache_limit(size_t nbytes);
+size_t tw_buffer_cache_limit(void);
 
 #ifdef __cplusplus
 } /* extern "C" */

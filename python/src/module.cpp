@@ -588,6 +588,24 @@ NB_MODULE(_tensorwire, m) {
   m.def("set_num_threads", &tw::set_num_threads, "n"_a,
         "Threads used by large copies (the caller included); n <= 0 restores the number of CPUs.");
   m.def("get_num_threads", &tw::get_num_threads);
+  m.def("set_buffer_cache_limit", [](nb::handle nbytes) {
+    const int64_t n = int64_arg(nbytes, "set_buffer_cache_limit: nbytes");
+    if (n < 0) throw tw::Error(tw::ErrorCode::invalid_argument, "set_buffer_cache_limit: nbytes must be >= 0");
+    tw::set_buffer_cache_limit(static_cast<size_t>(n));
+  }, "nbytes"_a,
+  "Bytes of recently freed large (>= 32 MiB) host buffers kept mapped for reuse by same-sized allocations; 0 "
+  "disables the cache and returns what it holds to the OS. Default 256 MiB.");
+  m.def("get_buffer_cache_limit", [] { return tw::buffer_cache_limit(); }, "The buffer cache's limit in bytes.");
+  m.def("buffer_cache_stats", [] {
+    const tw::BufferCacheStats st = tw::buffer_cache_stats();
+    nb::dict d;
+    d["limit"] = st.limit;
+    d["bytes"] = st.bytes;
+    d["blocks"] = st.blocks;
+    d["hits"] = st.hits;
+    d["misses"] = st.misses;
+    return d;
+  }, "The buffer cache now: limit, bytes and blocks held, hits and misses of large allocations.");
   m.def("empty", [](nb::handle shape, nb::handle dtype, const std::string& order) {
     return tw::Tensor::empty(dims_from(shape, "shape"), parse_dtype(dtype), parse_order(order));
   }, "shape"_a, "dtype"_a.none() = "float32", "order"_a = "C",

@@ -6,9 +6,6 @@
 #include <cstring>
 #include <numeric>
 
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
 
 #include "checked.hpp"
 
@@ -30,48 +27,6 @@ size_t norm_dim(int64_t dim, size_t ndim, const char* op) {
 }
 
 }  // namespace
-
-std::shared_ptr<Buffer> Buffer::allocate(size_t nbytes, size_t alignment) {
-  if (alignment < sizeof(void*) || (alignment & (alignment - 1)) != 0)
-    throw Error(ErrorCode::invalid_argument, "Buffer::allocate: alignment " + std::to_string(alignment) +
-                                                 " is not a power of two >= " + std::to_string(sizeof(void*)));
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  // Transparent huge pages for large blocks: a fresh 4 KiB page costs microseconds to fault in (several under a
-  // hypervisor), which for a 64 MiB copy is most of the time; a 2 MiB page faults 512x less often.
-  //  - From 32 MiB glibc maps every block afresh anyway (its mmap threshold tops out there): map it ourselves on a
-  //    2 MiB boundary, so all of it can be huge pages.
-  //  - Below that, glibc reuses freed heap blocks, which costs no faults at all: keep malloc (a 2 MiB alignment
-  //    request would defeat that reuse) and only advise the 2 MiB-aligned interior, as NumPy does from 4 MiB.
-  constexpr size_t kHugePage = size_t(2) << 20, kAdviseBytes = size_t(4) << 20, kMapBytes = size_t(32) << 20;
-  if (nbytes >= kMapBytes && alignment <= kHugePage && nbytes <= SIZE_MAX - 2 * kHugePage) {
-    const size_t len = (nbytes + kHugePage - 1) / kHugePage * kHugePage;
-    void* m = mmap(nullptr, len + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED)
-      throw Error(ErrorCode::out_of_memory, "Buffer::allocate: out of memory mapping " + std::to_string(nbytes) + " bytes");
-    const uintptr_t lo = reinterpret_cast<uintptr_t>(m), a = (lo + kHugePage - 1) & ~uintptr_t(kHugePage - 1);
-    if (a > lo) munmap(m, a - lo);                                       // the unaligned head
-    if (lo + kHugePage > a) munmap(reinterpret_cast<void*>(a + len), lo + kHugePage - a);  // and tail
-    void* p = reinterpret_cast<void*>(a);
-    (void)madvise(p, len, MADV_HUGEPAGE);  // advice only: without THP the memory is just as good
-    std::shared_ptr<void> owner(p, [len](void* q) { munmap(q, len); });
-    return std::make_shared<Buffer>(p, nbytes, Device::cpu(), std::move(owner));
-  }
-#endif
-  size_t rounded = (std::max<size_t>(nbytes, 1) + alignment - 1) / alignment * alignment;
-  if (rounded < nbytes) throw Error(ErrorCode::overflow, "Buffer::allocate: size overflows");
-  void* p = std::aligned_alloc(alignment, rounded);
-  if (!p)
-    throw Error(ErrorCode::out_of_memory, "Buffer::allocate: out of memory allocating " + std::to_string(nbytes) + " bytes");
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  if (nbytes >= kAdviseBytes) {
-    const uintptr_t lo = reinterpret_cast<uintptr_t>(p), hi = lo + nbytes;
-    const uintptr_t a = (lo + kHugePage - 1) & ~uintptr_t(kHugePage - 1), e = hi & ~uintptr_t(kHugePage - 1);
-    if (e > a) (void)madvise(reinterpret_cast<void*>(a), e - a, MADV_HUGEPAGE);
-  }
-#endif
-  std::shared_ptr<void> owner(p, [](void* q) { std::free(q); });
-  return std::make_shared<Buffer>(p, nbytes, Device::cpu(), std::move(owner));
-}
 
 Tensor::Tensor(const Tensor& o)
     : buffer_(o.buffer_), layout_(o.layout_), metadata_(o.clone_metadata()), readonly_(o.readonly_), stream_(o.stream_) {}

@@ -1,7 +1,10 @@
 // Tensor: ownership (from_blob / adopt / copy_of), views (slice, select, permute, transpose, view, reshape,
 // expand) and the metadata they carry. Values are always read back through raw strides, never through the library's
 // own copy engine, so a wrong stride or offset cannot hide behind a matching wrong copy.
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cstring>
 #include <array>
 #include <cstdint>
 #include <limits>
@@ -635,3 +638,91 @@ TEST(Tensor, PaddedSubbyteSlicesAnywhere) {
 }
 
 }  // namespace
+
+// ---- the buffer cache of large host blocks ------------------------------------------------------------------------
+namespace {
+
+bool mapped(const void* p) {
+  // msync fails with ENOMEM on an address that no mapping covers.
+  const auto page = reinterpret_cast<uintptr_t>(p) & ~uintptr_t(4095);
+  return msync(reinterpret_cast<void*>(page), 4096, MS_ASYNC) == 0;
+}
+
+struct CacheLimit {  // restores the default whatever a test does
+  explicit CacheLimit(size_t bytes) { tw::set_buffer_cache_limit(bytes); }
+  ~CacheLimit() { tw::set_buffer_cache_limit(tw::kDefaultBufferCacheLimit); }
+};
+
+constexpr size_t kMiB = size_t(1) << 20;
+
+}  // namespace
+
+TEST(BufferCache, ASameSizedAllocationReusesTheFreedBlock) {
+  CacheLimit limit(256 * kMiB);
+  EXPECT_EQ(tw::buffer_cache_limit(), 256 * kMiB);
+  void* first;
+  {
+    auto b = tw::Buffer::allocate(64 * kMiB);
+    first = b->base();
+    std::memset(first, 1, 64 * kMiB);
+  }
+  const tw::BufferCacheStats before = tw::buffer_cache_stats();
+  EXPECT_EQ(before.bytes, 64 * kMiB);
+  EXPECT_EQ(before.blocks, 1u);
+  EXPECT_TRUE(mapped(first));
+  auto again = tw::Buffer::allocate(64 * kMiB - 100);  // the same 2 MiB-rounded size
+  EXPECT_EQ(again->base(), first);
+  EXPECT_EQ(again->size(), 64 * kMiB - 100);
+  EXPECT_EQ(tw::buffer_cache_stats().hits, before.hits + 1);
+  EXPECT_EQ(tw::buffer_cache_stats().bytes, 0u);
+  auto other = tw::Buffer::allocate(40 * kMiB);  // another size: fresh memory
+  EXPECT_NE(other->base(), first);
+  EXPECT_EQ(tw::buffer_cache_stats().misses, before.misses + 1);
+}
+
+TEST(BufferCache, ZeroDisablesItAndMemoryReturnsToTheSystem) {
+  CacheLimit limit(0);
+  void* p;
+  {
+    auto b = tw::Buffer::allocate(48 * kMiB);
+    p = b->base();
+    EXPECT_TRUE(mapped(p));
+  }
+  EXPECT_EQ(tw::buffer_cache_stats().bytes, 0u);
+  EXPECT_FALSE(mapped(p));
+}
+
+TEST(BufferCache, TheLeastRecentlyFreedGoFirstAndLoweringTheLimitEvicts) {
+  CacheLimit limit(100 * kMiB);
+  void *a, *b;
+  {
+    auto x = tw::Buffer::allocate(64 * kMiB);
+    auto y = tw::Buffer::allocate(64 * kMiB);
+    a = x->base();
+    b = y->base();
+    x.reset();  // cached
+    y.reset();  // evicts x: 128 MiB would exceed 100
+  }
+  EXPECT_EQ(tw::buffer_cache_stats().bytes, 64 * kMiB);
+  EXPECT_FALSE(mapped(a));
+  EXPECT_TRUE(mapped(b));
+  tw::set_buffer_cache_limit(32 * kMiB);
+  EXPECT_EQ(tw::buffer_cache_stats().bytes, 0u);
+  EXPECT_FALSE(mapped(b));
+  {
+    auto big = tw::Buffer::allocate(64 * kMiB);  // larger than the limit: never kept
+    a = big->base();
+  }
+  EXPECT_FALSE(mapped(a));
+}
+
+TEST(BufferCache, ContiguousInALoopWritesIntoWarmMemory) {
+  CacheLimit limit(256 * kMiB);
+  Tensor src = Tensor::zeros({2048, 4096}, DType::float32()).transpose(0, 1);  // 32 MiB, strided
+  const uint64_t hits = tw::buffer_cache_stats().hits;
+  for (int i = 0; i < 3; ++i) {
+    Tensor out = src.contiguous();
+    EXPECT_TRUE(out.is_contiguous());
+  }
+  EXPECT_GE(tw::buffer_cache_stats().hits, hits + 2);
+}
