@@ -61,6 +61,12 @@ ParsedType parse_typestr(std::string_view typestr);
 /// Throws Error(unsupported) naming the format for structs, pointers, multi-item or mismatched formats.
 ParsedType parse_buffer_format(std::string_view format, int64_t itemsize);
 
+/// The writers, inverse of the parsers: the array-interface typestr of a dtype NumPy knows natively ("<f4", "|b1";
+/// "" for bfloat16, float8, sub-byte, complex32 and vector types, which NumPy has only through ml_dtypes), and the
+/// PEP 3118 format of a dtype the struct module has a code for (nullptr otherwise).
+std::string typestr_of(DType d);
+const char* buffer_format_of(DType d) noexcept;
+
 /// A protocol's description of an array, after the binding layer has checked Python types.
 struct InterfaceDesc {
   std::string protocol = "__array_interface__";  ///< named in error messages

@@ -15,41 +15,6 @@ namespace {
 constexpr const char* kVersionedName = "dltensor_versioned";
 constexpr const char* kLegacyName = "dltensor";
 
-// PEP 3118 format of a dtype, or nullptr when the struct module has no code for it.
-const char* buffer_format(tw::DType d) {
-  if (d.lanes != 1) return nullptr;
-  if (d == tw::DType::boolean()) return "?";
-  if (d == tw::DType::int8()) return "b";
-  if (d == tw::DType::uint8()) return "B";
-  if (d == tw::DType::int16()) return "h";
-  if (d == tw::DType::uint16()) return "H";
-  if (d == tw::DType::int32()) return "i";
-  if (d == tw::DType::uint32()) return "I";
-  if (d == tw::DType::int64()) return "q";
-  if (d == tw::DType::uint64()) return "Q";
-  if (d == tw::DType::float16()) return "e";
-  if (d == tw::DType::float32()) return "f";
-  if (d == tw::DType::float64()) return "d";
-  if (d == tw::DType::complex64()) return "Zf";
-  if (d == tw::DType::complex128()) return "Zd";
-  return nullptr;
-}
-
-// NumPy array-interface typestr of a dtype NumPy knows natively, or "" otherwise.
-std::string numpy_typestr(tw::DType d) {
-  if (d.lanes != 1) return "";
-  const char order = std::endian::native == std::endian::little ? '<' : '>';
-  auto sized = [&](char kind) { return std::string(1, d.bits == 8 ? '|' : order) + kind + std::to_string(d.bits / 8); };
-  switch (d.code) {
-    case kDLBool: return "|b1";
-    case kDLInt: return d.bits >= 8 ? sized('i') : "";
-    case kDLUInt: return d.bits >= 8 ? sized('u') : "";
-    case kDLFloat: return sized('f');
-    case kDLComplex: return d.bits >= 64 ? sized('c') : "";  // complex32: ml_dtypes, through __array__
-    default: return "";
-  }
-}
-
 // Lives as long as the buffer view. It shares the tensor's Buffer, so a live buffer export counts in the Buffer's
 // use count: that is how Publisher.send knows a loan still has exports (memoryviews, NumPy arrays on them).
 struct BufferInfo {
@@ -66,7 +31,7 @@ int tensor_getbuffer_impl(PyObject* self, Py_buffer* view, int flags) {
   };
   if (!t.defined()) return refuse("the tensor is spent (a loan handed over by Publisher.send)");
   if (!t.device().is_host_accessible()) return refuse("memory on " + t.device().str() + " is not host-accessible");
-  const char* fmt = buffer_format(t.dtype());
+  const char* fmt = tw::buffer_format_of(t.dtype());
   if (!fmt)
     return refuse(t.dtype().name() + " has no PEP 3118 format; use np.asarray(t) (ml_dtypes) or __dlpack__ instead");
   if ((flags & PyBUF_WRITABLE) == PyBUF_WRITABLE && t.readonly()) return refuse("the tensor is read-only");
@@ -416,7 +381,7 @@ void register_export(nb::class_<tw::Tensor>& cls, nb::module_&) {
   cls.def_prop_ro("__array_interface__", [](const tw::Tensor& t) -> nb::dict {
     if (!t.device().is_host_accessible())
       throw nb::attribute_error("__array_interface__: the tensor is not in host memory");
-    std::string ts = numpy_typestr(t.dtype());
+    std::string ts = tw::typestr_of(t.dtype());
     if (ts.empty() || t.layout().is_packed_subbyte())
       throw nb::attribute_error(("__array_interface__: NumPy has no built-in type for " + t.dtype().name() +
                                  "; np.asarray() uses __array__ and returns an ml_dtypes array")
@@ -435,7 +400,7 @@ void register_export(nb::class_<tw::Tensor>& cls, nb::module_&) {
     const DLDeviceType dt = t.device().type;
     if (dt != kDLCUDA && dt != kDLCUDAManaged)
       throw nb::attribute_error("__cuda_array_interface__: the tensor is not in CUDA device memory");
-    std::string ts = numpy_typestr(t.dtype());
+    std::string ts = tw::typestr_of(t.dtype());
     if (ts.empty() || t.layout().is_packed_subbyte())
       throw nb::attribute_error(("__cuda_array_interface__ has no typestr for " + t.dtype().name() + "; use __dlpack__").c_str());
     t.buffer().mark_escaped();

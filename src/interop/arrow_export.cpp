@@ -279,7 +279,6 @@ Tensor copy_ordered(const Tensor& src, const std::vector<int64_t>& order) {
   return dst;
 }
 
-
 void check_exportable_dtype(DType d, const char* who) {
   if (!format_of(d)) throw Error(ErrorCode::unsupported, std::string(who) + ": " + unsupported_dtype_message(d));
 }
@@ -296,7 +295,6 @@ std::vector<std::string> physical_names(const std::vector<std::string>& logical,
 }
 
 }  // namespace
-
 
 // ---- public: export ---------------------------------------------------------------------------------------------
 struct detail::ArrowExportState {

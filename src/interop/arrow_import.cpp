@@ -2,14 +2,11 @@
 #include "tensorwire/arrow.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <memory>
-#include <numeric>
 
 #include "arrow_internal.hpp"
 #include "core/checked.hpp"
-#include "json.hpp"
 #include "tensorwire/copy.hpp"
 #include "tensorwire/device_runtime.hpp"
 
@@ -18,7 +15,6 @@ namespace tw {
 using namespace arrow_detail;
 using detail::add;
 using detail::mul;
-
 
 namespace {
 

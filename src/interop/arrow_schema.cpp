@@ -2,20 +2,13 @@
 // Part 2 (arrow_export.cpp) builds schema and array trees; part 3 (arrow_import.cpp) views producers' arrays.
 #include "tensorwire/arrow.hpp"
 
-#include <algorithm>
-#include <atomic>
 #include <cstring>
-#include <memory>
-#include <numeric>
 
 #include "arrow_internal.hpp"
 #include "core/checked.hpp"
 #include "json.hpp"
-#include "tensorwire/copy.hpp"
-#include "tensorwire/device_runtime.hpp"
 
 namespace tw {
-
 
 namespace {
 
@@ -28,7 +21,6 @@ using detail::mul;
 constexpr int64_t kMaxChildren = 1 << 16;
 constexpr int64_t kMaxMetadataPairs = 1 << 16;
 constexpr int64_t kMaxMetadataItem = int64_t(1) << 30;
-
 
 // ---- element types ---------------------------------------------------------------------------------------------
 struct FormatEntry {
@@ -68,7 +60,6 @@ std::string describe_format(std::string_view f) {
   else what = "unknown";
   return "format '" + std::string(f) + "' (" + what + ")";
 }
-
 
 // "+w:N" -> N (0 <= N <= INT32_MAX), or nullopt when `format` is not a fixed-size list.
 std::optional<int64_t> fixed_list_size(std::string_view format, const std::string& where) {
@@ -233,7 +224,6 @@ void check_permutation(const std::vector<int64_t>& p, int64_t ndim, const std::s
     seen[size_t(x)] = true;
   }
 }
-
 
 // The extension JSON: an object (empty text allowed when `empty_ok`). Keys tensorwire does not know are ignored
 // (the spec may add some); those it knows are checked strictly.
@@ -438,7 +428,6 @@ bool is_identity(const std::vector<int64_t>& p) {
 std::vector<int64_t> to_vec(const Dims& d) { return std::vector<int64_t>(d.begin(), d.end()); }
 
 }  // namespace arrow_detail
-
 
 // ---- public: metadata framing ----------------------------------------------------------------------------------
 std::vector<std::pair<std::string, std::string>> decode_arrow_metadata(std::string_view b) {

@@ -197,4 +197,39 @@ InterfaceLayout validate_interface(const InterfaceDesc& desc) {
   return out;
 }
 
+std::string typestr_of(DType d) {
+  if (d.lanes != 1) return "";
+  const char order = kLittle ? '<' : '>';
+  auto sized = [&](char kind) {
+    return std::string(1, d.bits == 8 ? '|' : order).append(1, kind).append(std::to_string(d.bits / 8));
+  };
+  switch (d.code) {
+    case kDLBool: return "|b1";
+    case kDLInt: return d.bits >= 8 ? sized('i') : "";
+    case kDLUInt: return d.bits >= 8 ? sized('u') : "";
+    case kDLFloat: return sized('f');
+    case kDLComplex: return d.bits >= 64 ? sized('c') : "";
+    default: return "";
+  }
+}
+
+const char* buffer_format_of(DType d) noexcept {
+  if (d.lanes != 1) return nullptr;
+  if (d == DType::boolean()) return "?";
+  if (d == DType::int8()) return "b";
+  if (d == DType::uint8()) return "B";
+  if (d == DType::int16()) return "h";
+  if (d == DType::uint16()) return "H";
+  if (d == DType::int32()) return "i";
+  if (d == DType::uint32()) return "I";
+  if (d == DType::int64()) return "q";
+  if (d == DType::uint64()) return "Q";
+  if (d == DType::float16()) return "e";
+  if (d == DType::float32()) return "f";
+  if (d == DType::float64()) return "d";
+  if (d == DType::complex64()) return "Zf";
+  if (d == DType::complex128()) return "Zd";
+  return nullptr;
+}
+
 }  // namespace tw

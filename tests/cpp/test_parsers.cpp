@@ -270,3 +270,28 @@ TEST(Interface, Versions) {
 }
 
 }  // namespace
+
+// The writers are the parsers' inverses: every dtype a writer names parses back to itself, natively ordered.
+TEST(Writers, RoundTripThroughTheParsers) {
+  const DType all[] = {DType::boolean(), DType::int8(),    DType::int16(),      DType::int32(),      DType::int64(),
+                       DType::uint8(),   DType::uint16(),  DType::uint32(),     DType::uint64(),     DType::float16(),
+                       DType::float32(), DType::float64(), DType::complex64(),  DType::complex128()};
+  for (DType d : all) {
+    SCOPED_TRACE(d.name());
+    const std::string ts = tw::typestr_of(d);
+    ASSERT_FALSE(ts.empty());
+    const tw::ParsedType p = tw::parse_typestr(ts);
+    EXPECT_EQ(p.dtype, d);
+    EXPECT_FALSE(p.byteswap);
+    const char* fmt = tw::buffer_format_of(d);
+    ASSERT_NE(fmt, nullptr);
+    EXPECT_EQ(tw::parse_buffer_format(fmt, static_cast<int64_t>(d.itemsize())).dtype, d);
+  }
+  // NumPy has these only through ml_dtypes: no typestr, no struct code.
+  for (DType d : {DType::bfloat16(), DType::float8_e4m3fn(), DType::int4(), DType::complex32(), DType::bcomplex32()}) {
+    SCOPED_TRACE(d.name());
+    EXPECT_EQ(tw::typestr_of(d), "");
+    EXPECT_EQ(tw::buffer_format_of(d), nullptr);
+  }
+  EXPECT_EQ(tw::typestr_of(DType{kDLFloat, 32, 4}), "");
+}
