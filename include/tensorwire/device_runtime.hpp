@@ -3,7 +3,8 @@
 // Interop must ask "which device owns this pointer", wait for a producer's stream and make or wait on events
 // (CUDA Array Interface imports, Arrow device arrays). It asks through this interface, so `interop` never calls
 // a driver: the `cuda` layer implements it and tw::cuda::install_runtime() installs it (the Python module and the
-// C ABI do so when they load). Without one installed, every question gets a clear "no device runtime" answer.
+// C ABI do so when they load; a C++ program that hands CUDA memory to interop calls it once). Without one
+// installed, every question gets a clear "no device runtime is installed" answer, never a silent skip.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +32,9 @@ class DeviceRuntime {
 
 /// The installed runtime, or one that answers "no device runtime is installed" to everything.
 const DeviceRuntime& device_runtime() noexcept;
+/// Whether one is installed. A layer that would skip device work because the runtime is unavailable (no driver:
+/// nothing can be pending) must not skip it because none is installed: it refuses instead.
+bool device_runtime_installed() noexcept;
 /// Installs `r` (must outlive every later call; null restores the empty one). Thread-safe.
 void install_device_runtime(const DeviceRuntime* r) noexcept;
 

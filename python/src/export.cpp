@@ -274,6 +274,7 @@ int exchange_dltensor_from_py(void* obj, DLTensor* out) noexcept {
     if (t.subbyte_padded())
       throw tw::Error(tw::ErrorCode::unsupported, "DLPack export: a padded sub-byte tensor needs the versioned "
                                                   "struct's flag; use managed_tensor_from_py_object_no_sync");
+    t.buffer().mark_escaped();  // a raw pointer nobody counts: a loan holding it is protected when sent
     out->data = t.numel() == 0 ? nullptr : t.data_ptr();
     out->device = t.device().to_dlpack();
     out->ndim = static_cast<int32_t>(t.ndim());
@@ -304,9 +305,9 @@ int exchange_allocator(DLTensor* proto, DLManagedTensorVersioned** out, void* er
   *out = nullptr;
   try {
     const tw::Device dev = tw::Device::from_dlpack(proto->device);
-    if (!dev.is_host_accessible())
+    if (dev.type != kDLCPU)  // pinned, managed and device memory are not plain host memory: never mislabel them
       return fail("BufferError", ("tensorwire exchange API: cannot allocate on " + dev.str() +
-                                  " (tensorwire's device memory arrives with its CUDA support)").c_str());
+                                  " (tensorwire's device and pinned memory arrive with its CUDA support)").c_str());
     if (proto->ndim < 0 || (proto->ndim > 0 && !proto->shape))
       return fail("ValueError", "tensorwire exchange API: the prototype's shape is NULL or ndim is negative");
     tw::Shape shape(proto->shape, static_cast<size_t>(proto->ndim));

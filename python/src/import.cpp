@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <deque>
 
 #include "convert.hpp"
 
@@ -73,6 +74,13 @@ tw::Tensor import_capsule(nb::handle cap) {
   }
   throw tw::Error(tw::ErrorCode::type_mismatch, std::string("__dlpack__ returned a ") + Py_TYPE(cap.ptr())->tp_name +
                                                     ", not a PyCapsule");
+}
+
+// Whether a DLPack capsule's struct says its producer made the memory for this consumer alone (IS_COPIED).
+bool capsule_copied(nb::handle cap) {
+  if (!PyCapsule_IsValid(cap.ptr(), kVersionedName)) return false;
+  auto* m = static_cast<DLManagedTensorVersioned*>(PyCapsule_GetPointer(cap.ptr(), kVersionedName));
+  return m && m->version.major == DLPACK_MAJOR_VERSION && (m->flags & DLPACK_FLAG_BITMASK_IS_COPIED);
 }
 
 // Interned strings and the constant max_version tuple, made once.
@@ -227,9 +235,10 @@ PyObject* method_of(PyTypeObject* tp, const char* name) {
   return m ? Py_NewRef(m) : nullptr;          // kept: the type is kept too
 }
 
-// Per-type facts, computed once per type (types are few; each is kept alive for the life of the process).
+// Per-type facts, computed once per type (types are few; each is kept alive for the life of the process). A deque:
+// callers hold the returned reference across Python code that may add types, and a deque never moves its elements.
 const TypeInfo& type_info(PyTypeObject* tp) {
-  static std::vector<std::pair<PyTypeObject*, TypeInfo>> cache;
+  static std::deque<std::pair<PyTypeObject*, TypeInfo>> cache;
   for (auto& [t, info] : cache)
     if (t == tp) return info;
   TypeInfo info;
@@ -688,7 +697,10 @@ nb::object asarray(nb::handle obj_in, nb::handle device, nb::handle copy, nb::ha
     if (t) return wrap(std::move(*t));
   }
   if (PyCapsule_CheckExact(obj.ptr())) {
-    auto t = attempt("DLPack capsule", [&] { return finish(import_capsule(obj), req, {}); });
+    auto t = attempt("DLPack capsule", [&] {
+      const bool copied = capsule_copied(obj);
+      return finish(import_capsule(obj), req, {copied, false});
+    });
     if (t) return wrap(std::move(*t));
   }
   raise_refusals(obj, refusals);
@@ -707,7 +719,8 @@ void register_import(nb::module_& m) {
       req.policy.device = parse_device(device);
       req.policy.copy = parse_copy(copy);
       try {
-        return wrap(finish(import_capsule(x), req, {}));
+        const bool copied = capsule_copied(x);
+        return wrap(finish(import_capsule(x), req, {copied, false}));
       } catch (const Refused& r) {
         PyErr_SetString(r.type, ("from_dlpack: " + r.reason).c_str());
         throw nb::python_error();

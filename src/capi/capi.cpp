@@ -15,6 +15,10 @@ namespace {
 
 thread_local std::string g_last_error;
 
+// The C ABI installs the CUDA driver as interop's device runtime when it loads (this file is linked by every
+// program that calls a tw_* function).
+[[maybe_unused]] const bool g_runtime_installed = (tw::cuda::install_runtime(), true);
+
 tw_status fail(tw_status s, const char* msg) {
   try {
     g_last_error = msg;

@@ -292,7 +292,7 @@ void copy(const Tensor& src, const Tensor& dst, CopyOptions options) {
   p.stream = bytes >= (write_only ? kStreamBytesWriteOnly : kStreamBytes);
   run_parallel(p, bytes);
   if (options.byteswap) {
-    const bool complex = src.dtype().code == kDLComplex;
+    const bool complex = src.dtype().code == kDLComplex || src.dtype().code == kDLBcomplex;  // swap each half
     byteswap_all(dst, isz, complex ? isz / (2 * src.dtype().lanes) : isz / src.dtype().lanes);
   }
 }

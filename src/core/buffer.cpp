@@ -42,41 +42,46 @@ class HostCache {
     return nullptr;
   }
 
+  // Nothing here allocates but the cache's own push (inside a try): a deleter must not throw, even out of memory.
   void give_back(void* p, size_t len) noexcept {
-    std::deque<Block> evicted;
+    bool kept = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (len > limit_) {
-        evicted.push_back({p, len});
-      } else {
-        while (bytes_ + len > limit_ && !blocks_.empty()) {
-          evicted.push_back(blocks_.front());
-          bytes_ -= blocks_.front().len;
-          blocks_.pop_front();
-        }
+      if (len <= limit_) {
         try {
           blocks_.push_back({p, len});
           bytes_ += len;
+          kept = true;
         } catch (...) {
-          evicted.push_back({p, len});
         }
       }
     }
-    for (const Block& b : evicted) unmap(b.p, b.len);  // outside the lock: munmap of 64 MiB is not free
+    if (!kept) unmap(p, len);
+    trim();
   }
 
   void set_limit(size_t limit) noexcept {
-    std::deque<Block> evicted;
     {
       std::lock_guard<std::mutex> lock(mu_);
       limit_ = limit;
-      while (bytes_ > limit_ && !blocks_.empty()) {
-        evicted.push_back(blocks_.front());
-        bytes_ -= blocks_.front().len;
-        blocks_.pop_front();
-      }
     }
-    for (const Block& b : evicted) unmap(b.p, b.len);
+    trim();
+  }
+
+  // Evicts the least recently freed blocks until the cache is within its limit, one at a time, each unmapped
+  // outside the lock (munmap of 64 MiB is not free).
+  void trim() noexcept {
+    for (;;) {
+      Block b{};
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (bytes_ <= limit_ || blocks_.empty()) return;
+        b = blocks_.front();
+        blocks_.pop_front();
+        bytes_ -= b.len;
+      }
+      unmap(b.p, b.len);
+    }
   }
 
   BufferCacheStats stats() {

@@ -33,4 +33,6 @@ const DeviceRuntime& device_runtime() noexcept {
 
 void install_device_runtime(const DeviceRuntime* r) noexcept { g_runtime.store(r, std::memory_order_release); }
 
+bool device_runtime_installed() noexcept { return g_runtime.load(std::memory_order_acquire) != nullptr; }
+
 }  // namespace tw

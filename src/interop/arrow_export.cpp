@@ -538,8 +538,13 @@ void ArrowTensorArray::export_to(ArrowSchema* schema, ArrowDeviceArray* array) c
   void* event = nullptr;
   const auto stream = state_->data.stream();
   // Without a driver no GPU work can be pending in this process, so there is nothing to wait for (NULL event).
-  if ((dev.type == kDLCUDA || dev.type == kDLCUDAManaged) && stream && *stream != -1 && device_runtime().available())
-    event = device_runtime().record_event(*stream);
+  if ((dev.type == kDLCUDA || dev.type == kDLCUDAManaged) && stream && *stream != -1) {
+    if (!device_runtime_installed())
+      throw Error(ErrorCode::device_unavailable,
+                  "to_arrow: the tensor is ordered on a CUDA stream and no device runtime is installed to record "
+                  "its sync_event (call tw::cuda::install_runtime())");
+    if (device_runtime().available()) event = device_runtime().record_event(*stream);  // no driver: nothing pending
+  }
   SchemaPtr s;
   ArrayPtr a;
   try {

@@ -223,8 +223,12 @@ Tensor import_interface(const InterfaceDesc& desc_in, std::shared_ptr<const void
   Tensor t = view_foreign(desc.data, std::move(rel), *desc.device, std::move(keep), desc.readonly);
   if (desc.stream) {
     t.set_stream(static_cast<intptr_t>(*desc.stream));
+    if (!device_runtime_installed())
+      throw Error(ErrorCode::device_unavailable, proto + ": the producer's data is ordered on a CUDA stream and no "
+                                                          "device runtime is installed to wait for it "
+                                                          "(tw::cuda::install_runtime())");
     const DeviceRuntime& rt = device_runtime();
-    if (rt.available()) rt.synchronize_stream(static_cast<intptr_t>(*desc.stream));
+    if (rt.available()) rt.synchronize_stream(static_cast<intptr_t>(*desc.stream));  // no driver: nothing pending
   }
   return finish_import(std::move(t), r, ImportFacts{false, il.byteswap});
 }

@@ -1062,11 +1062,14 @@ TEST(ArrowDevice, SyncEventsNeedTheDriver) {
   EXPECT_EQ(c.array_releases, 1);
   EXPECT_EQ(c.schema_releases, 1);
   // A CUDA tensor on a stream records an event when exported; without a driver no work can be pending: NULL.
+  // Without a device runtime installed nothing can tell, so the export is refused rather than left unordered.
   Tensor t = Tensor::from_blob(reinterpret_cast<void*>(uintptr_t{0x1000}), {2}, DType::float32(), tw::Device::cuda(),
                                nullptr);
   t.set_stream(intptr_t{1});
   ArrowSchema s2;
   ArrowDeviceArray d2;
+  TW_EXPECT_ERROR_MSG(tw::to_arrow(t, &s2, &d2), ErrorCode::device_unavailable, "no device runtime is installed");
+  tw::cuda::install_runtime();
   tw::to_arrow(t, &s2, &d2);
   EXPECT_EQ(d2.sync_event, nullptr);
   EXPECT_EQ(d2.device_type, ARROW_DEVICE_CUDA);

@@ -193,3 +193,18 @@ def test_device_or_stream_requests_go_through_dunder_dlpack():
     x = torch.arange(4.0).as_subclass(NoDunderDLPack)
     with pytest.raises(BufferError, match="__dlpack__ was called"):
         tw.asarray(x, device="cpu", copy=None, stream=5)
+
+
+def test_allocator_refuses_devices_other_than_the_cpu():
+    shape = (ctypes.c_int64 * 1)(4)
+    proto = DLTensor()
+    proto.ndim, proto.shape = 1, shape
+    proto.dtype.code, proto.dtype.bits, proto.dtype.lanes = 2, 32, 1
+    errors = []
+    cb = SET_ERROR(lambda ctx, kind, msg: errors.append((kind, msg)))
+    out = MTV_P()
+    for dev in (3, 13, 2):  # pinned, managed, CUDA: never mislabelled host memory
+        proto.device.device_type = dev
+        assert API.allocator(ctypes.byref(proto), ctypes.byref(out), None, cb) == -1
+    assert len(errors) == 3 and all(k == b"BufferError" for k, _ in errors)
+

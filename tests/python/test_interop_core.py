@@ -142,3 +142,24 @@ def test_plain_torch_tensors_stay_zero_copy_and_writable():
     assert t.data_ptr == x.data_ptr() and not t.readonly and t.strides == (1, 3)
     np.asarray(t)[0, 0] = 42.0
     assert x[0, 0] == 42.0
+
+
+def test_byte_swapped_bcomplex32_swaps_each_half():
+    a = (np.arange(4) - 1j * np.arange(4)).astype(ml_dtypes.bcomplex32)
+    # ml_dtypes 0.6's own byteswap() of bcomplex32 swaps only the real half: build the big-endian bytes by hand
+    be = np.frombuffer(a.view(np.uint16).byteswap().tobytes(), dtype=a.dtype.newbyteorder(">"))
+    assert be.__array_interface__["typestr"] == ">W4"
+    t = tw.asarray(be)
+    assert np.asarray(t).tobytes() == a.tobytes()
+    with pytest.raises(tw.CopyError, match="byte order"):
+        tw.asarray(be, copy=False)
+
+
+def test_a_capsule_flagged_is_copied_is_not_copied_again():
+    src = tw.asarray(np.arange(6.0))
+    cap = src.__dlpack__(max_version=(1, 4), copy=True)  # IS_COPIED: made for us alone
+    m = DLManagedTensorVersioned.from_address(ctypes.pythonapi.PyCapsule_GetPointer(cap, b"dltensor_versioned"))
+    assert m.flags & 2
+    data = m.dl_tensor.data
+    t = tw.from_dlpack(cap, copy=True)
+    assert t.data_ptr == data and t.data_ptr != src.data_ptr
