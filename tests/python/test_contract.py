@@ -76,8 +76,8 @@ def test_values_shape_and_dtype_arrive_exactly(path):
     t = fn(x)
     assert t.dtype == tw.float32 and t.shape == x.shape
     assert np.asarray(t).tobytes() == x.tobytes()
-    if zero_copy and path != "exchange-api":
-        assert t.data_ptr == ptr(x)
+    if zero_copy:
+        assert t.data_ptr == ptr(x)  # aliasing: the producer's memory itself
 
 
 @pytest.mark.parametrize("path", [p for p in PATHS if PATHS[p][1] and p != "exchange-api"])
@@ -103,11 +103,10 @@ def test_memory_is_released_exactly_once_when_the_last_view_dies(path):
 
 
 def test_exchange_api_keeps_the_torch_storage_alive():
-    counter = Counter()
+    # PyTorch's exchange API holds the storage, not the Python object: proven by reading after the object is gone.
     x = torch.arange(48.0).reshape(4, 12)[:, 1::2]
     storage = x.untyped_storage()
     t = tw.asarray(x)
-    counter.watch(x)
     del x
     gc.collect()
     assert np.asarray(t)[3, 5] == 47.0
