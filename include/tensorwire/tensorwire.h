@@ -12,6 +12,10 @@
  *  3. tw_tensor_from_dlpack takes ownership of the DLPack struct even when it fails (the producer's deleter has
  *     then been called exactly once). tw_tensor_to_dlpack hands the caller a struct whose deleter it must call.
  *  4. Pointers returned by accessors (shape, strides) stay valid as long as the handle does.
+ *  5. Blocking calls (tw_publisher_send, tw_publisher_loan, tw_subscriber_recv) take a timeout in nanoseconds:
+ *     negative waits as long as it takes, 0 never waits. They never wait on a subscriber that hung up.
+ *  6. Handles may be used from any thread; one tw_tensor handle is not to be mutated (tw_tensor_set_metadata,
+ *     tw_tensor_free) while another thread uses it. Publishers and subscribers are thread-safe.
  */
 #ifndef TENSORWIRE_H_
 #define TENSORWIRE_H_
@@ -40,11 +44,21 @@ typedef enum {
   TW_ERR_READ_ONLY = 9,
   TW_ERR_INTERNAL = 10,
   TW_ERR_OUT_OF_MEMORY = 11,
-  TW_ERR_TIMEOUT = 12,
+  TW_ERR_TIMEOUT = 12,       /* a bounded wait ended with nothing done */
+  TW_ERR_WOULD_BLOCK = 13,   /* TW_ON_FULL_RAISE: a subscriber's ring is full or the pool exhausted; nothing sent */
+  TW_END_OF_STREAM = 14,     /* tw_subscriber_recv: the publisher closed or died and every message was received */
 } tw_status;
 
+/* The C ABI's version: TW_ABI_VERSION_MAJOR changes when a declaration here changes incompatibly; MINOR when
+   functions or trailing fields of size-versioned structs are added. */
+#define TW_ABI_VERSION_MAJOR 1
+#define TW_ABI_VERSION_MINOR 1
+/* (major << 16) | minor of the linked library: a binding checks the major equals the one it was written for. */
+uint32_t tw_abi_version(void);
 /* "MAJOR.MINOR.PATCH" of the linked library. */
 const char* tw_version(void);
+/* The stable lower-case name of a status ("ok", "copy_required", "would_block", "end_of_stream", ...). */
+const char* tw_status_name(tw_status status);
 /* The message of the last error in the calling thread ("" when none). Valid until the next call in this thread. */
 const char* tw_last_error(void);
 
@@ -98,13 +112,22 @@ tw_status tw_tensor_import_dlpack(DLManagedTensorVersioned* managed, const tw_im
                                   tw_tensor** out);
 /* A read-only view of t (a new handle). */
 tw_status tw_tensor_as_readonly(const tw_tensor* t, tw_tensor** out);
-/* Zero-copy view of caller-owned memory; `release(ctx)` is called once when the last view dies (may be NULL).
-   strides may be NULL (C-contiguous). */
+/* Zero-copy view of memory the caller keeps access to; `release(ctx)` is called exactly once — when the last view
+   and export dies, or before this function returns when it fails — and may be NULL. strides may be NULL
+   (C-contiguous). The caller may still write the memory, so such a tensor is never exclusive. */
 tw_status tw_tensor_from_blob(void* data, int32_t ndim, const int64_t* shape, const int64_t* strides,
                               DLDataType dtype, DLDevice device, void (*release)(void* ctx), void* ctx,
                               tw_tensor** out);
-/* New host tensor, zero-filled, C-contiguous. */
+/* Like tw_tensor_from_blob, but the caller hands the memory over: nothing else refers to it after this call, so
+   the new handle is its only owner (tw_tensor_is_exclusive) until views or exports are made. `release(ctx)` runs
+   exactly once, from whichever thread drops the last reference (or before this returns, on failure). */
+tw_status tw_tensor_adopt(void* data, int32_t ndim, const int64_t* shape, const int64_t* strides, DLDataType dtype,
+                          DLDevice device, void (*release)(void* ctx), void* ctx, tw_tensor** out);
+/* New host tensor, zero-filled (zeros) or uninitialised (empty), C-contiguous. */
 tw_status tw_tensor_zeros(int32_t ndim, const int64_t* shape, DLDataType dtype, tw_tensor** out);
+tw_status tw_tensor_empty(int32_t ndim, const int64_t* shape, DLDataType dtype, tw_tensor** out);
+/* A new handle to the same view (shares memory and copies metadata). */
+tw_status tw_tensor_share(const tw_tensor* t, tw_tensor** out);
 void tw_tensor_free(tw_tensor* t);
 
 /* Accessors; NULL handles give 0 / NULL. */
@@ -112,23 +135,168 @@ int32_t tw_tensor_ndim(const tw_tensor* t);
 const int64_t* tw_tensor_shape(const tw_tensor* t);
 const int64_t* tw_tensor_strides(const tw_tensor* t); /* in elements */
 int64_t tw_tensor_byte_offset(const tw_tensor* t);
-void* tw_tensor_data(const tw_tensor* t);             /* address of element (0, ..., 0) */
+/* Address of element (0, ..., 0). The pointer leaves tensorwire's accounting: a loan whose pointer was taken is made
+   read-only when sent (see tw_publisher_options.protect_sent_loans), and the tensor is no longer exclusive. */
+void* tw_tensor_data(const tw_tensor* t);
+/* The same address for bindings that bound its use by the handle's lifetime (Rust's borrow checker): the caller
+   promises not to use it after the handle is freed or sent, so the memory stays exclusive. */
+void* tw_tensor_data_borrowed(const tw_tensor* t);
+int64_t tw_tensor_numel(const tw_tensor* t);
+int64_t tw_tensor_nbytes(const tw_tensor* t); /* numel * element size (what a dense copy takes) */
 DLDataType tw_tensor_dtype(const tw_tensor* t);
 DLDevice tw_tensor_device(const tw_tensor* t);
 int tw_tensor_is_contiguous(const tw_tensor* t);
 int tw_tensor_readonly(const tw_tensor* t);
+/* 1 when writing through this handle cannot be observed by anyone else: it is writable, no other handle, view,
+   export or escaped pointer (tw_tensor_data) shares its memory, and the memory is tensorwire's or was handed over
+   (tw_tensor_adopt, a loan). What a binding checks before it hands out a mutable slice. */
+int tw_tensor_is_exclusive(const tw_tensor* t);
 
 /* The same tensor (a new handle) when C-contiguous, else a C-contiguous copy. */
 tw_status tw_tensor_contiguous(const tw_tensor* t, tw_tensor** out);
 /* Views: Python-style slice of one dimension; permutation of all dimensions. */
 tw_status tw_tensor_slice(const tw_tensor* t, int64_t dim, int64_t start, int64_t stop, int64_t step, tw_tensor** out);
 tw_status tw_tensor_permute(const tw_tensor* t, const int64_t* dims, int32_t ndim, tw_tensor** out);
+tw_status tw_tensor_transpose(const tw_tensor* t, int64_t dim0, int64_t dim1, tw_tensor** out);
+/* Index one dimension away (negative index counts from the end). */
+tw_status tw_tensor_select(const tw_tensor* t, int64_t dim, int64_t index, tw_tensor** out);
+/* A view with a new shape when the layout allows one (else TW_ERR_COPY_REQUIRED); reshape copies instead. One
+   extent may be -1 (inferred). */
+tw_status tw_tensor_view(const tw_tensor* t, int32_t ndim, const int64_t* shape, tw_tensor** out);
+tw_status tw_tensor_reshape(const tw_tensor* t, int32_t ndim, const int64_t* shape, tw_tensor** out);
+/* A new C-contiguous, writable copy (always copies; metadata copied). */
+tw_status tw_tensor_clone(const tw_tensor* t, tw_tensor** out);
 /* Copies every element of src into dst (same shape and dtype). */
 tw_status tw_copy(const tw_tensor* src, const tw_tensor* dst);
 void tw_set_num_threads(int n);
 /* The buffer cache of recently freed large host blocks (tw::set_buffer_cache_limit): 0 disables it. */
 void tw_set_buffer_cache_limit(size_t nbytes);
 size_t tw_buffer_cache_limit(void);
+
+/* ---- metadata: JSON-like values (none, bool, int64, float64, str, bytes, list, tuple, dict) -------------------
+   A tw_value is an owned tree: tw_value_free releases it and everything in it. Values passed to tw_value_append
+   and tw_value_dict_set are moved into their container (the caller's handle is consumed, even on failure).
+   Pointers returned by getters (strings, items) are borrowed: valid until their root is freed or changed.
+   Strings are UTF-8 with an explicit length (they may contain NUL); bytes are arbitrary. */
+typedef struct tw_value tw_value;
+typedef enum {
+  TW_VALUE_NONE = 0,
+  TW_VALUE_BOOL = 1,
+  TW_VALUE_INT = 2,
+  TW_VALUE_FLOAT = 3,
+  TW_VALUE_STRING = 4,
+  TW_VALUE_BYTES = 5,
+  TW_VALUE_LIST = 6,
+  TW_VALUE_TUPLE = 7,
+  TW_VALUE_DICT = 8,
+} tw_value_kind;
+
+/* Constructors return NULL only when out of memory (or, for strings, on invalid UTF-8); tw_last_error says. */
+tw_value* tw_value_none(void);
+tw_value* tw_value_bool(int b);
+tw_value* tw_value_int(int64_t v);
+tw_value* tw_value_float(double v);
+tw_value* tw_value_string(const char* s, size_t len);
+tw_value* tw_value_bytes(const void* data, size_t len);
+tw_value* tw_value_list(void);
+tw_value* tw_value_tuple(void);
+tw_value* tw_value_dict(void);
+void tw_value_free(tw_value* v);
+tw_value* tw_value_clone(const tw_value* v);
+/* Appends `item` to a list or tuple; consumes `item`. */
+tw_status tw_value_append(tw_value* container, tw_value* item);
+/* Inserts or replaces `key` in a dict (a replaced key keeps its position); consumes `value`. */
+tw_status tw_value_dict_set(tw_value* dict, const char* key, size_t key_len, tw_value* value);
+
+tw_value_kind tw_value_get_kind(const tw_value* v); /* NULL: TW_VALUE_NONE */
+/* Typed getters: TW_ERR_TYPE_MISMATCH naming both kinds when the kind differs. */
+tw_status tw_value_get_bool(const tw_value* v, int* out);
+tw_status tw_value_get_int(const tw_value* v, int64_t* out);
+tw_status tw_value_get_float(const tw_value* v, double* out);
+/* String or bytes: *data (not NUL-terminated for bytes; strings are followed by a NUL) and *len. */
+tw_status tw_value_get_data(const tw_value* v, const char** data, size_t* len);
+/* Elements of a list, tuple or dict (0 for any other kind). */
+size_t tw_value_len(const tw_value* v);
+/* The i-th element of a list, tuple or dict (borrowed), or NULL when out of range or not a container. */
+const tw_value* tw_value_item(const tw_value* v, size_t i);
+/* The i-th key of a dict (borrowed, NUL-terminated, with its length), or TW_ERR_OUT_OF_RANGE. */
+tw_status tw_value_key(const tw_value* v, size_t i, const char** key, size_t* len);
+/* The value under `key` in a dict (borrowed), or NULL. */
+const tw_value* tw_value_dict_get(const tw_value* dict, const char* key, size_t key_len);
+
+/* A tensor's metadata as a new dict (the caller frees it). */
+tw_status tw_tensor_metadata(const tw_tensor* t, tw_value** out);
+/* Replaces a handle's metadata with the entries of `dict` (copied; NULL clears it). Other handles keep theirs. */
+tw_status tw_tensor_set_metadata(tw_tensor* t, const tw_value* dict);
+
+/* ---- publish/subscribe through shared memory (tensorwire/ipc.hpp) -------------------------------------------- */
+typedef struct tw_publisher tw_publisher;
+typedef struct tw_subscriber tw_subscriber;
+
+typedef enum {
+  TW_ON_FULL_BLOCK = 0,       /* wait until the subscriber makes room (never for a dead one) */
+  TW_ON_FULL_DROP_OLDEST = 1, /* drop the subscriber's oldest unread message */
+  TW_ON_FULL_RAISE = 2,       /* fail with TW_ERR_WOULD_BLOCK; nobody receives the message */
+} tw_on_full;
+
+/* Initialise with tw_publisher_options_init (the C++ defaults), then change fields. */
+typedef struct {
+  uint32_t struct_size;       /* sizeof(tw_publisher_options) as the caller compiled it */
+  int32_t on_full;            /* tw_on_full */
+  uint64_t depth;             /* messages each subscriber's ring holds (>= 1) */
+  uint64_t max_metadata_bytes;/* largest encoded metadata of one message */
+  uint64_t max_buffers;       /* pool buffers at most */
+  uint64_t pool_bytes;        /* shared memory the pool may hold at once */
+  uint64_t max_subscribers;   /* subscribers served at once */
+  int32_t protect_sent_loans; /* nonzero: a sent loan that could still be written becomes read-only here */
+  int32_t allow_other_users;  /* nonzero: accept subscribers of other uids */
+} tw_publisher_options;
+
+typedef struct {
+  uint32_t struct_size;      /* sizeof(tw_subscriber_options) as the caller compiled it */
+  int32_t allow_other_users; /* nonzero: accept a publisher of another uid */
+} tw_subscriber_options;
+
+void tw_publisher_options_init(tw_publisher_options* options);
+void tw_subscriber_options_init(tw_subscriber_options* options);
+
+/* Binds topic `name` (NUL-terminated; 1 to 64 of [A-Za-z0-9_.:/-]). options may be NULL (defaults). */
+tw_status tw_publisher_new(const char* name, const tw_publisher_options* options, tw_publisher** out);
+/* Closes (subscribers drain, then see end-of-stream) and frees; loans and sent tensors stay valid. NULL is fine. */
+void tw_publisher_free(tw_publisher* p);
+/* Ends the stream without freeing; idempotent. */
+void tw_publisher_close(tw_publisher* p);
+/* A writable, C-contiguous, uninitialised shared-memory tensor: fill it, then send it with no copy. */
+tw_status tw_publisher_loan(tw_publisher* p, int32_t ndim, const int64_t* shape, DLDataType dtype, int64_t timeout_ns,
+                            tw_tensor** out);
+/* Delivers `t` to every current subscriber or to none, with its metadata merged with `extra` (a dict or NULL;
+   extra wins). A loan crosses with no copy, any other host tensor is packed with one copy. The caller keeps `t`:
+   a loan that could still be written is made read-only here (protect_sent_loans). *delivered (may be NULL): the
+   number of subscribers that got it. TW_ERR_WOULD_BLOCK / TW_ERR_TIMEOUT: nobody got it. */
+tw_status tw_publisher_send(tw_publisher* p, const tw_tensor* t, const tw_value* extra, int64_t timeout_ns,
+                            size_t* delivered);
+/* The same, consuming the handle: on success *t is freed and set to NULL (a loan with no other views is then sent
+   without being made read-only); on failure *t is left intact. */
+tw_status tw_publisher_send_move(tw_publisher* p, tw_tensor** t, const tw_value* extra, int64_t timeout_ns,
+                                 size_t* delivered);
+size_t tw_publisher_subscriber_count(const tw_publisher* p);
+uint64_t tw_publisher_dropped(const tw_publisher* p);
+int tw_publisher_closed(const tw_publisher* p);
+
+/* Connects to topic `name` (the publisher may come later). options may be NULL. */
+tw_status tw_subscriber_new(const char* name, const tw_subscriber_options* options, tw_subscriber** out);
+/* Disconnects and frees; received tensors stay valid. NULL is fine. */
+void tw_subscriber_free(tw_subscriber* s);
+void tw_subscriber_close(tw_subscriber* s);
+/* The next message as a read-only tensor (zero-copy; it holds the publisher's buffer until freed). TW_ERR_TIMEOUT:
+   nothing arrived in time; TW_END_OF_STREAM: the stream ended (*out is NULL in both). A message of several
+   tensors is refused with TW_ERR_INVALID_ARGUMENT (and dropped). */
+tw_status tw_subscriber_recv(tw_subscriber* s, int64_t timeout_ns, tw_tensor** out);
+int tw_subscriber_closed(const tw_subscriber* s);    /* the stream ended, or tw_subscriber_close was called */
+int tw_subscriber_connected(const tw_subscriber* s); /* connected to a live publisher */
+uint64_t tw_subscriber_dropped(const tw_subscriber* s);
+/* A descriptor that polls readable when a message or end-of-stream waits (owned by the subscriber), or -1. */
+int tw_subscriber_fileno(tw_subscriber* s);
 
 #ifdef __cplusplus
 } /* extern "C" */

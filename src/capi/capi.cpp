@@ -1,7 +1,10 @@
 // The C ABI (include/tensorwire/tensorwire.h): a thin, exception-free shell over the C++ API.
 #include "tensorwire/tensorwire.h"
 
+#include <chrono>
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <new>
 #include <string>
 
@@ -9,6 +12,26 @@
 
 struct tw_tensor {
   tw::Tensor t;
+  // The memory is tensorwire's or was handed over (tw_tensor_adopt, a loan, a copy): no one outside tensorwire's
+  // accounting can write it. Memory imported from DLPack or borrowed through tw_tensor_from_blob is not.
+  bool owned = false;
+};
+
+// A tw_value* is a heap-allocated tw::Value (tw_value itself is never defined): a borrowed item of a container is
+// then simply the address of the tw::Value inside it.
+namespace {
+tw::Value* val(tw_value* v) noexcept { return reinterpret_cast<tw::Value*>(v); }
+const tw::Value* val(const tw_value* v) noexcept { return reinterpret_cast<const tw::Value*>(v); }
+const tw_value* handle(const tw::Value* v) noexcept { return reinterpret_cast<const tw_value*>(v); }
+tw_value* new_handle(tw::Value v) { return reinterpret_cast<tw_value*>(new tw::Value(std::move(v))); }
+}  // namespace
+
+struct tw_publisher {
+  tw::Publisher p;
+};
+
+struct tw_subscriber {
+  tw::Subscriber s;
 };
 
 namespace {
@@ -34,6 +57,8 @@ tw_status guarded(F&& fn) {
     fn();
     g_last_error.clear();
     return TW_OK;
+  } catch (const tw::WouldBlockError& e) {
+    return fail(TW_ERR_WOULD_BLOCK, e.what());
   } catch (const tw::Error& e) {
     return fail(static_cast<tw_status>(e.code()), e.what());
   } catch (const std::bad_alloc&) {
@@ -104,11 +129,104 @@ tw_status null_arg(const char* what) noexcept {
   return TW_ERR_INVALID_ARGUMENT;
 }
 
+tw_tensor* wrap(tw::Tensor t, bool owned) { return new tw_tensor{std::move(t), owned}; }
+
+// A derived handle (a view, or a result that may be the same memory) is owned when its source was, or when it is
+// new memory of tensorwire's own.
+tw_tensor* derived(const tw_tensor* src, tw::Tensor t) {
+  const bool fresh = t.buffer_ptr() != src->t.buffer_ptr();
+  return wrap(std::move(t), src->owned || fresh);
+}
+
+tw::Shape shape_arg(int32_t ndim, const int64_t* shape) {
+  if (ndim < 0 || (ndim > 0 && !shape))
+    throw tw::Error(tw::ErrorCode::invalid_argument, "shape is NULL or ndim is negative");
+  return tw::Shape(shape, static_cast<size_t>(ndim));
+}
+
+// Negative: wait as long as it takes.
+tw::Timeout timeout_arg(int64_t ns) {
+  if (ns < 0) return std::nullopt;
+  return std::chrono::nanoseconds(ns);
+}
+
+bool valid_utf8(const unsigned char* s, size_t n) noexcept {
+  size_t i = 0;
+  while (i < n) {
+    const unsigned char c = s[i];
+    size_t extra = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) { ++i; continue; }
+    if ((c & 0xE0) == 0xC0) { extra = 1; cp = c & 0x1Fu; }
+    else if ((c & 0xF0) == 0xE0) { extra = 2; cp = c & 0x0Fu; }
+    else if ((c & 0xF8) == 0xF0) { extra = 3; cp = c & 0x07u; }
+    else return false;
+    if (n - i <= extra) return false;
+    for (size_t k = 1; k <= extra; ++k) {
+      if ((s[i + k] & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (s[i + k] & 0x3Fu);
+    }
+    static constexpr uint32_t kMin[4] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[extra] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += extra + 1;
+  }
+  return true;
+}
+
+std::string utf8_arg(const char* s, size_t len, const char* what) {
+  if (!s && len) throw tw::Error(tw::ErrorCode::invalid_argument, std::string(what) + " is NULL");
+  if (len && !valid_utf8(reinterpret_cast<const unsigned char*>(s), len))
+    throw tw::Error(tw::ErrorCode::invalid_argument, std::string(what) + " is not valid UTF-8");
+  return len ? std::string(s, len) : std::string();
+}
+
+tw_value* new_value(tw::Value v) noexcept {
+  try {
+    return new_handle(std::move(v));
+  } catch (...) {
+    fail(TW_ERR_OUT_OF_MEMORY, "out of memory");
+    return nullptr;
+  }
+}
+
+tw::Metadata metadata_arg(const tw_value* dict, const char* what) {
+  if (!dict) return {};
+  if (val(dict)->kind() != tw::Value::Kind::dict)
+    throw tw::Error(tw::ErrorCode::type_mismatch, std::string(what) + " must be a dict, not a " +
+                                                      tw::value_kind_name(val(dict)->kind()));
+  return tw::Metadata::from_value(*val(dict));
+}
+
+tw::OnFull on_full_arg(int32_t f) {
+  switch (f) {
+    case TW_ON_FULL_BLOCK: return tw::OnFull::block;
+    case TW_ON_FULL_DROP_OLDEST: return tw::OnFull::drop_oldest;
+    case TW_ON_FULL_RAISE: return tw::OnFull::raise;
+    default:
+      throw tw::Error(tw::ErrorCode::invalid_argument, "on_full " + std::to_string(f) +
+                                                           " is not TW_ON_FULL_BLOCK, TW_ON_FULL_DROP_OLDEST or "
+                                                           "TW_ON_FULL_RAISE");
+  }
+}
+
 }  // namespace
 
 extern "C" {
 
+uint32_t tw_abi_version(void) { return (uint32_t{TW_ABI_VERSION_MAJOR} << 16) | TW_ABI_VERSION_MINOR; }
 const char* tw_version(void) { return tw::version(); }
+
+const char* tw_status_name(tw_status status) {
+  switch (status) {
+    case TW_OK: return "ok";
+    case TW_ERR_WOULD_BLOCK: return "would_block";
+    case TW_END_OF_STREAM: return "end_of_stream";
+    default: break;
+  }
+  const int c = static_cast<int>(status);
+  if (c >= 1 && c <= 12) return tw::error_code_name(static_cast<tw::ErrorCode>(c));
+  return "unknown";
+}
 const char* tw_last_error(void) { return g_last_error.c_str(); }
 
 tw_status tw_tensor_from_dlpack(DLManagedTensorVersioned* managed, tw_tensor** out) {
@@ -117,7 +235,7 @@ tw_status tw_tensor_from_dlpack(DLManagedTensorVersioned* managed, tw_tensor** o
     return null_arg("out");
   }
   *out = nullptr;
-  return guarded([&] { *out = new tw_tensor{tw::from_dlpack(managed)}; });
+  return guarded([&] { *out = wrap(tw::from_dlpack(managed), false); });
 }
 
 tw_status tw_tensor_to_dlpack(const tw_tensor* t, uint32_t max_major, uint32_t max_minor,
@@ -178,19 +296,23 @@ tw_status tw_tensor_import_dlpack(DLManagedTensorVersioned* managed, const tw_im
     if (managed && managed->deleter) managed->deleter(managed);  // ownership was ours: contract 3
     return st;
   }
-  return guarded([&] { *out = new tw_tensor{tw::import_dlpack(managed, r)}; });
+  return guarded([&] {
+    tw::Tensor t = tw::import_dlpack(managed, r);
+    const bool copied = r.copy == tw::CopyMode::always;  // a copy=always import is new memory of ours
+    *out = wrap(std::move(t), copied);
+  });
 }
 
 tw_status tw_tensor_as_readonly(const tw_tensor* t, tw_tensor** out) {
   if (!t) return null_arg("tensor");
   if (!out) return null_arg("out");
   *out = nullptr;
-  return guarded([&] { *out = new tw_tensor{t->t.as_readonly()}; });
+  return guarded([&] { *out = derived(t, t->t.as_readonly()); });
 }
 
-tw_status tw_tensor_from_blob(void* data, int32_t ndim, const int64_t* shape, const int64_t* strides,
-                              DLDataType dtype, DLDevice device, void (*release)(void* ctx), void* ctx,
-                              tw_tensor** out) {
+namespace {
+tw_status blob(void* data, int32_t ndim, const int64_t* shape, const int64_t* strides, DLDataType dtype,
+               DLDevice device, void (*release)(void* ctx), void* ctx, tw_tensor** out, bool owned) {
   // Whatever happens, `release` runs exactly once: through the keep-alive on success, here on failure.
   std::shared_ptr<const void> keep;
   try {
@@ -201,23 +323,44 @@ tw_status tw_tensor_from_blob(void* data, int32_t ndim, const int64_t* shape, co
   }
   if (!out) return null_arg("out");
   *out = nullptr;
-  if (ndim < 0 || (ndim > 0 && !shape)) return fail(TW_ERR_INVALID_ARGUMENT, "shape is NULL or ndim is negative");
   return guarded([&] {
-    const size_t n = static_cast<size_t>(ndim);
-    tw::Shape sh(shape, n);
-    tw::Strides st = strides ? tw::Strides(strides, n) : tw::Strides();
-    *out = new tw_tensor{tw::Tensor::from_blob(data, sh, tw::DType::from_dlpack(dtype), tw::Device::from_dlpack(device),
-                                               keep, st)};
+    tw::Shape sh = shape_arg(ndim, shape);
+    tw::Strides st = strides ? tw::Strides(strides, sh.size()) : tw::Strides();
+    *out = wrap(tw::Tensor::from_blob(data, sh, tw::DType::from_dlpack(dtype), tw::Device::from_dlpack(device),
+                                      std::move(keep), st),
+                owned);
   });
+}
+}  // namespace
+
+tw_status tw_tensor_from_blob(void* data, int32_t ndim, const int64_t* shape, const int64_t* strides,
+                              DLDataType dtype, DLDevice device, void (*release)(void* ctx), void* ctx,
+                              tw_tensor** out) {
+  return blob(data, ndim, shape, strides, dtype, device, release, ctx, out, false);
+}
+
+tw_status tw_tensor_adopt(void* data, int32_t ndim, const int64_t* shape, const int64_t* strides, DLDataType dtype,
+                          DLDevice device, void (*release)(void* ctx), void* ctx, tw_tensor** out) {
+  return blob(data, ndim, shape, strides, dtype, device, release, ctx, out, true);
 }
 
 tw_status tw_tensor_zeros(int32_t ndim, const int64_t* shape, DLDataType dtype, tw_tensor** out) {
   if (!out) return null_arg("out");
   *out = nullptr;
-  if (ndim < 0 || (ndim > 0 && !shape)) return fail(TW_ERR_INVALID_ARGUMENT, "shape is NULL or ndim is negative");
-  return guarded([&] {
-    *out = new tw_tensor{tw::Tensor::zeros(tw::Shape(shape, static_cast<size_t>(ndim)), tw::DType::from_dlpack(dtype))};
-  });
+  return guarded([&] { *out = wrap(tw::Tensor::zeros(shape_arg(ndim, shape), tw::DType::from_dlpack(dtype)), true); });
+}
+
+tw_status tw_tensor_empty(int32_t ndim, const int64_t* shape, DLDataType dtype, tw_tensor** out) {
+  if (!out) return null_arg("out");
+  *out = nullptr;
+  return guarded([&] { *out = wrap(tw::Tensor::empty(shape_arg(ndim, shape), tw::DType::from_dlpack(dtype)), true); });
+}
+
+tw_status tw_tensor_share(const tw_tensor* t, tw_tensor** out) {
+  if (!t) return null_arg("tensor");
+  if (!out) return null_arg("out");
+  *out = nullptr;
+  return guarded([&] { *out = wrap(t->t, t->owned); });
 }
 
 void tw_tensor_free(tw_tensor* t) { delete t; }
@@ -226,24 +369,35 @@ int32_t tw_tensor_ndim(const tw_tensor* t) { return t ? static_cast<int32_t>(t->
 const int64_t* tw_tensor_shape(const tw_tensor* t) { return t ? t->t.shape().data() : nullptr; }
 const int64_t* tw_tensor_strides(const tw_tensor* t) { return t ? t->t.strides().data() : nullptr; }
 int64_t tw_tensor_byte_offset(const tw_tensor* t) { return t ? t->t.byte_offset() : 0; }
-void* tw_tensor_data(const tw_tensor* t) { return t ? t->t.data_ptr() : nullptr; }
+void* tw_tensor_data(const tw_tensor* t) {
+  if (!t || !t->t.defined()) return nullptr;
+  t->t.buffer().mark_escaped();
+  return t->t.data_ptr();
+}
+void* tw_tensor_data_borrowed(const tw_tensor* t) { return t && t->t.defined() ? t->t.data_ptr() : nullptr; }
+int64_t tw_tensor_numel(const tw_tensor* t) { return t && t->t.defined() ? t->t.numel() : 0; }
+int64_t tw_tensor_nbytes(const tw_tensor* t) { return t && t->t.defined() ? t->t.nbytes() : 0; }
 DLDataType tw_tensor_dtype(const tw_tensor* t) { return t ? t->t.dtype().to_dlpack() : DLDataType{0, 0, 0}; }
 DLDevice tw_tensor_device(const tw_tensor* t) { return t ? t->t.device().to_dlpack() : DLDevice{kDLCPU, 0}; }
 int tw_tensor_is_contiguous(const tw_tensor* t) { return t && t->t.is_contiguous() ? 1 : 0; }
 int tw_tensor_readonly(const tw_tensor* t) { return t && t->t.readonly() ? 1 : 0; }
+int tw_tensor_is_exclusive(const tw_tensor* t) {
+  if (!t || !t->owned || !t->t.defined() || t->t.readonly()) return 0;
+  return t->t.buffer_ptr().use_count() == 1 && !t->t.buffer().escaped() ? 1 : 0;
+}
 
 tw_status tw_tensor_contiguous(const tw_tensor* t, tw_tensor** out) {
   if (!t) return null_arg("tensor");
   if (!out) return null_arg("out");
   *out = nullptr;
-  return guarded([&] { *out = new tw_tensor{t->t.contiguous()}; });
+  return guarded([&] { *out = derived(t, t->t.contiguous()); });
 }
 
 tw_status tw_tensor_slice(const tw_tensor* t, int64_t dim, int64_t start, int64_t stop, int64_t step, tw_tensor** out) {
   if (!t) return null_arg("tensor");
   if (!out) return null_arg("out");
   *out = nullptr;
-  return guarded([&] { *out = new tw_tensor{t->t.slice(dim, start, stop, step)}; });
+  return guarded([&] { *out = derived(t, t->t.slice(dim, start, stop, step)); });
 }
 
 tw_status tw_tensor_permute(const tw_tensor* t, const int64_t* dims, int32_t ndim, tw_tensor** out) {
@@ -251,7 +405,42 @@ tw_status tw_tensor_permute(const tw_tensor* t, const int64_t* dims, int32_t ndi
   if (!out) return null_arg("out");
   *out = nullptr;
   if (ndim < 0 || (ndim > 0 && !dims)) return fail(TW_ERR_INVALID_ARGUMENT, "dims is NULL or ndim is negative");
-  return guarded([&] { *out = new tw_tensor{t->t.permute(tw::Dims(dims, static_cast<size_t>(ndim)))}; });
+  return guarded([&] { *out = derived(t, t->t.permute(tw::Dims(dims, static_cast<size_t>(ndim)))); });
+}
+
+tw_status tw_tensor_transpose(const tw_tensor* t, int64_t dim0, int64_t dim1, tw_tensor** out) {
+  if (!t) return null_arg("tensor");
+  if (!out) return null_arg("out");
+  *out = nullptr;
+  return guarded([&] { *out = derived(t, t->t.transpose(dim0, dim1)); });
+}
+
+tw_status tw_tensor_select(const tw_tensor* t, int64_t dim, int64_t index, tw_tensor** out) {
+  if (!t) return null_arg("tensor");
+  if (!out) return null_arg("out");
+  *out = nullptr;
+  return guarded([&] { *out = derived(t, t->t.select(dim, index)); });
+}
+
+tw_status tw_tensor_view(const tw_tensor* t, int32_t ndim, const int64_t* shape, tw_tensor** out) {
+  if (!t) return null_arg("tensor");
+  if (!out) return null_arg("out");
+  *out = nullptr;
+  return guarded([&] { *out = derived(t, t->t.view(shape_arg(ndim, shape))); });
+}
+
+tw_status tw_tensor_reshape(const tw_tensor* t, int32_t ndim, const int64_t* shape, tw_tensor** out) {
+  if (!t) return null_arg("tensor");
+  if (!out) return null_arg("out");
+  *out = nullptr;
+  return guarded([&] { *out = derived(t, t->t.reshape(shape_arg(ndim, shape))); });
+}
+
+tw_status tw_tensor_clone(const tw_tensor* t, tw_tensor** out) {
+  if (!t) return null_arg("tensor");
+  if (!out) return null_arg("out");
+  *out = nullptr;
+  return guarded([&] { *out = wrap(t->t.copy(), true); });
 }
 
 tw_status tw_copy(const tw_tensor* src, const tw_tensor* dst) {
@@ -263,5 +452,289 @@ tw_status tw_copy(const tw_tensor* src, const tw_tensor* dst) {
 void tw_set_num_threads(int n) { tw::set_num_threads(n); }
 void tw_set_buffer_cache_limit(size_t nbytes) { tw::set_buffer_cache_limit(nbytes); }
 size_t tw_buffer_cache_limit(void) { return tw::buffer_cache_limit(); }
+
+// ---- metadata values -------------------------------------------------------------------------------------------
+tw_value* tw_value_none(void) { return new_value(tw::Value()); }
+tw_value* tw_value_bool(int b) { return new_value(tw::Value(b != 0)); }
+tw_value* tw_value_int(int64_t v) { return new_value(tw::Value(static_cast<long long>(v))); }
+tw_value* tw_value_float(double v) { return new_value(tw::Value(v)); }
+tw_value* tw_value_string(const char* s, size_t len) {
+  tw_value* out = nullptr;
+  guarded([&] { out = new_handle(tw::Value(utf8_arg(s, len, "string"))); });
+  return out;
+}
+tw_value* tw_value_bytes(const void* data, size_t len) {
+  tw_value* out = nullptr;
+  guarded([&] {
+    if (!data && len) throw tw::Error(tw::ErrorCode::invalid_argument, "bytes data is NULL");
+    out = new_handle(tw::Value::bytes(len ? std::string(static_cast<const char*>(data), len) : std::string()));
+  });
+  return out;
+}
+tw_value* tw_value_list(void) { return new_value(tw::Value::list()); }
+tw_value* tw_value_tuple(void) { return new_value(tw::Value::tuple()); }
+tw_value* tw_value_dict(void) { return new_value(tw::Value::dict()); }
+void tw_value_free(tw_value* v) { delete val(v); }
+tw_value* tw_value_clone(const tw_value* v) {
+  if (!v) {
+    null_arg("value");
+    return nullptr;
+  }
+  tw_value* out = nullptr;
+  guarded([&] { out = new_handle(*val(v)); });
+  return out;
+}
+
+tw_status tw_value_append(tw_value* container, tw_value* item) {
+  std::unique_ptr<tw::Value> owned(val(item));  // consumed whatever happens
+  if (!container) return null_arg("container");
+  if (!item) return null_arg("item");
+  return guarded([&] {
+    const auto k = val(container)->kind();
+    if (k != tw::Value::Kind::list && k != tw::Value::Kind::tuple)
+      throw tw::Error(tw::ErrorCode::type_mismatch, std::string("tw_value_append needs a list or tuple, not a ") +
+                                                        tw::value_kind_name(k));
+    val(container)->items().push_back(std::move(*owned));
+  });
+}
+
+tw_status tw_value_dict_set(tw_value* dict, const char* key, size_t key_len, tw_value* value) {
+  std::unique_ptr<tw::Value> owned(val(value));  // consumed whatever happens
+  if (!dict) return null_arg("dict");
+  if (!value) return null_arg("value");
+  return guarded([&] {
+    if (val(dict)->kind() != tw::Value::Kind::dict)
+      throw tw::Error(tw::ErrorCode::type_mismatch, std::string("tw_value_dict_set needs a dict, not a ") +
+                                                        tw::value_kind_name(val(dict)->kind()));
+    val(dict)->set(utf8_arg(key, key_len, "key"), std::move(*owned));
+  });
+}
+
+tw_value_kind tw_value_get_kind(const tw_value* v) {
+  return v ? static_cast<tw_value_kind>(static_cast<int>(val(v)->kind())) : TW_VALUE_NONE;
+}
+tw_status tw_value_get_bool(const tw_value* v, int* out) {
+  if (!v) return null_arg("value");
+  if (!out) return null_arg("out");
+  return guarded([&] { *out = val(v)->as_bool() ? 1 : 0; });
+}
+tw_status tw_value_get_int(const tw_value* v, int64_t* out) {
+  if (!v) return null_arg("value");
+  if (!out) return null_arg("out");
+  return guarded([&] { *out = val(v)->as_int(); });
+}
+tw_status tw_value_get_float(const tw_value* v, double* out) {
+  if (!v) return null_arg("value");
+  if (!out) return null_arg("out");
+  return guarded([&] { *out = val(v)->as_float(); });
+}
+tw_status tw_value_get_data(const tw_value* v, const char** data, size_t* len) {
+  if (!v) return null_arg("value");
+  if (!data) return null_arg("data");
+  if (!len) return null_arg("len");
+  return guarded([&] {
+    const std::string& s = val(v)->kind() == tw::Value::Kind::bytes ? val(v)->as_bytes() : val(v)->as_string();
+    *data = s.c_str();
+    *len = s.size();
+  });
+}
+size_t tw_value_len(const tw_value* v) {
+  if (!v) return 0;
+  switch (val(v)->kind()) {
+    case tw::Value::Kind::list:
+    case tw::Value::Kind::tuple: return val(v)->items().size();
+    case tw::Value::Kind::dict: return val(v)->keys().size();
+    default: return 0;
+  }
+}
+const tw_value* tw_value_item(const tw_value* v, size_t i) {
+  if (!v) return nullptr;
+  const std::vector<tw::Value>* items = nullptr;
+  switch (val(v)->kind()) {
+    case tw::Value::Kind::list:
+    case tw::Value::Kind::tuple: items = &val(v)->items(); break;
+    case tw::Value::Kind::dict: items = &val(v)->values(); break;
+    default: return nullptr;
+  }
+  if (i >= items->size()) return nullptr;
+  return handle(&(*items)[i]);
+}
+tw_status tw_value_key(const tw_value* v, size_t i, const char** key, size_t* len) {
+  if (!v) return null_arg("dict");
+  if (!key) return null_arg("key");
+  if (!len) return null_arg("len");
+  return guarded([&] {
+    const auto& keys = val(v)->keys();
+    if (i >= keys.size())
+      throw tw::Error(tw::ErrorCode::out_of_range,
+                      "key index " + std::to_string(i) + " is out of range for a dict of " + std::to_string(keys.size()));
+    *key = keys[i].c_str();
+    *len = keys[i].size();
+  });
+}
+const tw_value* tw_value_dict_get(const tw_value* dict, const char* key, size_t key_len) {
+  if (!dict || (!key && key_len) || val(dict)->kind() != tw::Value::Kind::dict) return nullptr;
+  const tw::Value* found = val(dict)->find(std::string_view(key ? key : "", key_len));
+  return found ? handle(found) : nullptr;
+}
+
+tw_status tw_tensor_metadata(const tw_tensor* t, tw_value** out) {
+  if (!t) return null_arg("tensor");
+  if (!out) return null_arg("out");
+  *out = nullptr;
+  return guarded([&] { *out = new_handle(t->t.metadata().as_value()); });
+}
+
+tw_status tw_tensor_set_metadata(tw_tensor* t, const tw_value* dict) {
+  if (!t) return null_arg("tensor");
+  return guarded([&] { t->t.metadata() = metadata_arg(dict, "metadata"); });
+}
+
+// ---- publish/subscribe -------------------------------------------------------------------------------------------
+void tw_publisher_options_init(tw_publisher_options* o) {
+  if (!o) return;
+  const tw::PublisherOptions d;
+  *o = tw_publisher_options{};
+  o->struct_size = sizeof(tw_publisher_options);
+  o->on_full = TW_ON_FULL_BLOCK;
+  o->depth = d.depth;
+  o->max_metadata_bytes = d.max_metadata_bytes;
+  o->max_buffers = d.max_buffers;
+  o->pool_bytes = d.pool_bytes;
+  o->max_subscribers = d.max_subscribers;
+  o->protect_sent_loans = d.protect_sent_loans ? 1 : 0;
+  o->allow_other_users = d.allow_other_users ? 1 : 0;
+}
+
+void tw_subscriber_options_init(tw_subscriber_options* o) {
+  if (!o) return;
+  *o = tw_subscriber_options{};
+  o->struct_size = sizeof(tw_subscriber_options);
+}
+
+tw_status tw_publisher_new(const char* name, const tw_publisher_options* options, tw_publisher** out) {
+  if (!name) return null_arg("name");
+  if (!out) return null_arg("out");
+  *out = nullptr;
+  return guarded([&] {
+    const tw_publisher_options o =
+        read_options(options, tw_publisher_options_init, sizeof(tw_publisher_options), "tw_publisher_options");
+    tw::PublisherOptions po;
+    po.on_full = on_full_arg(o.on_full);
+    po.depth = static_cast<size_t>(o.depth);
+    po.max_metadata_bytes = static_cast<size_t>(o.max_metadata_bytes);
+    po.max_buffers = static_cast<size_t>(o.max_buffers);
+    po.pool_bytes = static_cast<size_t>(o.pool_bytes);
+    po.max_subscribers = static_cast<size_t>(o.max_subscribers);
+    po.protect_sent_loans = o.protect_sent_loans != 0;
+    po.allow_other_users = o.allow_other_users != 0;
+    *out = new tw_publisher{tw::Publisher(name, po)};
+  });
+}
+
+void tw_publisher_free(tw_publisher* p) { delete p; }
+void tw_publisher_close(tw_publisher* p) {
+  if (p) p->p.close();
+}
+
+tw_status tw_publisher_loan(tw_publisher* p, int32_t ndim, const int64_t* shape, DLDataType dtype, int64_t timeout_ns,
+                            tw_tensor** out) {
+  if (!p) return null_arg("publisher");
+  if (!out) return null_arg("out");
+  *out = nullptr;
+  return guarded([&] {
+    *out = wrap(p->p.loan(shape_arg(ndim, shape), tw::DType::from_dlpack(dtype), timeout_arg(timeout_ns)), true);
+  });
+}
+
+tw_status tw_publisher_send(tw_publisher* p, const tw_tensor* t, const tw_value* extra, int64_t timeout_ns,
+                            size_t* delivered) {
+  if (delivered) *delivered = 0;
+  if (!p) return null_arg("publisher");
+  if (!t) return null_arg("tensor");
+  return guarded([&] {
+    const size_t n = p->p.send(t->t, metadata_arg(extra, "extra metadata"), timeout_arg(timeout_ns));
+    if (delivered) *delivered = n;
+  });
+}
+
+tw_status tw_publisher_send_move(tw_publisher* p, tw_tensor** t, const tw_value* extra, int64_t timeout_ns,
+                                 size_t* delivered) {
+  if (delivered) *delivered = 0;
+  if (!p) return null_arg("publisher");
+  if (!t || !*t) return null_arg("tensor");
+  return guarded([&] {
+    const tw::Metadata m = metadata_arg(extra, "extra metadata");
+    // send(Tensor&&) consumes the tensor only when it succeeds: on failure the handle still holds it.
+    const size_t n = p->p.send(std::move((*t)->t), m, timeout_arg(timeout_ns));
+    delete *t;
+    *t = nullptr;
+    if (delivered) *delivered = n;
+  });
+}
+
+size_t tw_publisher_subscriber_count(const tw_publisher* p) {
+  if (!p) return 0;
+  try {
+    return p->p.subscriber_count();
+  } catch (...) {
+    return 0;
+  }
+}
+uint64_t tw_publisher_dropped(const tw_publisher* p) {
+  if (!p) return 0;
+  try {
+    return p->p.dropped();
+  } catch (...) {
+    return 0;
+  }
+}
+int tw_publisher_closed(const tw_publisher* p) { return !p || p->p.closed() ? 1 : 0; }
+
+tw_status tw_subscriber_new(const char* name, const tw_subscriber_options* options, tw_subscriber** out) {
+  if (!name) return null_arg("name");
+  if (!out) return null_arg("out");
+  *out = nullptr;
+  return guarded([&] {
+    const tw_subscriber_options o =
+        read_options(options, tw_subscriber_options_init, sizeof(tw_subscriber_options), "tw_subscriber_options");
+    tw::SubscriberOptions so;
+    so.allow_other_users = o.allow_other_users != 0;
+    *out = new tw_subscriber{tw::Subscriber(name, so)};
+  });
+}
+
+void tw_subscriber_free(tw_subscriber* s) { delete s; }
+void tw_subscriber_close(tw_subscriber* s) {
+  if (s) s->s.close();
+}
+
+tw_status tw_subscriber_recv(tw_subscriber* s, int64_t timeout_ns, tw_tensor** out) {
+  if (!s) return null_arg("subscriber");
+  if (!out) return null_arg("out");
+  *out = nullptr;
+  std::optional<tw::Tensor> got;
+  const tw_status st = guarded([&] { got = timeout_ns < 0 ? s->s.recv() : s->s.recv(std::chrono::nanoseconds(timeout_ns)); });
+  if (st != TW_OK) return st;
+  if (got) {
+    return guarded([&] { *out = wrap(std::move(*got), false); });
+  }
+  if (s->s.closed()) return fail(TW_END_OF_STREAM, "end of stream: the publisher closed and every message was received");
+  const std::string msg = std::string("no message on \"").append(s->s.name()).append("\" within ")
+                              .append(std::to_string(timeout_ns)).append(" ns");
+  return fail(TW_ERR_TIMEOUT, msg.c_str());
+}
+
+int tw_subscriber_closed(const tw_subscriber* s) { return !s || s->s.closed() ? 1 : 0; }
+int tw_subscriber_connected(const tw_subscriber* s) { return s && s->s.connected() ? 1 : 0; }
+uint64_t tw_subscriber_dropped(const tw_subscriber* s) { return s ? s->s.dropped() : 0; }
+int tw_subscriber_fileno(tw_subscriber* s) {
+  if (!s) return -1;
+  try {
+    return s->s.fileno();
+  } catch (...) {
+    return -1;
+  }
+}
 
 }  // extern "C"

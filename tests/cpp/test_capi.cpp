@@ -1,0 +1,324 @@
+// The C ABI (tensorwire.h) as a binding uses it: frozen layouts, ownership hand-offs, exclusivity, metadata values,
+// publish/subscribe with its status codes.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstring>
+#include <string>
+#include <unistd.h>
+
+#include "tensorwire/tensorwire.h"
+
+// ---- layouts a binding hard-codes (rust/src/ffi.rs declares the same) ------------------------------------------
+static_assert(offsetof(tw_export_options, struct_size) == 0);
+static_assert(offsetof(tw_export_options, copy) == 4);
+static_assert(offsetof(tw_export_options, consumer) == 8);
+static_assert(offsetof(tw_export_options, has_device) == 12);
+static_assert(offsetof(tw_export_options, device) == 16);
+static_assert(offsetof(tw_export_options, has_stream) == 24);
+static_assert(offsetof(tw_export_options, stream) == 32);
+static_assert(offsetof(tw_export_options, max_version) == 40);
+static_assert(sizeof(tw_export_options) == 48);
+
+static_assert(offsetof(tw_import_options, struct_size) == 0);
+static_assert(offsetof(tw_import_options, copy) == 4);
+static_assert(offsetof(tw_import_options, has_device) == 8);
+static_assert(offsetof(tw_import_options, device) == 12);
+static_assert(sizeof(tw_import_options) == 20);
+
+static_assert(offsetof(tw_publisher_options, struct_size) == 0);
+static_assert(offsetof(tw_publisher_options, on_full) == 4);
+static_assert(offsetof(tw_publisher_options, depth) == 8);
+static_assert(offsetof(tw_publisher_options, max_metadata_bytes) == 16);
+static_assert(offsetof(tw_publisher_options, max_buffers) == 24);
+static_assert(offsetof(tw_publisher_options, pool_bytes) == 32);
+static_assert(offsetof(tw_publisher_options, max_subscribers) == 40);
+static_assert(offsetof(tw_publisher_options, protect_sent_loans) == 48);
+static_assert(offsetof(tw_publisher_options, allow_other_users) == 52);
+static_assert(sizeof(tw_publisher_options) == 56);
+
+static_assert(offsetof(tw_subscriber_options, struct_size) == 0);
+static_assert(offsetof(tw_subscriber_options, allow_other_users) == 4);
+static_assert(sizeof(tw_subscriber_options) == 8);
+
+static_assert(TW_OK == 0 && TW_ERR_TIMEOUT == 12 && TW_ERR_WOULD_BLOCK == 13 && TW_END_OF_STREAM == 14);
+static_assert(TW_VALUE_NONE == 0 && TW_VALUE_DICT == 8);
+static_assert(TW_ON_FULL_BLOCK == 0 && TW_ON_FULL_DROP_OLDEST == 1 && TW_ON_FULL_RAISE == 2);
+
+namespace {
+
+constexpr DLDataType kF32{kDLFloat, 32, 1};
+constexpr DLDevice kCpu{kDLCPU, 0};
+
+std::string topic(const char* what) { return std::string("capi_").append(what).append(".").append(std::to_string(getpid())); }
+
+TEST(CApi, VersionQueries) {
+  EXPECT_EQ(tw_abi_version() >> 16, uint32_t{TW_ABI_VERSION_MAJOR});
+  EXPECT_EQ(tw_abi_version() & 0xFFFFu, uint32_t{TW_ABI_VERSION_MINOR});
+  EXPECT_STRNE(tw_version(), "");
+  EXPECT_STREQ(tw_status_name(TW_OK), "ok");
+  EXPECT_STREQ(tw_status_name(TW_ERR_COPY_REQUIRED), "copy_required");
+  EXPECT_STREQ(tw_status_name(TW_ERR_WOULD_BLOCK), "would_block");
+  EXPECT_STREQ(tw_status_name(TW_END_OF_STREAM), "end_of_stream");
+  EXPECT_STREQ(tw_status_name(static_cast<tw_status>(15)), "unknown");
+}
+
+std::atomic<int> g_released{0};
+void count_release(void*) { g_released.fetch_add(1); }
+
+TEST(CApi, AdoptReleasesExactlyOnceAfterTheLastView) {
+  g_released = 0;
+  alignas(8) static float data[6] = {0, 1, 2, 3, 4, 5};
+  const int64_t shape[2] = {2, 3};
+  tw_tensor* t = nullptr;
+  ASSERT_EQ(tw_tensor_adopt(data, 2, shape, nullptr, kF32, kCpu, count_release, nullptr, &t), TW_OK);
+  EXPECT_EQ(tw_tensor_data_borrowed(t), static_cast<void*>(data));  // zero-copy
+  EXPECT_EQ(tw_tensor_is_exclusive(t), 1);
+  tw_tensor* v = nullptr;
+  ASSERT_EQ(tw_tensor_transpose(t, 0, 1, &v), TW_OK);
+  EXPECT_EQ(tw_tensor_is_exclusive(t), 0);  // a view shares it
+  EXPECT_EQ(tw_tensor_is_exclusive(v), 0);
+  tw_tensor_free(t);
+  EXPECT_EQ(g_released.load(), 0);
+  EXPECT_EQ(tw_tensor_is_exclusive(v), 1);  // the view is now the only owner
+  EXPECT_EQ(static_cast<float*>(tw_tensor_data_borrowed(v))[1 * 1], 1.0f);
+  tw_tensor_free(v);
+  EXPECT_EQ(g_released.load(), 1);
+}
+
+TEST(CApi, FailedAdoptStillReleasesOnce) {
+  g_released = 0;
+  static float data[4];
+  const int64_t bad_shape[1] = {-1};
+  tw_tensor* t = nullptr;
+  EXPECT_EQ(tw_tensor_adopt(data, 1, bad_shape, nullptr, kF32, kCpu, count_release, nullptr, &t),
+            TW_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(t, nullptr);
+  EXPECT_EQ(g_released.load(), 1);
+  EXPECT_EQ(tw_tensor_adopt(data, 1, nullptr, nullptr, kF32, kCpu, count_release, nullptr, &t),
+            TW_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(g_released.load(), 2);
+  EXPECT_NE(std::string(tw_last_error()).find("shape is NULL"), std::string::npos);
+}
+
+TEST(CApi, ExclusivityFollowsEveryOtherOwner) {
+  static float data[4];
+  const int64_t shape[1] = {4};
+  tw_tensor* borrowed = nullptr;
+  ASSERT_EQ(tw_tensor_from_blob(data, 1, shape, nullptr, kF32, kCpu, nullptr, nullptr, &borrowed), TW_OK);
+  EXPECT_EQ(tw_tensor_is_exclusive(borrowed), 0);  // the caller can still write it
+  tw_tensor_free(borrowed);
+
+  tw_tensor* z = nullptr;
+  ASSERT_EQ(tw_tensor_zeros(1, shape, kF32, &z), TW_OK);
+  EXPECT_EQ(tw_tensor_is_exclusive(z), 1);
+  DLManagedTensorVersioned* m = nullptr;
+  ASSERT_EQ(tw_tensor_to_dlpack(z, 1, 4, &m), TW_OK);
+  EXPECT_EQ(tw_tensor_is_exclusive(z), 0);  // an export holds it
+  m->deleter(m);
+  EXPECT_EQ(tw_tensor_is_exclusive(z), 1);
+  tw_tensor* ro = nullptr;
+  ASSERT_EQ(tw_tensor_as_readonly(z, &ro), TW_OK);
+  EXPECT_EQ(tw_tensor_is_exclusive(ro), 0);
+  tw_tensor_free(ro);
+  EXPECT_NE(tw_tensor_data(z), nullptr);  // a raw pointer escaped
+  EXPECT_EQ(tw_tensor_is_exclusive(z), 0);
+  tw_tensor_free(z);
+
+  // Memory imported from DLPack belongs to its producer.
+  ASSERT_EQ(tw_tensor_zeros(1, shape, kF32, &z), TW_OK);
+  ASSERT_EQ(tw_tensor_to_dlpack(z, 1, 4, &m), TW_OK);
+  tw_tensor_free(z);
+  tw_tensor* imported = nullptr;
+  ASSERT_EQ(tw_tensor_from_dlpack(m, &imported), TW_OK);
+  EXPECT_EQ(tw_tensor_is_exclusive(imported), 0);
+  tw_tensor* copy = nullptr;
+  ASSERT_EQ(tw_tensor_clone(imported, &copy), TW_OK);
+  EXPECT_EQ(tw_tensor_is_exclusive(copy), 1);
+  tw_tensor_free(imported);
+  tw_tensor_free(copy);
+}
+
+TEST(CApi, ViewsReshapeAndSelect) {
+  const int64_t shape[2] = {3, 4};
+  tw_tensor* t = nullptr;
+  ASSERT_EQ(tw_tensor_empty(2, shape, kF32, &t), TW_OK);
+  float* d = static_cast<float*>(tw_tensor_data_borrowed(t));
+  for (int i = 0; i < 12; ++i) d[i] = static_cast<float>(i);
+  EXPECT_EQ(tw_tensor_numel(t), 12);
+  EXPECT_EQ(tw_tensor_nbytes(t), 48);
+
+  tw_tensor *tr = nullptr, *row = nullptr, *flat = nullptr, *v = nullptr;
+  ASSERT_EQ(tw_tensor_transpose(t, 0, 1, &tr), TW_OK);
+  const int64_t flat_shape[1] = {-1};
+  EXPECT_EQ(tw_tensor_view(tr, 1, flat_shape, &v), TW_ERR_COPY_REQUIRED);
+  EXPECT_EQ(v, nullptr);
+  EXPECT_NE(std::string(tw_last_error()).find("reshape"), std::string::npos);
+  ASSERT_EQ(tw_tensor_reshape(tr, 1, flat_shape, &flat), TW_OK);
+  EXPECT_EQ(tw_tensor_shape(flat)[0], 12);
+  EXPECT_EQ(static_cast<float*>(tw_tensor_data_borrowed(flat))[1], 4.0f);  // column-major order of t
+  ASSERT_EQ(tw_tensor_select(t, 0, -1, &row), TW_OK);
+  EXPECT_EQ(tw_tensor_ndim(row), 1);
+  EXPECT_EQ(static_cast<float*>(tw_tensor_data_borrowed(row))[0], 8.0f);
+  EXPECT_EQ(tw_tensor_select(t, 0, 3, &v), TW_ERR_OUT_OF_RANGE);
+  for (tw_tensor* h : {t, tr, row, flat}) tw_tensor_free(h);
+}
+
+TEST(CApi, MetadataValuesRoundTrip) {
+  tw_value* d = tw_value_dict();
+  ASSERT_NE(d, nullptr);
+  ASSERT_EQ(tw_value_dict_set(d, "step", 4, tw_value_int(7)), TW_OK);
+  ASSERT_EQ(tw_value_dict_set(d, "scale", 5, tw_value_float(0.5)), TW_OK);
+  const char nul_string[] = {'a', '\0', 'b'};
+  ASSERT_EQ(tw_value_dict_set(d, "name", 4, tw_value_string(nul_string, 3)), TW_OK);
+  ASSERT_EQ(tw_value_dict_set(d, "raw", 3, tw_value_bytes("\xff\x00", 2)), TW_OK);
+  tw_value* tup = tw_value_tuple();
+  ASSERT_EQ(tw_value_append(tup, tw_value_bool(1)), TW_OK);
+  ASSERT_EQ(tw_value_append(tup, tw_value_none()), TW_OK);
+  ASSERT_EQ(tw_value_dict_set(d, "pair", 4, tup), TW_OK);
+  ASSERT_EQ(tw_value_dict_set(d, "step", 4, tw_value_int(8)), TW_OK);  // replaced in place
+
+  const int64_t shape[1] = {2};
+  tw_tensor* t = nullptr;
+  ASSERT_EQ(tw_tensor_zeros(1, shape, kF32, &t), TW_OK);
+  ASSERT_EQ(tw_tensor_set_metadata(t, d), TW_OK);
+  tw_value_free(d);
+  tw_value* got = nullptr;
+  ASSERT_EQ(tw_tensor_metadata(t, &got), TW_OK);
+  ASSERT_EQ(tw_value_get_kind(got), TW_VALUE_DICT);
+  ASSERT_EQ(tw_value_len(got), 5u);
+  const char* key = nullptr;
+  size_t len = 0;
+  ASSERT_EQ(tw_value_key(got, 0, &key, &len), TW_OK);
+  EXPECT_EQ(std::string(key, len), "step");
+  int64_t i = 0;
+  ASSERT_EQ(tw_value_get_int(tw_value_item(got, 0), &i), TW_OK);
+  EXPECT_EQ(i, 8);
+  double f = 0;
+  EXPECT_EQ(tw_value_get_int(tw_value_dict_get(got, "scale", 5), &i), TW_ERR_TYPE_MISMATCH);
+  EXPECT_NE(std::string(tw_last_error()).find("float"), std::string::npos);
+  ASSERT_EQ(tw_value_get_float(tw_value_dict_get(got, "scale", 5), &f), TW_OK);
+  EXPECT_EQ(f, 0.5);
+  const char* data = nullptr;
+  ASSERT_EQ(tw_value_get_data(tw_value_dict_get(got, "name", 4), &data, &len), TW_OK);
+  EXPECT_EQ(std::string(data, len), std::string(nul_string, 3));
+  ASSERT_EQ(tw_value_get_data(tw_value_dict_get(got, "raw", 3), &data, &len), TW_OK);
+  EXPECT_EQ(std::string(data, len), std::string("\xff\x00", 2));
+  const tw_value* pair = tw_value_dict_get(got, "pair", 4);
+  ASSERT_EQ(tw_value_get_kind(pair), TW_VALUE_TUPLE);
+  EXPECT_EQ(tw_value_len(pair), 2u);
+  EXPECT_EQ(tw_value_get_kind(tw_value_item(pair, 1)), TW_VALUE_NONE);
+  EXPECT_EQ(tw_value_item(pair, 2), nullptr);
+  EXPECT_EQ(tw_value_dict_get(got, "missing", 7), nullptr);
+  EXPECT_EQ(tw_value_key(got, 9, &key, &len), TW_ERR_OUT_OF_RANGE);
+  tw_value_free(got);
+
+  // Bad input: invalid UTF-8, a non-dict as metadata, a non-container append (its item is still consumed).
+  EXPECT_EQ(tw_value_string("\xc3\x28", 2), nullptr);
+  EXPECT_NE(std::string(tw_last_error()).find("UTF-8"), std::string::npos);
+  tw_value* l = tw_value_list();
+  EXPECT_EQ(tw_tensor_set_metadata(t, l), TW_ERR_TYPE_MISMATCH);
+  EXPECT_NE(std::string(tw_last_error()).find("must be a dict, not a list"), std::string::npos);
+  tw_value* n = tw_value_int(1);
+  EXPECT_EQ(tw_value_append(n, tw_value_int(2)), TW_ERR_TYPE_MISMATCH);
+  EXPECT_EQ(tw_value_dict_set(l, "k", 1, tw_value_int(2)), TW_ERR_TYPE_MISMATCH);
+  tw_value_free(n);
+  tw_value_free(l);
+  tw_tensor_free(t);
+}
+
+TEST(CApi, PublishSubscribeWithStatusCodes) {
+  const std::string name = topic("pubsub");
+  tw_subscriber* s = nullptr;
+  ASSERT_EQ(tw_subscriber_new(name.c_str(), nullptr, &s), TW_OK);
+  tw_publisher_options po;
+  tw_publisher_options_init(&po);
+  EXPECT_EQ(po.depth, 8u);
+  EXPECT_EQ(po.protect_sent_loans, 1);
+  po.depth = 1;
+  po.on_full = TW_ON_FULL_RAISE;
+  tw_publisher* p = nullptr;
+  ASSERT_EQ(tw_publisher_new(name.c_str(), &po, &p), TW_OK);
+
+  tw_tensor* got = nullptr;
+  EXPECT_EQ(tw_subscriber_recv(s, 1'000'000, &got), TW_ERR_TIMEOUT);  // also completes the connection
+  EXPECT_EQ(got, nullptr);
+  EXPECT_NE(std::string(tw_last_error()).find("no message"), std::string::npos);
+  EXPECT_EQ(tw_publisher_subscriber_count(p), 1u);
+
+  const int64_t shape[2] = {2, 3};
+  tw_tensor* loan = nullptr;
+  ASSERT_EQ(tw_publisher_loan(p, 2, shape, kF32, -1, &loan), TW_OK);
+  EXPECT_EQ(tw_tensor_is_exclusive(loan), 1);
+  float* d = static_cast<float*>(tw_tensor_data_borrowed(loan));
+  for (int i = 0; i < 6; ++i) d[i] = static_cast<float>(i) * 1.5f;
+  tw_value* extra = tw_value_dict();
+  ASSERT_EQ(tw_value_dict_set(extra, "step", 4, tw_value_int(7)), TW_OK);
+  size_t delivered = 0;
+  ASSERT_EQ(tw_publisher_send_move(p, &loan, extra, -1, &delivered), TW_OK);
+  EXPECT_EQ(loan, nullptr);  // consumed
+  EXPECT_EQ(delivered, 1u);
+
+  // The ring (depth 1) is full: under TW_ON_FULL_RAISE the next send would block, and the handle survives it.
+  tw_tensor* other = nullptr;
+  ASSERT_EQ(tw_tensor_zeros(2, shape, kF32, &other), TW_OK);
+  EXPECT_EQ(tw_publisher_send_move(p, &other, nullptr, -1, &delivered), TW_ERR_WOULD_BLOCK);
+  EXPECT_NE(other, nullptr);
+  EXPECT_EQ(delivered, 0u);
+
+  ASSERT_EQ(tw_subscriber_recv(s, 5'000'000'000, &got), TW_OK);
+  EXPECT_EQ(tw_tensor_readonly(got), 1);
+  EXPECT_EQ(tw_tensor_shape(got)[1], 3);
+  EXPECT_EQ(static_cast<const float*>(tw_tensor_data_borrowed(got))[5], 7.5f);
+  tw_value* md = nullptr;
+  ASSERT_EQ(tw_tensor_metadata(got, &md), TW_OK);
+  int64_t step = 0;
+  ASSERT_EQ(tw_value_get_int(tw_value_dict_get(md, "step", 4), &step), TW_OK);
+  EXPECT_EQ(step, 7);
+  tw_value_free(md);
+
+  // A non-dict extra is refused before anything is sent.
+  EXPECT_EQ(tw_publisher_send(p, other, extra, -1, &delivered), TW_OK);
+  tw_value* bad = tw_value_int(3);
+  EXPECT_EQ(tw_publisher_send(p, other, bad, 0, &delivered), TW_ERR_TYPE_MISMATCH);
+  tw_value_free(bad);
+  tw_value_free(extra);
+  tw_tensor_free(other);
+
+  tw_publisher_free(p);  // closes: the subscriber drains, then sees end-of-stream
+  tw_tensor* last = nullptr;
+  ASSERT_EQ(tw_subscriber_recv(s, 5'000'000'000, &last), TW_OK);
+  tw_tensor_free(last);
+  EXPECT_EQ(tw_subscriber_recv(s, 5'000'000'000, &last), TW_END_OF_STREAM);
+  EXPECT_EQ(last, nullptr);
+  EXPECT_EQ(tw_subscriber_closed(s), 1);
+  // Received tensors outlive both ends.
+  EXPECT_EQ(static_cast<const float*>(tw_tensor_data_borrowed(got))[1], 1.5f);
+  tw_tensor_free(got);
+  tw_subscriber_free(s);
+}
+
+TEST(CApi, BadPublishSubscribeArguments) {
+  tw_publisher* p = nullptr;
+  EXPECT_EQ(tw_publisher_new("bad name!", nullptr, &p), TW_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(p, nullptr);
+  EXPECT_NE(std::string(tw_last_error()).find("bad name!"), std::string::npos);
+  tw_publisher_options po;
+  tw_publisher_options_init(&po);
+  po.on_full = 9;
+  EXPECT_EQ(tw_publisher_new(topic("bad").c_str(), &po, &p), TW_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tw_last_error()).find("on_full 9"), std::string::npos);
+  tw_publisher_options_init(&po);
+  po.struct_size = 7;
+  EXPECT_EQ(tw_publisher_new(topic("bad").c_str(), &po, &p), TW_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tw_last_error()).find("tw_publisher_options_init"), std::string::npos);
+  EXPECT_EQ(tw_publisher_new(nullptr, nullptr, &p), TW_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(tw_subscriber_recv(nullptr, 0, nullptr), TW_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(tw_publisher_send_move(nullptr, nullptr, nullptr, 0, nullptr), TW_ERR_INVALID_ARGUMENT);
+  tw_publisher_free(nullptr);
+  tw_subscriber_free(nullptr);
+  EXPECT_EQ(tw_subscriber_fileno(nullptr), -1);
+}
+
+}  // namespace
