@@ -1,0 +1,360 @@
+//! Publish/subscribe of tensors between processes on one machine through shared memory (`tensorwire/ipc.hpp`):
+//! the same protocol as C++ and Python, so a Rust publisher serves Python subscribers and the reverse.
+use std::ffi::CString;
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+use std::time::Duration;
+
+use crate::dtype::Pod;
+use crate::error::{check, Error, ErrorKind, Result};
+use crate::ffi;
+use crate::metadata::{metadata_to_raw, Metadata};
+use crate::tensor::Tensor;
+
+/// What `send` and `loan` do when a subscriber's ring is full or the pool is exhausted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnFull {
+    /// Wait until the subscriber makes room (a dead subscriber is never waited for).
+    #[default]
+    Block,
+    /// Drop the subscriber's oldest unread message.
+    DropOldest,
+    /// Fail with `ErrorKind::WouldBlock`; nobody receives the message.
+    Raise,
+}
+
+/// Publisher settings (`Default` gives tensorwire's defaults, the same as C++ and Python).
+#[derive(Clone, Debug)]
+pub struct PublisherOptions {
+    /// Messages each subscriber's ring holds (>= 1).
+    pub depth: usize,
+    pub on_full: OnFull,
+    /// Largest encoded metadata of one message, in bytes.
+    pub max_metadata_bytes: usize,
+    /// Pool buffers at most.
+    pub max_buffers: usize,
+    /// Shared memory the pool may hold at once, in bytes.
+    pub pool_bytes: usize,
+    /// Subscribers served at once.
+    pub max_subscribers: usize,
+    /// Make a sent tensor's memory read-only in this process when something could still write it (a loan sent
+    /// by reference). Loans moved into `send` are not affected.
+    pub protect_sent_loans: bool,
+    /// Accept subscribers of other users.
+    pub allow_other_users: bool,
+}
+
+impl Default for PublisherOptions {
+    fn default() -> PublisherOptions {
+        let mut o = std::mem::MaybeUninit::<ffi::tw_publisher_options>::uninit();
+        // SAFETY: _init fills the whole struct with the C++ defaults.
+        let o = unsafe {
+            ffi::tw_publisher_options_init(o.as_mut_ptr());
+            o.assume_init()
+        };
+        PublisherOptions {
+            depth: o.depth as usize,
+            on_full: OnFull::Block,
+            max_metadata_bytes: o.max_metadata_bytes as usize,
+            max_buffers: o.max_buffers as usize,
+            pool_bytes: o.pool_bytes as usize,
+            max_subscribers: o.max_subscribers as usize,
+            protect_sent_loans: o.protect_sent_loans != 0,
+            allow_other_users: o.allow_other_users != 0,
+        }
+    }
+}
+
+/// Subscriber settings.
+#[derive(Clone, Debug, Default)]
+pub struct SubscriberOptions {
+    /// Accept a publisher of another user.
+    pub allow_other_users: bool,
+}
+
+fn topic(name: &str) -> Result<CString> {
+    CString::new(name).map_err(|_| Error::new(ErrorKind::InvalidArgument, format!("topic name {name:?} contains NUL")))
+}
+
+fn timeout_ns(t: Option<Duration>) -> i64 {
+    t.map_or(-1, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+/// The sending end of a topic. Dropping it ends the stream: subscribers drain what is queued, then see
+/// `ErrorKind::EndOfStream`; tensors they received stay valid.
+#[derive(Debug)]
+pub struct Publisher {
+    raw: NonNull<ffi::tw_publisher>,
+    name: String,
+}
+
+// SAFETY: the C++ Publisher is thread-safe (its own lock orders messages).
+unsafe impl Send for Publisher {}
+unsafe impl Sync for Publisher {}
+
+/// A writable shared-memory buffer of a publisher's pool, filled in place and then moved into `send` — so it
+/// crosses with no copy, and nothing can write it once sent:
+///
+/// ```compile_fail,E0382
+/// # fn main() -> Result<(), tensorwire::Error> {
+/// let mut pub_ = tensorwire::Publisher::new("doc_loan", Default::default())?;
+/// let mut buf = pub_.loan::<f32>(&[4])?;
+/// pub_.send(buf)?;
+/// buf.as_mut_slice()[0] = 1.0; // error[E0382]: borrow of moved value: `buf`
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Loan<T: Pod> {
+    tensor: Tensor,
+    _t: PhantomData<T>,
+}
+
+impl<T: Pod> Loan<T> {
+    /// The buffer's elements (C order), to fill. The pool's memory is initialised (zeros or an earlier message's
+    /// bytes), never uninitialised.
+    pub fn as_mut_slice(&mut self) -> &mut [T] {
+        // A loan is exclusive by construction: no view, clone or raw pointer of it is ever handed out.
+        self.tensor.as_mut_slice::<T>().unwrap_or_else(|e| panic!("Loan::as_mut_slice: {e}"))
+    }
+    pub fn as_slice(&self) -> &[T] {
+        self.tensor.as_slice::<T>().unwrap_or_else(|e| panic!("Loan::as_slice: {e}"))
+    }
+    pub fn shape(&self) -> &[i64] {
+        self.tensor.shape()
+    }
+    /// Metadata sent with the buffer (merged with `send_with`'s).
+    pub fn set_metadata(&mut self, metadata: &Metadata) -> Result<()> {
+        self.tensor.set_metadata(metadata)
+    }
+    /// Gives up the loan's exclusivity: the tensor can then be viewed and shared, and is sent by reference
+    /// (`send(&tensor)`), which makes its memory read-only here when something could still write it.
+    pub fn into_tensor(self) -> Tensor {
+        self.tensor
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// What `Publisher::send` accepts: a `Loan` or a `Tensor` moved in (consumed), or a `&Tensor` (the caller keeps
+/// it; a loan's memory it views is made read-only here when it could still be written).
+pub trait Outgoing: sealed::Sealed {
+    #[doc(hidden)]
+    fn deliver(self, p: *mut ffi::tw_publisher, extra: *const ffi::tw_value, timeout_ns: i64) -> Result<usize>;
+}
+
+fn deliver_moved(t: Tensor, p: *mut ffi::tw_publisher, extra: *const ffi::tw_value, timeout_ns: i64) -> Result<usize> {
+    let mut raw = t.into_raw();
+    let mut delivered = 0usize;
+    // SAFETY: raw is an owned handle; on success the C ABI frees it and sets it to NULL.
+    let status = unsafe { ffi::tw_publisher_send_move(p, &mut raw, extra, timeout_ns, &mut delivered) };
+    if !raw.is_null() {
+        // Failed: the handle is still ours, and dropping it releases the buffer back to the pool.
+        drop(unsafe { Tensor::from_raw(raw) });
+    }
+    check(status)?;
+    Ok(delivered)
+}
+
+impl<T: Pod> sealed::Sealed for Loan<T> {}
+impl<T: Pod> Outgoing for Loan<T> {
+    fn deliver(self, p: *mut ffi::tw_publisher, extra: *const ffi::tw_value, timeout_ns: i64) -> Result<usize> {
+        deliver_moved(self.tensor, p, extra, timeout_ns)
+    }
+}
+impl sealed::Sealed for Tensor {}
+impl Outgoing for Tensor {
+    fn deliver(self, p: *mut ffi::tw_publisher, extra: *const ffi::tw_value, timeout_ns: i64) -> Result<usize> {
+        deliver_moved(self, p, extra, timeout_ns)
+    }
+}
+impl sealed::Sealed for &Tensor {}
+impl Outgoing for &Tensor {
+    fn deliver(self, p: *mut ffi::tw_publisher, extra: *const ffi::tw_value, timeout_ns: i64) -> Result<usize> {
+        let mut delivered = 0usize;
+        check(unsafe { ffi::tw_publisher_send(p, self.as_raw(), extra, timeout_ns, &mut delivered) })?;
+        Ok(delivered)
+    }
+}
+
+impl Publisher {
+    /// Binds topic `name` (1 to 64 of `[A-Za-z0-9_.:/-]`) and connects to subscribers already waiting.
+    pub fn new(name: &str, options: PublisherOptions) -> Result<Publisher> {
+        crate::check_abi()?;
+        let c = topic(name)?;
+        let mut o = std::mem::MaybeUninit::<ffi::tw_publisher_options>::uninit();
+        let mut o = unsafe {
+            ffi::tw_publisher_options_init(o.as_mut_ptr());
+            o.assume_init()
+        };
+        o.depth = options.depth as u64;
+        o.on_full = match options.on_full {
+            OnFull::Block => ffi::TW_ON_FULL_BLOCK,
+            OnFull::DropOldest => ffi::TW_ON_FULL_DROP_OLDEST,
+            OnFull::Raise => ffi::TW_ON_FULL_RAISE,
+        };
+        o.max_metadata_bytes = options.max_metadata_bytes as u64;
+        o.max_buffers = options.max_buffers as u64;
+        o.pool_bytes = options.pool_bytes as u64;
+        o.max_subscribers = options.max_subscribers as u64;
+        o.protect_sent_loans = i32::from(options.protect_sent_loans);
+        o.allow_other_users = i32::from(options.allow_other_users);
+        let mut out = std::ptr::null_mut();
+        check(unsafe { ffi::tw_publisher_new(c.as_ptr(), &o, &mut out) })?;
+        let raw = NonNull::new(out).ok_or_else(|| Error::new(ErrorKind::Internal, "no publisher returned"))?;
+        Ok(Publisher { raw, name: name.to_string() })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// A writable, C-contiguous buffer from the shared-memory pool (waits while the pool is exhausted, under the
+    /// `OnFull` policy).
+    pub fn loan<T: Pod>(&mut self, shape: &[usize]) -> Result<Loan<T>> {
+        self.loan_timeout(shape, None)
+    }
+
+    /// `loan`, giving up after `timeout` (`ErrorKind::Timeout`).
+    pub fn loan_timeout<T: Pod>(&mut self, shape: &[usize], timeout: Option<Duration>) -> Result<Loan<T>> {
+        let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+        if shape.iter().any(|&d| d > i64::MAX as usize) {
+            return Err(Error::new(ErrorKind::Overflow, format!("shape {shape:?} does not fit in i64")));
+        }
+        let mut out = std::ptr::null_mut();
+        check(unsafe {
+            ffi::tw_publisher_loan(
+                self.raw.as_ptr(),
+                dims.len() as i32,
+                dims.as_ptr(),
+                T::DTYPE.to_dl(),
+                timeout_ns(timeout),
+                &mut out,
+            )
+        })?;
+        Ok(Loan { tensor: unsafe { Tensor::from_raw(out) }?, _t: PhantomData })
+    }
+
+    /// Delivers a message to every current subscriber, or to none; returns how many got it. A `Loan` (moved in)
+    /// crosses with no copy; any other host tensor is packed into the pool with one copy. Waits while a ring is
+    /// full (`OnFull::Block`).
+    pub fn send<M: Outgoing>(&mut self, message: M) -> Result<usize> {
+        message.deliver(self.raw.as_ptr(), std::ptr::null(), -1)
+    }
+
+    /// `send` with metadata merged into the tensor's own (these entries win) and a bound on the wait
+    /// (`ErrorKind::Timeout`: nobody got it; a moved loan is then released back to the pool).
+    pub fn send_with<M: Outgoing>(&mut self, message: M, metadata: &Metadata, timeout: Option<Duration>) -> Result<usize> {
+        let extra = metadata_to_raw(metadata)?;
+        message.deliver(self.raw.as_ptr(), extra.as_ptr(), timeout_ns(timeout))
+    }
+
+    /// Subscribers currently connected.
+    pub fn subscriber_count(&self) -> usize {
+        unsafe { ffi::tw_publisher_subscriber_count(self.raw.as_ptr()) }
+    }
+    /// Messages dropped so far (`OnFull::DropOldest`), summed over subscribers.
+    pub fn dropped(&self) -> u64 {
+        unsafe { ffi::tw_publisher_dropped(self.raw.as_ptr()) }
+    }
+    /// Ends the stream now (idempotent); `drop` does the same.
+    pub fn close(&mut self) {
+        unsafe { ffi::tw_publisher_close(self.raw.as_ptr()) }
+    }
+    pub fn is_closed(&self) -> bool {
+        unsafe { ffi::tw_publisher_closed(self.raw.as_ptr()) != 0 }
+    }
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        unsafe { ffi::tw_publisher_free(self.raw.as_ptr()) }
+    }
+}
+
+/// The receiving end of a topic; it may be created before or after the publisher. Several threads may `recv` on
+/// one subscriber (each message goes to one of them).
+#[derive(Debug)]
+pub struct Subscriber {
+    raw: NonNull<ffi::tw_subscriber>,
+}
+
+// SAFETY: the C++ Subscriber is thread-safe.
+unsafe impl Send for Subscriber {}
+unsafe impl Sync for Subscriber {}
+
+impl Subscriber {
+    /// Subscribes to topic `name`.
+    pub fn new(name: &str) -> Result<Subscriber> {
+        Subscriber::with_options(name, SubscriberOptions::default())
+    }
+
+    pub fn with_options(name: &str, options: SubscriberOptions) -> Result<Subscriber> {
+        crate::check_abi()?;
+        let c = topic(name)?;
+        let mut o = std::mem::MaybeUninit::<ffi::tw_subscriber_options>::uninit();
+        let mut o = unsafe {
+            ffi::tw_subscriber_options_init(o.as_mut_ptr());
+            o.assume_init()
+        };
+        o.allow_other_users = i32::from(options.allow_other_users);
+        let mut out = std::ptr::null_mut();
+        check(unsafe { ffi::tw_subscriber_new(c.as_ptr(), &o, &mut out) })?;
+        let raw = NonNull::new(out).ok_or_else(|| Error::new(ErrorKind::Internal, "no subscriber returned"))?;
+        Ok(Subscriber { raw })
+    }
+
+    /// The next message: a read-only tensor with the sender's dtype, shape, strides and metadata, zero-copy (it
+    /// holds the publisher's buffer until dropped). `timeout: None` waits as long as it takes.
+    /// Errors: `ErrorKind::Timeout` (nothing arrived), `ErrorKind::EndOfStream` (the publisher closed or died and
+    /// everything was received).
+    pub fn recv(&self, timeout: Option<Duration>) -> Result<Tensor> {
+        let mut out = std::ptr::null_mut();
+        check(unsafe { ffi::tw_subscriber_recv(self.raw.as_ptr(), timeout_ns(timeout), &mut out) })?;
+        unsafe { Tensor::from_raw(out) }
+    }
+
+    /// `recv` without waiting: `Ok(None)` when nothing is there yet.
+    pub fn try_recv(&self) -> Result<Option<Tensor>> {
+        match self.recv(Some(Duration::ZERO)) {
+            Ok(t) => Ok(Some(t)),
+            Err(e) if e.kind() == ErrorKind::Timeout => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// True once the stream has ended and everything was received (or after `close`).
+    pub fn is_closed(&self) -> bool {
+        unsafe { ffi::tw_subscriber_closed(self.raw.as_ptr()) != 0 }
+    }
+    /// True while connected to a live publisher.
+    pub fn is_connected(&self) -> bool {
+        unsafe { ffi::tw_subscriber_connected(self.raw.as_ptr()) != 0 }
+    }
+    /// Messages the publisher dropped for this subscriber (`OnFull::DropOldest`).
+    pub fn dropped(&self) -> u64 {
+        unsafe { ffi::tw_subscriber_dropped(self.raw.as_ptr()) }
+    }
+    /// Disconnects; received tensors stay valid.
+    pub fn close(&mut self) {
+        unsafe { ffi::tw_subscriber_close(self.raw.as_ptr()) }
+    }
+}
+
+impl Drop for Subscriber {
+    fn drop(&mut self) {
+        unsafe { ffi::tw_subscriber_free(self.raw.as_ptr()) }
+    }
+}
+
+/// Iterates received tensors until end-of-stream (each `recv` waits as long as it takes).
+impl Iterator for &Subscriber {
+    type Item = Result<Tensor>;
+    fn next(&mut self) -> Option<Result<Tensor>> {
+        match self.recv(None) {
+            Err(e) if e.kind() == ErrorKind::EndOfStream => None,
+            other => Some(other),
+        }
+    }
+}

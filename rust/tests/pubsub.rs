@@ -1,0 +1,225 @@
+//! Publish/subscribe from Rust: Rust to Rust, and Rust to Python and back in real separate processes, with every
+//! dtype, strided layouts, loans (zero-copy) and metadata of every kind.
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tensorwire::{
+    DType, Element, ErrorKind, Metadata, OnFull, Publisher, PublisherOptions, Subscriber, Tensor, Value, BF16, F16,
+};
+
+const SECS: Option<Duration> = Some(Duration::from_secs(20));
+
+#[test]
+fn rust_to_rust_with_end_of_stream() {
+    let topic = common::topic("rr");
+    let sub = Subscriber::new(&topic).unwrap();
+    let mut p = Publisher::new(&topic, PublisherOptions { depth: 4, ..Default::default() }).unwrap();
+    assert_eq!(sub.recv(Some(Duration::from_millis(1))).unwrap_err().kind(), ErrorKind::Timeout);
+    assert_eq!(p.subscriber_count(), 1);
+    let mut buf = p.loan::<i64>(&[3, 5]).unwrap();
+    for (i, x) in buf.as_mut_slice().iter_mut().enumerate() {
+        *x = i as i64 * 3;
+    }
+    assert_eq!(p.send_with(buf, &Metadata::new().with("step", 1), None).unwrap(), 1);
+    let strided = Tensor::from_vec((0..20).map(|i| i as f32).collect(), &[4, 5]).unwrap().slice(1, 4, -6, -2).unwrap();
+    p.send(&strided).unwrap(); // by reference: the caller keeps it
+    assert_eq!(strided.shape(), &[4, 3]);
+    p.close();
+
+    let t = sub.recv(SECS).unwrap();
+    assert!(t.is_readonly());
+    assert_eq!(t.shape(), &[3, 5]);
+    assert_eq!(t.as_slice::<i64>().unwrap()[14], 42);
+    assert_eq!(t.metadata().unwrap().get("step"), Some(&Value::Int(1)));
+    let t2 = sub.recv(SECS).unwrap();
+    assert_eq!(t2.to_vec::<f32>().unwrap(), strided.to_vec::<f32>().unwrap());
+    let end = sub.recv(SECS).unwrap_err();
+    assert_eq!(end.kind(), ErrorKind::EndOfStream);
+    assert!(sub.is_closed());
+    assert_eq!(t.as_slice::<i64>().unwrap()[1], 3, "received tensors outlive the stream");
+}
+
+#[test]
+fn would_block_and_timeouts_are_errors_not_hangs() {
+    let topic = common::topic("full");
+    let sub = Subscriber::new(&topic).unwrap();
+    let mut p =
+        Publisher::new(&topic, PublisherOptions { depth: 1, on_full: OnFull::Raise, ..Default::default() }).unwrap();
+    let _ = sub.recv(Some(Duration::from_millis(1)));
+    let x = Tensor::zeros(DType::U8, &[16]).unwrap();
+    p.send(&x).unwrap();
+    let e = p.send(&x).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::WouldBlock, "{e}");
+    let mut blocking = Publisher::new(&common::topic("full2"), PublisherOptions::default()).unwrap();
+    assert_eq!(blocking.subscriber_count(), 0);
+    assert_eq!(Publisher::new("bad name!", Default::default()).unwrap_err().kind(), ErrorKind::InvalidArgument);
+    let lonely = Subscriber::new(&common::topic("nobody")).unwrap();
+    let t0 = std::time::Instant::now();
+    assert_eq!(lonely.recv(Some(Duration::from_millis(50))).unwrap_err().kind(), ErrorKind::Timeout);
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    assert!(lonely.try_recv().unwrap().is_none());
+    blocking.close();
+}
+
+/// The dtypes both sides know, with NumPy's names, and the pattern each message carries: element k of a 3x4
+/// matrix is k % 5 (bool: k % 2 == 1), sent transposed.
+const DTYPES: &[&str] = &[
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "bfloat16", "float32",
+    "float64",
+];
+
+fn pattern<T: Element>(f: impl Fn(usize) -> T) -> Tensor {
+    Tensor::from_vec((0..12).map(f).collect(), &[3, 4]).unwrap().transpose(0, 1).unwrap()
+}
+
+fn half_bits(k: usize) -> u16 {
+    [0x0000, 0x3C00, 0x4000, 0x4200, 0x4400][k]
+}
+
+fn pattern_of(name: &str) -> Tensor {
+    match name {
+        "bool" => pattern(|k| k % 2 == 1),
+        "int8" => pattern(|k| (k % 5) as i8),
+        "int16" => pattern(|k| (k % 5) as i16),
+        "int32" => pattern(|k| (k % 5) as i32),
+        "int64" => pattern(|k| (k % 5) as i64),
+        "uint8" => pattern(|k| (k % 5) as u8),
+        "uint16" => pattern(|k| (k % 5) as u16),
+        "uint32" => pattern(|k| (k % 5) as u32),
+        "uint64" => pattern(|k| (k % 5) as u64),
+        "float16" => pattern(|k| F16(half_bits(k % 5))),
+        "bfloat16" => pattern(|k| BF16::from_f32_truncated((k % 5) as f32)),
+        "float32" => pattern(|k| (k % 5) as f32),
+        "float64" => pattern(|k| (k % 5) as f64),
+        _ => unreachable!(),
+    }
+}
+
+fn same_values(a: &Tensor, b: &Tensor) -> bool {
+    a.dtype() == b.dtype() && a.shape() == b.shape() && raw_bytes(a) == raw_bytes(b)
+}
+
+fn raw_bytes(t: &Tensor) -> Vec<u8> {
+    let d = t.contiguous().unwrap();
+    let n = d.nbytes();
+    unsafe { std::slice::from_raw_parts(d.data_ptr() as *const u8, n) }.to_vec()
+}
+
+const PY_SUBSCRIBER: &str = r#"
+import sys, numpy as np, ml_dtypes, tensorwire as tw
+topic, names = sys.argv[1], sys.argv[2].split(",")
+sub = tw.Subscriber(topic)
+print("ready", flush=True)
+t = sub.recv(timeout=20)
+a = np.from_dlpack(t)
+assert t.readonly and a.shape == (1024, 3) and a.dtype == np.float32 and (a == 1.0).all(), (t, a)
+assert a.ctypes.data == t.data_ptr, "np.from_dlpack of a received loan is zero-copy"
+md = dict(t.metadata)
+assert md == {"step": 7, "tag": "rust", "pair": (1, "x"), "raw": b"\x00\xff", "nested": {"l": [1.5, None, True]}}, md
+print("ok loan", flush=True)
+for name in names:
+    t = sub.recv(timeout=20)
+    assert dict(t.metadata) == {"dtype": name}, dict(t.metadata)
+    assert str(t.dtype) == name, (t.dtype, name)
+    k = np.arange(12).reshape(3, 4).T
+    want = (k % 2 == 1) if name == "bool" else (k % 5).astype(getattr(ml_dtypes, name, None) or np.dtype(name))
+    got = np.asarray(t) if name == "bfloat16" else np.from_dlpack(t)
+    assert got.shape == (4, 3) and np.array_equal(got.astype(np.float64), want.astype(np.float64)), (name, got)
+    print("ok", name, flush=True)
+try:
+    sub.recv(timeout=20)
+    raise AssertionError("a message after the publisher closed")
+except EOFError:
+    assert sub.closed
+print("ok end", flush=True)
+"#;
+
+#[test]
+fn rust_publisher_to_python_subscriber() {
+    let topic = common::topic("rpy");
+    let mut child = common::python()
+        .args(["-c", PY_SUBSCRIBER, &topic, &DTYPES.join(",")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready", "the Python subscriber did not start");
+
+    let mut p = Publisher::new(&topic, Default::default()).unwrap(); // connects to the waiting subscriber
+    assert_eq!(p.subscriber_count(), 1);
+    let mut buf = p.loan::<f32>(&[1024, 3]).unwrap();
+    buf.as_mut_slice().fill(1.0);
+    let meta = Metadata::new()
+        .with("step", 7)
+        .with("tag", "rust")
+        .with("pair", Value::Tuple(vec![1.into(), "x".into()]))
+        .with("raw", Value::Bytes(vec![0, 255]))
+        .with("nested", Metadata::new().with("l", Value::List(vec![1.5.into(), Value::None, true.into()])));
+    assert_eq!(p.send_with(buf, &meta, SECS).unwrap(), 1);
+    for name in DTYPES {
+        let t = pattern_of(name);
+        assert_eq!(t.dtype().to_string(), *name);
+        p.send_with(t, &Metadata::new().with("dtype", *name), SECS).unwrap();
+    }
+    p.close();
+    let mut lines = Vec::new();
+    for l in out.lines() {
+        lines.push(l.unwrap());
+    }
+    let status = child.wait().unwrap();
+    assert!(status.success(), "Python subscriber failed; its output: {lines:?}");
+    let mut want = vec!["ok loan".to_string()];
+    want.extend(DTYPES.iter().map(|n| format!("ok {n}")));
+    want.push("ok end".into());
+    assert_eq!(lines, want);
+}
+
+const PY_PUBLISHER: &str = r#"
+import sys, time, numpy as np, ml_dtypes, tensorwire as tw
+topic, names = sys.argv[1], sys.argv[2].split(",")
+pub = tw.Publisher(topic)
+deadline = time.monotonic() + 20
+while pub.subscribers < 1:
+    assert time.monotonic() < deadline, "no subscriber"
+    time.sleep(0.005)
+k = np.arange(12).reshape(3, 4)
+for name in names:
+    base = (k % 2 == 1) if name == "bool" else (k % 5).astype(getattr(ml_dtypes, name, None) or np.dtype(name))
+    pub.send(tw.asarray(base).transpose(0, 1), metadata={"dtype": name})
+buf = pub.loan((16, 8), "float64")
+np.asarray(buf)[:] = np.arange(128).reshape(16, 8) * 0.5
+pub.send(buf, metadata={"nested": {"a": [1, 2.5, None, True]}, "bytes": b"\x01\x02", "t": (1, "x"), "s": "ünï"})
+pub.close()
+"#;
+
+#[test]
+fn python_publisher_to_rust_subscriber() {
+    let topic = common::topic("pyr");
+    let sub = Subscriber::new(&topic).unwrap();
+    let mut child = common::python().args(["-c", PY_PUBLISHER, &topic, &DTYPES.join(",")]).spawn().unwrap();
+    for name in DTYPES {
+        let t = sub.recv(SECS).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(t.metadata().unwrap().get("dtype"), Some(&Value::Str(name.to_string())));
+        let want = pattern_of(name);
+        assert!(same_values(&t, &want), "{name}: got {t:?}");
+    }
+    let t = sub.recv(SECS).unwrap();
+    assert_eq!(t.shape(), &[16, 8]);
+    assert_eq!(t.as_slice::<f64>().unwrap()[127], 63.5);
+    let md = t.metadata().unwrap();
+    assert_eq!(
+        md.get("nested"),
+        Some(&Value::Dict(Metadata::new().with("a", Value::List(vec![1.into(), 2.5.into(), Value::None, true.into()]))))
+    );
+    assert_eq!(md.get("bytes"), Some(&Value::Bytes(vec![1, 2])));
+    assert_eq!(md.get("t"), Some(&Value::Tuple(vec![1.into(), "x".into()])));
+    assert_eq!(md.get("s"), Some(&Value::Str("ünï".into())));
+    assert_eq!(sub.recv(SECS).unwrap_err().kind(), ErrorKind::EndOfStream);
+    assert!(child.wait().unwrap().success());
+}

@@ -1,0 +1,196 @@
+//! The safe API: dtypes, views, copies, DLPack in and out under the C++ policy, metadata, and every misuse
+//! refused with an Error naming it.
+use tensorwire::ffi::{self, DLManagedTensorVersioned};
+use tensorwire::{CopyMode, DType, Element, ErrorKind, ExportOptions, Metadata, Tensor, Value, BF16, F16};
+
+fn assert_send_sync<T: Send + Sync>() {}
+
+#[test]
+fn handles_are_send_and_sync() {
+    assert_send_sync::<Tensor>();
+    assert_send_sync::<tensorwire::Publisher>();
+    assert_send_sync::<tensorwire::Subscriber>();
+}
+
+fn round_trip<T: Element + PartialEq + std::fmt::Debug>(values: Vec<T>) {
+    let n = values.len();
+    let expect = values.clone();
+    let t = Tensor::from_vec(values, &[2, n / 2]).unwrap();
+    assert_eq!(t.dtype(), T::DTYPE);
+    assert_eq!(t.dtype().itemsize(), std::mem::size_of::<T>());
+    let tr = t.transpose(0, 1).unwrap();
+    let dl = tr.into_dlpack();
+    unsafe {
+        assert_eq!((*dl).dl_tensor.dtype.code, T::DTYPE.code);
+        assert_eq!((*dl).flags & ffi::DLPACK_FLAG_BITMASK_IS_COPIED, 0, "a positive-stride view crosses as it is");
+    }
+    let back = unsafe { Tensor::from_dlpack(dl) }.unwrap();
+    assert_eq!(back.strides(), &[1, (n / 2) as i64]);
+    assert_eq!(back.transpose(0, 1).unwrap().to_vec::<T>().unwrap(), expect);
+}
+
+#[test]
+fn every_dtype_round_trips_through_dlpack() {
+    round_trip(vec![true, false, false, true]);
+    round_trip(vec![-1i8, 2, -3, 4]);
+    round_trip(vec![-1i16, 2, i16::MIN, i16::MAX]);
+    round_trip(vec![-1i32, 2, i32::MIN, i32::MAX]);
+    round_trip(vec![-1i64, 2, i64::MIN, i64::MAX]);
+    round_trip(vec![1u8, 2, 0, 255]);
+    round_trip(vec![1u16, 2, 0, u16::MAX]);
+    round_trip(vec![1u32, 2, 0, u32::MAX]);
+    round_trip(vec![1u64, 2, 0, u64::MAX]);
+    round_trip(vec![1.5f32, -0.0, f32::MAX, f32::MIN_POSITIVE]);
+    round_trip(vec![1.5f64, -0.0, f64::MAX, f64::MIN_POSITIVE]);
+    round_trip(vec![F16(0x3C00), F16(0xC000), F16(0x7C00), F16(1)]);
+    round_trip(vec![BF16::from_f32_truncated(1.0), BF16(0xC000), BF16(0x7F80), BF16(1)]);
+    assert_eq!(BF16::from_f32_truncated(-2.0).to_f32(), -2.0);
+    assert_eq!(DType::BF16.name(), "bfloat16");
+    assert_eq!(DType::F32.to_string(), "float32");
+    assert_eq!(DType::BOOL.to_string(), "bool");
+}
+
+#[test]
+fn views_and_copies() {
+    let t = Tensor::from_vec((0..24).map(|i| i as f32).collect(), &[2, 3, 4]).unwrap();
+    let p = t.permute(&[2, 0, 1]).unwrap();
+    assert_eq!(p.shape(), &[4, 2, 3]);
+    assert_eq!(p.strides(), &[1, 12, 4]);
+    assert!(!p.is_contiguous());
+    assert_eq!(p.view(&[-1]).unwrap_err().kind(), ErrorKind::CopyRequired);
+    let flat = p.reshape(&[-1]).unwrap();
+    assert_eq!(flat.as_slice::<f32>().unwrap()[..4], [0.0, 4.0, 8.0, 12.0]);
+    let rev = t.select(0, -1).unwrap().slice(1, -1, -5, -1).unwrap(); // t[-1, :, ::-1]
+    assert_eq!(rev.strides(), &[4, -1]);
+    assert_eq!(rev.to_vec::<f32>().unwrap()[..4], [15.0, 14.0, 13.0, 12.0]);
+    let dense = rev.contiguous().unwrap();
+    assert!(dense.is_contiguous());
+    let same = dense.contiguous().unwrap();
+    assert_eq!(same.data_ptr(), dense.data_ptr(), "contiguous() of a contiguous tensor is free");
+    let mut c = rev.copy().unwrap();
+    assert_ne!(c.data_ptr(), rev.data_ptr());
+    c.as_mut_slice::<f32>().unwrap()[0] = -1.0;
+    assert_eq!(rev.to_vec::<f32>().unwrap()[0], 15.0, "a copy is independent");
+
+    let mut z = Tensor::zeros(DType::I16, &[2, 2]).unwrap();
+    let src = Tensor::from_vec(vec![1i16, 2, 3, 4], &[2, 2]).unwrap();
+    z.copy_from(&src.transpose(0, 1).unwrap()).unwrap();
+    assert_eq!(z.as_slice::<i16>().unwrap(), &[1, 3, 2, 4]);
+}
+
+#[test]
+fn negative_strides_follow_pythons_dlpack_rule() {
+    let t = Tensor::from_vec((0..6).map(|i| i as f64).collect(), &[6]).unwrap();
+    let rev = t.slice(0, 5, -7, -1).unwrap();
+    assert_eq!(rev.strides(), &[-1]);
+    // Any consumer (the default, like __dlpack__()): a copy, flagged as one.
+    let dl = rev.to_dlpack(&ExportOptions::default()).unwrap();
+    unsafe {
+        assert_ne!((*dl).flags & ffi::DLPACK_FLAG_BITMASK_IS_COPIED, 0);
+        assert_eq!(*(*dl).dl_tensor.strides, 1);
+    }
+    let back = unsafe { Tensor::from_dlpack(dl) }.unwrap();
+    assert_eq!(back.as_slice::<f64>().unwrap(), &[5.0, 4.0, 3.0, 2.0, 1.0, 0.0]);
+    // A strided consumer takes the view as it is; copy=never refuses the portable copy with the policy's words.
+    let dl = rev.to_dlpack(&ExportOptions { strided_consumer: true, ..Default::default() }).unwrap();
+    unsafe {
+        assert_eq!(*(*dl).dl_tensor.strides, -1);
+        ((*dl).deleter.unwrap())(dl);
+    }
+    let err = rev.to_dlpack(&ExportOptions { copy: CopyMode::Never, ..Default::default() }).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::CopyRequired);
+    assert!(err.message().contains("negative"), "{err}");
+    // A consumer that understands only DLPack 0.x gets no versioned struct.
+    let err = rev.to_dlpack(&ExportOptions { max_version: Some((0, 8)), ..Default::default() }).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::VersionMismatch, "{err}");
+}
+
+#[test]
+fn mutation_needs_exclusive_access() {
+    let mut t = Tensor::from_vec(vec![0u8; 8], &[8]).unwrap();
+    t.as_mut_slice::<u8>().unwrap()[0] = 1;
+    let view = t.slice(0, 0, 4, 1).unwrap();
+    let err = t.as_mut_slice::<u8>().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Shared);
+    assert!(err.message().contains("copy()"), "{err}");
+    drop(view);
+    assert!(t.as_mut_slice::<u8>().is_ok(), "exclusive again once the view is gone");
+    let mut ro = t.as_readonly().unwrap();
+    drop(t);
+    assert_eq!(ro.as_mut_slice::<u8>().unwrap_err().kind(), ErrorKind::ReadOnly);
+    assert_eq!(ro.as_slice::<u8>().unwrap()[0], 1);
+}
+
+#[test]
+fn misuse_is_an_error_naming_it() {
+    let t = Tensor::from_vec(vec![1.0f32; 6], &[2, 3]).unwrap();
+    let e = t.as_slice::<f64>().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::TypeMismatch);
+    assert!(e.message().contains("float32") && e.message().contains("float64"), "{e}");
+    let e = t.transpose(0, 1).unwrap().as_slice::<f32>().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::CopyRequired);
+    assert!(e.message().contains("contiguous()"), "{e}");
+    assert_eq!(t.select(0, 2).unwrap_err().kind(), ErrorKind::OutOfRange);
+    assert_eq!(t.transpose(0, 5).unwrap_err().kind(), ErrorKind::OutOfRange);
+    assert_eq!(t.permute(&[0]).unwrap_err().kind(), ErrorKind::InvalidArgument);
+    assert_eq!(t.slice(0, 0, 1, 0).unwrap_err().kind(), ErrorKind::InvalidArgument);
+    assert_eq!(t.to_vec::<i32>().unwrap_err().kind(), ErrorKind::TypeMismatch);
+    assert_eq!(Tensor::from_vec(vec![1u8; 4], &[usize::MAX, 2]).unwrap_err().kind(), ErrorKind::Overflow);
+    assert_eq!(Tensor::from_vec(vec![1u8; 4], &[3]).unwrap_err().kind(), ErrorKind::InvalidArgument);
+    let e = unsafe { Tensor::from_dlpack(std::ptr::null_mut()) }.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+}
+
+unsafe extern "C" fn free_managed(m: *mut DLManagedTensorVersioned) {
+    drop(unsafe { Box::from_raw(m) });
+}
+
+#[test]
+fn foreign_bool_bytes_are_checked() {
+    // A producer claims bool for bytes that are not 0 or 1 (another process, a C library): to_vec refuses them.
+    let bytes: &'static mut [u8; 4] = Box::leak(Box::new([0, 1, 2, 1]));
+    let shape: &'static mut [i64; 1] = Box::leak(Box::new([4]));
+    let m = Box::into_raw(Box::new(DLManagedTensorVersioned {
+        version: ffi::DLPackVersion { major: 1, minor: 0 },
+        manager_ctx: std::ptr::null_mut(),
+        deleter: Some(free_managed),
+        flags: ffi::DLPACK_FLAG_BITMASK_READ_ONLY,
+        dl_tensor: ffi::DLTensor {
+            data: bytes.as_mut_ptr().cast(),
+            device: ffi::DLDevice { device_type: ffi::K_DL_CPU, device_id: 0 },
+            ndim: 1,
+            dtype: ffi::DLDataType { code: ffi::K_DL_BOOL, bits: 8, lanes: 1 },
+            shape: shape.as_mut_ptr(),
+            strides: std::ptr::null_mut(),
+            byte_offset: 0,
+        },
+    }));
+    let t = unsafe { Tensor::from_dlpack(m) }.unwrap();
+    assert!(t.is_readonly());
+    let e = t.to_vec::<bool>().unwrap_err();
+    assert!(e.message().contains("bool element 2 holds byte 2"), "{e}");
+}
+
+#[test]
+fn metadata_round_trips_every_kind() {
+    let inner = Metadata::new().with("format", "XYXY").with("canvas", Value::Tuple(vec![480.into(), 640.into()]));
+    let m = Metadata::new()
+        .with("step", 7)
+        .with("scale", 0.25)
+        .with("ok", true)
+        .with("none", Value::None)
+        .with("name", "caméra\u{0}2")
+        .with("raw", Value::Bytes(vec![0, 255, 10]))
+        .with("list", Value::List(vec![1.into(), "two".into(), Value::List(vec![])]))
+        .with("boxes", inner);
+    let mut t = Tensor::zeros(DType::F32, &[1]).unwrap();
+    t.set_metadata(&m).unwrap();
+    let got = t.metadata().unwrap();
+    assert_eq!(got, m);
+    assert_eq!(got.keys().collect::<Vec<_>>(), ["step", "scale", "ok", "none", "name", "raw", "list", "boxes"]);
+    // Views copy it; a handle's own changes stay its own.
+    let v = t.slice(0, 0, 1, 1).unwrap();
+    t.set_metadata(&Metadata::new().with("step", 8)).unwrap();
+    assert_eq!(v.metadata().unwrap().get("step"), Some(&Value::Int(7)));
+    assert_eq!(t.metadata().unwrap().len(), 1);
+}
