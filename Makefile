@@ -21,7 +21,7 @@ PY_PACKAGES := numpy ml_dtypes pyarrow nanoarrow "jax[cpu]" hypothesis pytest py
 CMAKE_COMMON := -G Ninja -DPython_EXECUTABLE=$(PY) -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DTW_BUILD_TESTS=ON -DTW_BUILD_PYTHON=ON
 
 .PHONY: all demo test deps apt venv build build-asan build-tsan test-cpp test-python test-asan test-tsan test-fuzz \
-        test-install bench fuzz soak clean
+        test-install test-rust test-rust-asan bench bench-rust fuzz soak clean
 
 all: build
 
@@ -70,7 +70,7 @@ demo: deps
 	@$(VENV)/bin/tensorwire demo
 
 # ---- tests --------------------------------------------------------------------------------------------------------
-test: test-cpp test-python test-asan test-tsan test-fuzz test-install
+test: test-cpp test-python test-asan test-tsan test-fuzz test-install test-rust test-rust-asan
 	@echo "make test: all suites passed"
 
 test-cpp: build
@@ -108,6 +108,34 @@ test-install: build
 	@cmake --build $(BUILD)/consumer >/dev/null
 	@$(BUILD)/consumer/consumer
 	@$(BUILD)/consumer/consumer_c
+
+# The Rust crate (rust/): offline, std only, linked against this build's libtensorwire_c.so; its tests also run
+# Python peers (the venv's interpreter and this build's package). The ASan pass (nightly's -Zsanitizer, when this
+# machine has a nightly toolchain) covers the crate's own unsafe code; the Python-hosted cdylib test is left to
+# the plain pass (an instrumented library cannot load into an uninstrumented interpreter).
+export PATH := $(PATH):$(HOME)/.cargo/bin
+CARGO = $(shell command -v cargo 2>/dev/null)
+RUST_ENV := TENSORWIRE_DIR=$(BUILD)/release TENSORWIRE_PYTHON=$(PY) TENSORWIRE_PYTHONPATH=$(BUILD)/release/pkg
+cargo: apt
+	@if [ -z "$(CARGO)" ]; then \
+	  echo "installing Debian's cargo (no Rust toolchain found)"; \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq cargo >/dev/null; \
+	fi
+
+test-rust: build cargo
+	@cd rust && $(RUST_ENV) CARGO_TARGET_DIR=$(BUILD)/rust cargo test --offline -q
+
+test-rust-asan: build cargo
+	@if rustup run nightly rustc --version >/dev/null 2>&1; then \
+	  cd rust && $(RUST_ENV) RUSTFLAGS="-Zsanitizer=address" CARGO_TARGET_DIR=$(BUILD)/rust-asan \
+	    ASAN_OPTIONS=detect_leaks=1 rustup run nightly cargo test --offline -q --target $$(rustc -vV | sed -n 's/^host: //p') \
+	    --test ownership --test tensor --test pubsub --test layout; \
+	else echo "test-rust-asan: no nightly Rust toolchain here (rustup toolchain install nightly); skipped"; fi
+
+bench-rust: build cargo
+	@cd rust && $(RUST_ENV) CARGO_TARGET_DIR=$(BUILD)/rust cargo build --offline -q --release --examples
+	@PYTHONPATH=$(BUILD)/release/pkg $(PY) bench/bench_rust.py --examples $(BUILD)/rust/release/examples --json bench/results/rust.json
 
 # Long soak and fault runs for developers (not part of `make test`, which runs bounded versions of the same
 # scripts): SOAK_MESSAGES messages fanned out to 4 subscriber processes, SOAK_ROUNDS SIGKILL rounds, and the C++

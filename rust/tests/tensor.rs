@@ -141,26 +141,34 @@ fn misuse_is_an_error_naming_it() {
     assert_eq!(e.kind(), ErrorKind::InvalidArgument);
 }
 
+struct Foreign {
+    bytes: [u8; 4],
+    shape: [i64; 1],
+}
+
 unsafe extern "C" fn free_managed(m: *mut DLManagedTensorVersioned) {
-    drop(unsafe { Box::from_raw(m) });
+    // SAFETY: both boxes were leaked by the test below and are freed exactly once, here.
+    unsafe {
+        drop(Box::from_raw((*m).manager_ctx as *mut Foreign));
+        drop(Box::from_raw(m));
+    }
 }
 
 #[test]
 fn foreign_bool_bytes_are_checked() {
     // A producer claims bool for bytes that are not 0 or 1 (another process, a C library): to_vec refuses them.
-    let bytes: &'static mut [u8; 4] = Box::leak(Box::new([0, 1, 2, 1]));
-    let shape: &'static mut [i64; 1] = Box::leak(Box::new([4]));
+    let owned = Box::into_raw(Box::new(Foreign { bytes: [0, 1, 2, 1], shape: [4] }));
     let m = Box::into_raw(Box::new(DLManagedTensorVersioned {
         version: ffi::DLPackVersion { major: 1, minor: 0 },
-        manager_ctx: std::ptr::null_mut(),
+        manager_ctx: owned.cast(),
         deleter: Some(free_managed),
         flags: ffi::DLPACK_FLAG_BITMASK_READ_ONLY,
         dl_tensor: ffi::DLTensor {
-            data: bytes.as_mut_ptr().cast(),
+            data: unsafe { (*owned).bytes.as_mut_ptr() }.cast(),
             device: ffi::DLDevice { device_type: ffi::K_DL_CPU, device_id: 0 },
             ndim: 1,
             dtype: ffi::DLDataType { code: ffi::K_DL_BOOL, bits: 8, lanes: 1 },
-            shape: shape.as_mut_ptr(),
+            shape: unsafe { (*owned).shape.as_mut_ptr() },
             strides: std::ptr::null_mut(),
             byte_offset: 0,
         },
