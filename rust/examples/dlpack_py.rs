@@ -3,7 +3,7 @@
 //! whichever side lets go last.
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::ffi::CStr;
-use std::os::raw::{c_char, c_int};
+use std::os::raw::c_char;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tensorwire::ffi::DLManagedTensorVersioned;
@@ -74,8 +74,11 @@ fn bytes_of(t: &Tensor) -> Vec<u8> {
 }
 
 /// A new tensor of dtype `name` handed over as DLPack (the caller owns it), or null for an unknown name.
+///
+/// # Safety
+/// `name` is a NUL-terminated string.
 #[no_mangle]
-pub extern "C" fn twrs_make(name: *const c_char) -> *mut DLManagedTensorVersioned {
+pub unsafe extern "C" fn twrs_make(name: *const c_char) -> *mut DLManagedTensorVersioned {
     let name = unsafe { CStr::from_ptr(name) }.to_str().unwrap_or("");
     match pattern(name, true) {
         Some(t) => t.into_dlpack(),
@@ -91,8 +94,11 @@ pub extern "C" fn twrs_last_data() -> usize {
 
 /// Takes ownership of `managed` and checks it holds the pattern of `name` (dtype, shape, values); returns its data
 /// address (0 on mismatch, with the reason on stderr).
+///
+/// # Safety
+/// `name` is a NUL-terminated string; `managed` a DLPack struct whose ownership the caller gives up.
 #[no_mangle]
-pub extern "C" fn twrs_check(name: *const c_char, managed: *mut DLManagedTensorVersioned) -> usize {
+pub unsafe extern "C" fn twrs_check(name: *const c_char, managed: *mut DLManagedTensorVersioned) -> usize {
     let name = unsafe { CStr::from_ptr(name) }.to_str().unwrap_or("");
     let t = match unsafe { Tensor::from_dlpack(managed) } {
         Ok(t) => t,
@@ -113,10 +119,4 @@ pub extern "C" fn twrs_check(name: *const c_char, managed: *mut DLManagedTensorV
 #[no_mangle]
 pub extern "C" fn twrs_frees() -> usize {
     FREES.load(Ordering::SeqCst)
-}
-
-/// Never called: keeps c_int in use for the declaration style above.
-#[no_mangle]
-pub extern "C" fn twrs_abi() -> c_int {
-    1
 }

@@ -30,7 +30,7 @@ fn main() -> Result<(), tensorwire::Error> {
     }
     let (topic, count, interval_us, elements): (&str, usize, u64, usize) =
         (&args[1], args[2].parse().unwrap(), args[3].parse().unwrap(), args[4].parse().unwrap());
-    let mut p = Publisher::new(topic, Default::default())?;
+    let p = Publisher::new(topic, Default::default())?;
     let deadline = Instant::now() + Duration::from_secs(20);
     while p.subscriber_count() < 1 {
         assert!(Instant::now() < deadline, "no subscriber within 20 s");

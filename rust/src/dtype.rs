@@ -37,7 +37,7 @@ impl DType {
 
     /// Bytes per element (rounded up for sub-byte types).
     pub fn itemsize(self) -> usize {
-        (self.bits as usize * self.lanes as usize + 7) / 8
+        (self.bits as usize * self.lanes as usize).div_ceil(8)
     }
 
     pub(crate) fn to_dl(self) -> DLDataType {

@@ -97,7 +97,7 @@ unsafe impl Sync for Publisher {}
 ///
 /// ```compile_fail,E0382
 /// # fn main() -> Result<(), tensorwire::Error> {
-/// let mut pub_ = tensorwire::Publisher::new("doc_loan", Default::default())?;
+/// let pub_ = tensorwire::Publisher::new("doc_loan", Default::default())?;
 /// let mut buf = pub_.loan::<f32>(&[4])?;
 /// pub_.send(buf)?;
 /// buf.as_mut_slice()[0] = 1.0; // error[E0382]: borrow of moved value: `buf`
@@ -126,8 +126,9 @@ impl<T: Pod> Loan<T> {
     pub fn set_metadata(&mut self, metadata: &Metadata) -> Result<()> {
         self.tensor.set_metadata(metadata)
     }
-    /// Gives up the loan's exclusivity: the tensor can then be viewed and shared, and is sent by reference
-    /// (`send(&tensor)`), which makes its memory read-only here when something could still write it.
+    /// The loan as a plain tensor, to make views of or send by reference (`send(&tensor)`). It stays writable
+    /// (`as_mut_slice`) only while it has no other owner; once sent by reference, subscribers read it, so it
+    /// never is again (and with `protect_sent_loans` its memory is read-only here).
     pub fn into_tensor(self) -> Tensor {
         self.tensor
     }
@@ -135,46 +136,92 @@ impl<T: Pod> Loan<T> {
 
 mod sealed {
     pub trait Sealed {}
+    /// Extra metadata for one send: only this crate can make one (a raw tree pointer it owns for the call).
+    #[derive(Debug)]
+    pub struct Extra(pub(crate) *const crate::ffi::tw_value);
 }
+use sealed::Extra;
+
+/// A send that failed, with the message handed back (a moved loan keeps its contents: retry it, or drop it to
+/// return the buffer to the pool). Converts into `Error` with `?`.
+#[derive(Debug)]
+pub struct SendError<M> {
+    pub error: Error,
+    pub message: M,
+}
+
+impl<M> From<SendError<M>> for Error {
+    fn from(e: SendError<M>) -> Error {
+        e.error
+    }
+}
+
+impl<M> std::fmt::Display for SendError<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.error, f)
+    }
+}
+
+impl<M: std::fmt::Debug> std::error::Error for SendError<M> {}
 
 /// What `Publisher::send` accepts: a `Loan` or a `Tensor` moved in (consumed), or a `&Tensor` (the caller keeps
-/// it; a loan's memory it views is made read-only here when it could still be written).
-pub trait Outgoing: sealed::Sealed {
+/// it; a loan it views is read by subscribers from then on, so it is never exclusive again, and its memory is made
+/// read-only here when `protect_sent_loans` is on).
+pub trait Outgoing: sealed::Sealed + Sized {
     #[doc(hidden)]
-    fn deliver(self, p: *mut ffi::tw_publisher, extra: *const ffi::tw_value, timeout_ns: i64) -> Result<usize>;
+    fn deliver(self, p: &Publisher, extra: Option<&Extra>, timeout_ns: i64) -> std::result::Result<usize, SendError<Self>>;
 }
 
-fn deliver_moved(t: Tensor, p: *mut ffi::tw_publisher, extra: *const ffi::tw_value, timeout_ns: i64) -> Result<usize> {
+/// Sends an owned handle; on failure the C ABI leaves it intact and it is handed back through `rebuild`.
+fn deliver_moved<M>(
+    t: Tensor,
+    p: &Publisher,
+    extra: Option<&Extra>,
+    timeout_ns: i64,
+    rebuild: impl FnOnce(Tensor) -> M,
+) -> std::result::Result<usize, SendError<M>> {
     let mut raw = t.into_raw();
     let mut delivered = 0usize;
-    // SAFETY: raw is an owned handle; on success the C ABI frees it and sets it to NULL.
-    let status = unsafe { ffi::tw_publisher_send_move(p, &mut raw, extra, timeout_ns, &mut delivered) };
-    if !raw.is_null() {
-        // Failed: the handle is still ours, and dropping it releases the buffer back to the pool.
-        drop(unsafe { Tensor::from_raw(raw) });
+    // SAFETY: raw is an owned handle; on success the C ABI frees it and sets it to NULL, on failure it stays ours.
+    let extra = extra.map_or(std::ptr::null(), |e| e.0);
+    let status = unsafe { ffi::tw_publisher_send_move(p.raw.as_ptr(), &mut raw, extra, timeout_ns, &mut delivered) };
+    // Read the error before anything else can run (a drop could call into the C ABI and replace the message).
+    let result = check(status);
+    match result {
+        Ok(()) => Ok(delivered),
+        Err(error) => {
+            // SAFETY: on failure raw is still a live handle we own.
+            let t = unsafe { Tensor::from_raw(raw) }.map_err(|e| SendError { error: e, message: () });
+            match t {
+                Ok(t) => Err(SendError { error, message: rebuild(t) }),
+                Err(_) => panic!("tw_publisher_send_move failed and returned no handle: {error}"),
+            }
+        }
     }
-    check(status)?;
-    Ok(delivered)
 }
 
 impl<T: Pod> sealed::Sealed for Loan<T> {}
 impl<T: Pod> Outgoing for Loan<T> {
-    fn deliver(self, p: *mut ffi::tw_publisher, extra: *const ffi::tw_value, timeout_ns: i64) -> Result<usize> {
-        deliver_moved(self.tensor, p, extra, timeout_ns)
+    fn deliver(self, p: &Publisher, extra: Option<&Extra>, timeout_ns: i64) -> std::result::Result<usize, SendError<Self>> {
+        deliver_moved(self.tensor, p, extra, timeout_ns, |tensor| Loan { tensor, _t: PhantomData })
     }
 }
 impl sealed::Sealed for Tensor {}
 impl Outgoing for Tensor {
-    fn deliver(self, p: *mut ffi::tw_publisher, extra: *const ffi::tw_value, timeout_ns: i64) -> Result<usize> {
-        deliver_moved(self, p, extra, timeout_ns)
+    fn deliver(self, p: &Publisher, extra: Option<&Extra>, timeout_ns: i64) -> std::result::Result<usize, SendError<Self>> {
+        deliver_moved(self, p, extra, timeout_ns, |t| t)
     }
 }
 impl sealed::Sealed for &Tensor {}
 impl Outgoing for &Tensor {
-    fn deliver(self, p: *mut ffi::tw_publisher, extra: *const ffi::tw_value, timeout_ns: i64) -> Result<usize> {
+    fn deliver(self, p: &Publisher, extra: Option<&Extra>, timeout_ns: i64) -> std::result::Result<usize, SendError<Self>> {
         let mut delivered = 0usize;
-        check(unsafe { ffi::tw_publisher_send(p, self.as_raw(), extra, timeout_ns, &mut delivered) })?;
-        Ok(delivered)
+        let extra = extra.map_or(std::ptr::null(), |e| e.0);
+        // SAFETY: live handles and a tree this crate owns for the call; the C ABI takes none of them.
+        match check(unsafe { ffi::tw_publisher_send(p.raw.as_ptr(), self.as_raw(), extra, timeout_ns, &mut delivered) }) {
+            Ok(()) => Ok(delivered),
+            Err(error) => Err(SendError { error, message: self }),
+        }
     }
 }
 
@@ -212,12 +259,12 @@ impl Publisher {
 
     /// A writable, C-contiguous buffer from the shared-memory pool (waits while the pool is exhausted, under the
     /// `OnFull` policy).
-    pub fn loan<T: Pod>(&mut self, shape: &[usize]) -> Result<Loan<T>> {
+    pub fn loan<T: Pod>(&self, shape: &[usize]) -> Result<Loan<T>> {
         self.loan_timeout(shape, None)
     }
 
     /// `loan`, giving up after `timeout` (`ErrorKind::Timeout`).
-    pub fn loan_timeout<T: Pod>(&mut self, shape: &[usize], timeout: Option<Duration>) -> Result<Loan<T>> {
+    pub fn loan_timeout<T: Pod>(&self, shape: &[usize], timeout: Option<Duration>) -> Result<Loan<T>> {
         let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
         if shape.iter().any(|&d| d > i64::MAX as usize) {
             return Err(Error::new(ErrorKind::Overflow, format!("shape {shape:?} does not fit in i64")));
@@ -238,16 +285,31 @@ impl Publisher {
 
     /// Delivers a message to every current subscriber, or to none; returns how many got it. A `Loan` (moved in)
     /// crosses with no copy; any other host tensor is packed into the pool with one copy. Waits while a ring is
-    /// full (`OnFull::Block`).
-    pub fn send<M: Outgoing>(&mut self, message: M) -> Result<usize> {
-        message.deliver(self.raw.as_ptr(), std::ptr::null(), -1)
+    /// full (`OnFull::Block`). On failure nobody received it (and a moved loan goes back to the pool; use
+    /// `try_send_with` to keep it).
+    pub fn send<M: Outgoing>(&self, message: M) -> Result<usize> {
+        Ok(message.deliver(self, None, -1)?)
     }
 
     /// `send` with metadata merged into the tensor's own (these entries win) and a bound on the wait
-    /// (`ErrorKind::Timeout`: nobody got it; a moved loan is then released back to the pool).
-    pub fn send_with<M: Outgoing>(&mut self, message: M, metadata: &Metadata, timeout: Option<Duration>) -> Result<usize> {
-        let extra = metadata_to_raw(metadata)?;
-        message.deliver(self.raw.as_ptr(), extra.as_ptr(), timeout_ns(timeout))
+    /// (`ErrorKind::Timeout`: nobody got it).
+    pub fn send_with<M: Outgoing>(&self, message: M, metadata: &Metadata, timeout: Option<Duration>) -> Result<usize> {
+        Ok(self.try_send_with(message, metadata, timeout)?)
+    }
+
+    /// `send_with` that hands the message back when it fails (`ErrorKind::WouldBlock` under `OnFull::Raise`,
+    /// `ErrorKind::Timeout`, ...), so a filled loan can be sent again.
+    pub fn try_send_with<M: Outgoing>(
+        &self,
+        message: M,
+        metadata: &Metadata,
+        timeout: Option<Duration>,
+    ) -> std::result::Result<usize, SendError<M>> {
+        let extra = match metadata_to_raw(metadata) {
+            Ok(e) => e,
+            Err(error) => return Err(SendError { error, message }),
+        };
+        message.deliver(self, Some(&Extra(extra.as_ptr())), timeout_ns(timeout))
     }
 
     /// Subscribers currently connected.
@@ -259,7 +321,7 @@ impl Publisher {
         unsafe { ffi::tw_publisher_dropped(self.raw.as_ptr()) }
     }
     /// Ends the stream now (idempotent); `drop` does the same.
-    pub fn close(&mut self) {
+    pub fn close(&self) {
         unsafe { ffi::tw_publisher_close(self.raw.as_ptr()) }
     }
     pub fn is_closed(&self) -> bool {
@@ -336,6 +398,10 @@ impl Subscriber {
     pub fn dropped(&self) -> u64 {
         unsafe { ffi::tw_subscriber_dropped(self.raw.as_ptr()) }
     }
+    /// Received tensors until end-of-stream.
+    pub fn iter(&self) -> Messages<'_> {
+        Messages { sub: self, done: false }
+    }
     /// Disconnects; received tensors stay valid.
     pub fn close(&mut self) {
         unsafe { ffi::tw_subscriber_close(self.raw.as_ptr()) }
@@ -348,13 +414,30 @@ impl Drop for Subscriber {
     }
 }
 
-/// Iterates received tensors until end-of-stream (each `recv` waits as long as it takes).
-impl Iterator for &Subscriber {
+/// Received tensors until end-of-stream (`Subscriber::iter`). Each `next` waits as long as it takes; the
+/// iteration ends after end-of-stream or after the first error (which it yields).
+#[derive(Debug)]
+pub struct Messages<'a> {
+    sub: &'a Subscriber,
+    done: bool,
+}
+
+impl Iterator for Messages<'_> {
     type Item = Result<Tensor>;
     fn next(&mut self) -> Option<Result<Tensor>> {
-        match self.recv(None) {
-            Err(e) if e.kind() == ErrorKind::EndOfStream => None,
-            other => Some(other),
+        if self.done {
+            return None;
+        }
+        match self.sub.recv(None) {
+            Ok(t) => Some(Ok(t)),
+            Err(e) => {
+                self.done = true;
+                if e.kind() == ErrorKind::EndOfStream {
+                    None
+                } else {
+                    Some(Err(e))
+                }
+            }
         }
     }
 }

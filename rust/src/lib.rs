@@ -23,7 +23,7 @@
 //!
 //! let topic = format!("doc_points_{}", std::process::id());
 //! let sub = Subscriber::new(&topic)?;
-//! let mut pub_ = Publisher::new(&topic, Default::default())?;
+//! let pub_ = Publisher::new(&topic, Default::default())?;
 //! let mut buf = pub_.loan::<f32>(&[1024, 3])?;
 //! buf.as_mut_slice().fill(1.0);
 //! # let _ = sub.recv(Some(Duration::from_millis(1)));    // completes the connection
@@ -48,7 +48,7 @@ mod tensor;
 
 pub use dtype::{DType, Element, Pod, BF16, F16};
 pub use error::{Error, ErrorKind, Result};
-pub use ipc::{Loan, OnFull, Outgoing, Publisher, PublisherOptions, Subscriber, SubscriberOptions};
+pub use ipc::{Loan, Messages, OnFull, Outgoing, Publisher, PublisherOptions, SendError, Subscriber, SubscriberOptions};
 pub use metadata::{Metadata, Value};
 pub use tensor::{CopyMode, Device, ExportOptions, Tensor};
 

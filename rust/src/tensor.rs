@@ -139,6 +139,10 @@ impl Tensor {
     /// # Safety
     /// `managed` must be null or point to a valid `DLManagedTensorVersioned` whose ownership the caller gives up
     /// (it must not be used or deleted afterwards), describing memory that stays valid until its deleter runs.
+    /// That deleter may run on any thread (a `Tensor` is `Send`). While any `Tensor` made from it lives, nobody
+    /// may write the memory unless the struct is flagged read-only and the writer is outside this process's Rust
+    /// code — `as_slice` hands out shared references to it (a producer that keeps writing its array, as NumPy
+    /// may, must not be imported this way).
     pub unsafe fn from_dlpack(managed: *mut DLManagedTensorVersioned) -> Result<Tensor> {
         crate::check_abi()?;
         if managed.is_null() {
@@ -156,8 +160,9 @@ impl Tensor {
     /// other layout as it is, without copying.
     ///
     /// # Panics
-    /// Only when the memory for such a copy cannot be allocated (as `Vec` does); `to_dlpack` returns that as an
-    /// error instead.
+    /// When the export fails: the memory for such a copy cannot be allocated, or the copy is not possible (a
+    /// device tensor with negative strides: the host copy engine cannot make it). `to_dlpack` returns those as
+    /// errors instead.
     pub fn into_dlpack(self) -> *mut DLManagedTensorVersioned {
         match self.to_dlpack(&ExportOptions::default()) {
             Ok(p) => p,
@@ -371,11 +376,14 @@ impl Tensor {
         let n = dense.numel();
         let mut out: Vec<T> = Vec::with_capacity(n);
         if n > 0 {
-            let src = dense.data_ptr() as *const u8;
-            // SAFETY: the source holds n * size_of::<T>() bytes; bytes are copied before any is interpreted.
+            let nbytes = n * std::mem::size_of::<T>();
+            // SAFETY: the source holds nbytes; they are copied into memory we own before any is interpreted, and
+            // for bool checked there (a concurrent writer of the source cannot change what was checked).
             unsafe {
-                let bytes = std::slice::from_raw_parts(src, n * std::mem::size_of::<T>());
+                let dst = out.as_mut_ptr() as *mut u8;
+                std::ptr::copy_nonoverlapping(dense.data_ptr() as *const u8, dst, nbytes);
                 if T::DTYPE == DType::BOOL {
+                    let bytes = std::slice::from_raw_parts(dst as *const u8, nbytes);
                     if let Some(i) = bytes.iter().position(|&b| b > 1) {
                         return Err(Error::new(
                             ErrorKind::InvalidArgument,
@@ -383,7 +391,6 @@ impl Tensor {
                         ));
                     }
                 }
-                std::ptr::copy_nonoverlapping(bytes.as_ptr(), out.as_mut_ptr() as *mut u8, bytes.len());
                 out.set_len(n);
             }
         }

@@ -30,7 +30,7 @@ static GLOBAL: Counting = Counting;
 // The tracked address is process-wide: tests that use it take turns.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-fn track<T>(v: &Vec<T>) {
+fn track<T>(v: &[T]) {
     FREES.store(0, Ordering::SeqCst);
     TRACKED.store(v.as_ptr() as usize, Ordering::SeqCst);
 }

@@ -16,7 +16,7 @@ const SECS: Option<Duration> = Some(Duration::from_secs(20));
 fn rust_to_rust_with_end_of_stream() {
     let topic = common::topic("rr");
     let sub = Subscriber::new(&topic).unwrap();
-    let mut p = Publisher::new(&topic, PublisherOptions { depth: 4, ..Default::default() }).unwrap();
+    let p = Publisher::new(&topic, PublisherOptions { depth: 4, ..Default::default() }).unwrap();
     assert_eq!(sub.recv(Some(Duration::from_millis(1))).unwrap_err().kind(), ErrorKind::Timeout);
     assert_eq!(p.subscriber_count(), 1);
     let mut buf = p.loan::<i64>(&[3, 5]).unwrap();
@@ -43,17 +43,48 @@ fn rust_to_rust_with_end_of_stream() {
 }
 
 #[test]
+fn a_loan_sent_by_reference_is_never_writable_again() {
+    let topic = common::topic("byref");
+    let sub = Subscriber::new(&topic).unwrap();
+    // Even with protection off (nothing would fault), safe Rust must not get a &mut into a sent message.
+    let p = Publisher::new(&topic, PublisherOptions { protect_sent_loans: false, ..Default::default() }).unwrap();
+    let _ = sub.recv(Some(Duration::from_millis(1)));
+    let mut loan = p.loan::<f32>(&[8]).unwrap();
+    loan.as_mut_slice().fill(3.0);
+    let mut t = loan.into_tensor();
+    assert!(t.is_exclusive());
+    p.send(&t).unwrap();
+    assert!(!t.is_exclusive());
+    assert_eq!(t.as_mut_slice::<f32>().unwrap_err().kind(), ErrorKind::Shared);
+    let got = sub.recv(SECS).unwrap();
+    assert_eq!(got.as_slice::<f32>().unwrap(), &[3.0; 8]);
+    drop(p);
+    let rest: Vec<_> = sub.iter().collect();
+    assert!(rest.is_empty(), "the iterator ends at end-of-stream");
+}
+
+#[test]
 fn would_block_and_timeouts_are_errors_not_hangs() {
     let topic = common::topic("full");
     let sub = Subscriber::new(&topic).unwrap();
-    let mut p =
+    let p =
         Publisher::new(&topic, PublisherOptions { depth: 1, on_full: OnFull::Raise, ..Default::default() }).unwrap();
     let _ = sub.recv(Some(Duration::from_millis(1)));
     let x = Tensor::zeros(DType::U8, &[16]).unwrap();
     p.send(&x).unwrap();
     let e = p.send(&x).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::WouldBlock, "{e}");
-    let mut blocking = Publisher::new(&common::topic("full2"), PublisherOptions::default()).unwrap();
+    // A filled loan that could not be sent comes back intact, and goes once there is room.
+    let mut buf = p.loan::<u16>(&[4]).unwrap();
+    buf.as_mut_slice().copy_from_slice(&[1, 2, 3, 4]);
+    let back = p.try_send_with(buf, &Metadata::new(), None).unwrap_err();
+    assert_eq!(back.error.kind(), ErrorKind::WouldBlock);
+    let buf = back.message;
+    assert_eq!(buf.as_slice(), &[1, 2, 3, 4]);
+    assert_eq!(sub.recv(SECS).unwrap().shape(), &[16]);
+    assert_eq!(p.send(buf).unwrap(), 1);
+    assert_eq!(sub.recv(SECS).unwrap().as_slice::<u16>().unwrap(), &[1, 2, 3, 4]);
+    let blocking = Publisher::new(&common::topic("full2"), PublisherOptions::default()).unwrap();
     assert_eq!(blocking.subscriber_count(), 0);
     assert_eq!(Publisher::new("bad name!", Default::default()).unwrap_err().kind(), ErrorKind::InvalidArgument);
     let lonely = Subscriber::new(&common::topic("nobody")).unwrap();
@@ -151,7 +182,7 @@ fn rust_publisher_to_python_subscriber() {
     out.read_line(&mut line).unwrap();
     assert_eq!(line.trim(), "ready", "the Python subscriber did not start");
 
-    let mut p = Publisher::new(&topic, Default::default()).unwrap(); // connects to the waiting subscriber
+    let p = Publisher::new(&topic, Default::default()).unwrap(); // connects to the waiting subscriber
     assert_eq!(p.subscriber_count(), 1);
     let mut buf = p.loan::<f32>(&[1024, 3]).unwrap();
     buf.as_mut_slice().fill(1.0);

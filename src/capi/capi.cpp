@@ -1,6 +1,7 @@
 // The C ABI (include/tensorwire/tensorwire.h): a thin, exception-free shell over the C++ API.
 #include "tensorwire/tensorwire.h"
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -82,7 +83,15 @@ tw::CopyMode copy_mode(int32_t c) {
 }
 
 // Options structs carry their size so that fields can be added: a caller compiled against an older (smaller)
-// struct is read up to its size only; a size we do not know at all is refused.
+// struct is read up to its size only; a size we do not know at all is refused. The smallest sizes accepted are
+// the structs as ABI 1.1 shipped them (frozen here: fields added later must be appended, and these stay).
+constexpr size_t kExportOptionsV1 = 48;
+constexpr size_t kImportOptionsV1 = 20;
+constexpr size_t kPublisherOptionsV1 = 56;
+constexpr size_t kSubscriberOptionsV1 = 8;
+static_assert(sizeof(tw_export_options) >= kExportOptionsV1 && sizeof(tw_import_options) >= kImportOptionsV1 &&
+              sizeof(tw_publisher_options) >= kPublisherOptionsV1 &&
+              sizeof(tw_subscriber_options) >= kSubscriberOptionsV1);
 template <class Options>
 Options read_options(const Options* o, void (*init)(Options*), size_t min_size, const char* name) {
   Options r;
@@ -98,7 +107,7 @@ Options read_options(const Options* o, void (*init)(Options*), size_t min_size, 
 
 tw::ExportRequest export_request(const tw_export_options* options) {
   const tw_export_options o =
-      read_options(options, tw_export_options_init, sizeof(tw_export_options), "tw_export_options");
+      read_options(options, tw_export_options_init, kExportOptionsV1, "tw_export_options");
   tw::ExportRequest r;
   r.copy = copy_mode(o.copy);
   if (o.consumer != TW_CONSUMER_PORTABLE && o.consumer != TW_CONSUMER_STRIDED)
@@ -113,7 +122,7 @@ tw::ExportRequest export_request(const tw_export_options* options) {
 
 tw::ImportRequest import_request(const tw_import_options* options) {
   const tw_import_options o =
-      read_options(options, tw_import_options_init, sizeof(tw_import_options), "tw_import_options");
+      read_options(options, tw_import_options_init, kImportOptionsV1, "tw_import_options");
   tw::ImportRequest r;
   r.copy = copy_mode(o.copy);
   if (o.has_device) r.device = tw::Device::from_dlpack(o.device);
@@ -297,9 +306,9 @@ tw_status tw_tensor_import_dlpack(DLManagedTensorVersioned* managed, const tw_im
     return st;
   }
   return guarded([&] {
-    tw::Tensor t = tw::import_dlpack(managed, r);
-    const bool copied = r.copy == tw::CopyMode::always;  // a copy=always import is new memory of ours
-    *out = wrap(std::move(t), copied);
+    // Never owned, even under copy=always: a producer that set IS_COPIED is trusted to have copied, and that is
+    // its word, not tensorwire's knowledge.
+    *out = wrap(tw::import_dlpack(managed, r), false);
   });
 }
 
@@ -383,7 +392,11 @@ int tw_tensor_is_contiguous(const tw_tensor* t) { return t && t->t.is_contiguous
 int tw_tensor_readonly(const tw_tensor* t) { return t && t->t.readonly() ? 1 : 0; }
 int tw_tensor_is_exclusive(const tw_tensor* t) {
   if (!t || !t->owned || !t->t.defined() || t->t.readonly()) return 0;
-  return t->t.buffer_ptr().use_count() == 1 && !t->t.buffer().escaped() ? 1 : 0;
+  if (t->t.buffer_ptr().use_count() != 1) return 0;
+  // use_count() is a relaxed load: order this thread's coming writes after everything other owners did before
+  // they let go (their reads, a mark_escaped), as Arc::get_mut does.
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return t->t.buffer().escaped() ? 0 : 1;
 }
 
 tw_status tw_tensor_contiguous(const tw_tensor* t, tw_tensor** out) {
@@ -618,7 +631,7 @@ tw_status tw_publisher_new(const char* name, const tw_publisher_options* options
   *out = nullptr;
   return guarded([&] {
     const tw_publisher_options o =
-        read_options(options, tw_publisher_options_init, sizeof(tw_publisher_options), "tw_publisher_options");
+        read_options(options, tw_publisher_options_init, kPublisherOptionsV1, "tw_publisher_options");
     tw::PublisherOptions po;
     po.on_full = on_full_arg(o.on_full);
     po.depth = static_cast<size_t>(o.depth);
@@ -653,7 +666,11 @@ tw_status tw_publisher_send(tw_publisher* p, const tw_tensor* t, const tw_value*
   if (!p) return null_arg("publisher");
   if (!t) return null_arg("tensor");
   return guarded([&] {
-    const size_t n = p->p.send(t->t, metadata_arg(extra, "extra metadata"), timeout_arg(timeout_ns));
+    const tw::Metadata m = metadata_arg(extra, "extra metadata");
+    // The caller keeps a loan it sent: subscribers now read that memory, so it must never look exclusive again
+    // (whatever protect_sent_loans says). Each loan gets a new Buffer, so the mark goes with this message.
+    if (p->p.owns(t->t)) t->t.buffer().mark_escaped();
+    const size_t n = p->p.send(t->t, m, timeout_arg(timeout_ns));
     if (delivered) *delivered = n;
   });
 }
@@ -665,6 +682,8 @@ tw_status tw_publisher_send_move(tw_publisher* p, tw_tensor** t, const tw_value*
   if (!t || !*t) return null_arg("tensor");
   return guarded([&] {
     const tw::Metadata m = metadata_arg(extra, "extra metadata");
+    // Other handles of a loan outlive this one: they must not look exclusive once subscribers read the memory.
+    if ((*t)->t.buffer_ptr().use_count() > 1 && p->p.owns((*t)->t)) (*t)->t.buffer().mark_escaped();
     // send(Tensor&&) consumes the tensor only when it succeeds: on failure the handle still holds it.
     const size_t n = p->p.send(std::move((*t)->t), m, timeout_arg(timeout_ns));
     delete *t;
@@ -697,7 +716,7 @@ tw_status tw_subscriber_new(const char* name, const tw_subscriber_options* optio
   *out = nullptr;
   return guarded([&] {
     const tw_subscriber_options o =
-        read_options(options, tw_subscriber_options_init, sizeof(tw_subscriber_options), "tw_subscriber_options");
+        read_options(options, tw_subscriber_options_init, kSubscriberOptionsV1, "tw_subscriber_options");
     tw::SubscriberOptions so;
     so.allow_other_users = o.allow_other_users != 0;
     *out = new tw_subscriber{tw::Subscriber(name, so)};

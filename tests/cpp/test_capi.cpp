@@ -238,6 +238,7 @@ TEST(CApi, PublishSubscribeWithStatusCodes) {
   EXPECT_EQ(po.protect_sent_loans, 1);
   po.depth = 1;
   po.on_full = TW_ON_FULL_RAISE;
+  po.protect_sent_loans = 0;
   tw_publisher* p = nullptr;
   ASSERT_EQ(tw_publisher_new(name.c_str(), &po, &p), TW_OK);
 
@@ -285,6 +286,27 @@ TEST(CApi, PublishSubscribeWithStatusCodes) {
   tw_value_free(bad);
   tw_value_free(extra);
   tw_tensor_free(other);
+
+  // A loan sent by reference is read by subscribers from now on: it never looks exclusive again (even with
+  // protect_sent_loans off), and neither does another handle of a loan sent by move.
+  tw_tensor* kept = nullptr;
+  ASSERT_EQ(tw_publisher_loan(p, 2, shape, kF32, -1, &kept), TW_OK);
+  tw_tensor* second = nullptr;
+  ASSERT_EQ(tw_tensor_share(kept, &second), TW_OK);
+  tw_tensor* msg = nullptr;
+  ASSERT_EQ(tw_subscriber_recv(s, 5'000'000'000, &msg), TW_OK);  // make room (depth 1)
+  tw_tensor_free(msg);
+  ASSERT_EQ(tw_publisher_send_move(p, &second, nullptr, -1, &delivered), TW_OK);
+  EXPECT_EQ(second, nullptr);
+  EXPECT_EQ(tw_tensor_is_exclusive(kept), 0);
+  tw_tensor_free(kept);
+  ASSERT_EQ(tw_subscriber_recv(s, 5'000'000'000, &msg), TW_OK);
+  tw_tensor_free(msg);
+  ASSERT_EQ(tw_publisher_loan(p, 2, shape, kF32, -1, &kept), TW_OK);
+  EXPECT_EQ(tw_tensor_is_exclusive(kept), 1);
+  ASSERT_EQ(tw_publisher_send(p, kept, nullptr, -1, &delivered), TW_OK);
+  EXPECT_EQ(tw_tensor_is_exclusive(kept), 0);
+  tw_tensor_free(kept);
 
   tw_publisher_free(p);  // closes: the subscriber drains, then sees end-of-stream
   tw_tensor* last = nullptr;
