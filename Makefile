@@ -13,7 +13,11 @@ PIP := $(PY) -m pip
 BUILD ?= $(ROOT)/build
 JOBS ?= $(shell nproc)
 HOST_PYTHON ?= $(shell command -v python3.11 || command -v python3)
-TORCH_VERSION := 2.13.0
+# torch and torchvision are a pair (torchvision's C++ ops link one torch build): 2.14.1 + 0.29.1 is the pair whose
+# wheels are both on this machine's index. There is no CPU-only torchvision wheel, and torchvision 0.28 (2.13's
+# partner) does not import against 2.13's CPU build, so torch is the CUDA build (it runs on the CPU here).
+TORCH_VERSION := 2.14.1
+TORCHVISION_VERSION := 0.29.1
 
 APT_PACKAGES := build-essential ninja-build ccache clang-16 libclang-rt-16-dev libgtest-dev libgmock-dev libbenchmark-dev
 PY_PACKAGES := numpy ml_dtypes pyarrow nanoarrow "jax[cpu]" hypothesis pytest pytest-timeout nanobind scikit-build-core cmake ninja matplotlib
@@ -43,10 +47,11 @@ venv: $(VENV)/.deps-stamp
 $(VENV)/.deps-stamp: Makefile
 	@[ -x $(PY) ] || $(HOST_PYTHON) -m venv $(VENV)
 	@$(PIP) install -q --upgrade pip >/dev/null
-	# torch first and pinned, alone: the CPU build (never let a resolver choose a CUDA build)
-	@$(PY) -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$(TORCH_VERSION)')" 2>/dev/null || \
-	  $(PIP) install -q "torch==$(TORCH_VERSION)"
-	@$(PIP) install -q $(PY_PACKAGES) "torch==$(TORCH_VERSION)"
+	# torch and torchvision first and pinned, as a pair (never let a resolver choose another torch)
+	@$(PY) -c "import torch, torchvision, sys; sys.exit(torch.__version__.split('+')[0] != '$(TORCH_VERSION)' or \
+	  torchvision.__version__.split('+')[0] != '$(TORCHVISION_VERSION)')" 2>/dev/null || \
+	  $(PIP) install -q "torch==$(TORCH_VERSION)" "torchvision==$(TORCHVISION_VERSION)"
+	@$(PIP) install -q $(PY_PACKAGES) "torch==$(TORCH_VERSION)" "torchvision==$(TORCHVISION_VERSION)"
 	@touch $@
 
 # ---- builds -------------------------------------------------------------------------------------------------------

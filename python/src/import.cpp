@@ -217,7 +217,14 @@ struct TypeInfo {
   PyObject* is_neg = nullptr;
   PyObject* resolve_conj = nullptr;
   PyObject* resolve_neg = nullptr;
+  bool torch_subclass = false;             // a subclass of torch.Tensor (not torch.Tensor itself)
 };
+
+// tensorwire.torch installs this: called with a torch.Tensor subclass instance, it returns None or the JSON-like
+// description of its type and attributes, stored in the imported tensor's metadata under kSubclassKey, so that
+// every transport carries it. Unset (and never called) until tensorwire.torch is imported.
+nb::object g_subclass_hook;
+constexpr const char* kSubclassKey = "tensorwire.torch";
 
 bool type_named(PyTypeObject* tp, const char* prefix) {
   PyObject* mro = tp->tp_mro;
@@ -257,6 +264,14 @@ const TypeInfo& type_info(PyTypeObject* tp) {
     info.is_neg = method_of(tp, "is_neg");
     info.resolve_conj = method_of(tp, "resolve_conj");
     info.resolve_neg = method_of(tp, "resolve_neg");
+    // torch.Tensor's MRO is (Tensor, TensorBase, object): TensorBase further down means a subclass of Tensor.
+    PyObject* mro = tp->tp_mro;
+    if (mro && PyTuple_Check(mro))
+      for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro); ++i)
+        if (std::strcmp(reinterpret_cast<PyTypeObject*>(PyTuple_GET_ITEM(mro, i))->tp_name, "torch._C.TensorBase") == 0) {
+          info.torch_subclass = i >= 2;
+          break;
+        }
   }
   Py_INCREF(tp);
   cache.emplace_back(tp, info);
@@ -602,6 +617,14 @@ bool is_exact_ndarray(nb::handle obj) {
   return false;
 }
 
+// A torch.Tensor subclass keeps its type and attributes in the imported tensor's metadata (see g_subclass_hook).
+tw::Tensor annotate(nb::handle obj, const TypeInfo& ti, tw::Tensor t) {
+  if (!ti.torch_subclass || !g_subclass_hook.is_valid() || g_subclass_hook.is_none()) return t;
+  nb::object desc = g_subclass_hook(obj);
+  if (!desc.is_none()) t.metadata().set(kSubclassKey, to_value(desc.ptr(), std::string("metadata['") + kSubclassKey + "']"));
+  return t;
+}
+
 nb::object asarray(nb::handle obj_in, nb::handle device, nb::handle copy, nb::handle stream) {
   nb::handle obj = obj_in;
   Request req;
@@ -671,7 +694,7 @@ nb::object asarray(nb::handle obj_in, nb::handle device, nb::handle copy, nb::ha
   // (those go to __dlpack__, which takes dl_device and stream).
   if (ti.api && !req.policy.device && req.stream.is_none()) {
     auto t = attempt("DLPack C exchange API", [&] { return via_exchange(obj, ti, req); });
-    if (t) return wrap(std::move(*t));
+    if (t) return wrap(annotate(obj_in, ti, std::move(*t)));
   }
   bool lazy_copied = false;
   nb::object resolved = resolve_lazy_bits(obj, ti, req, lazy_copied);
@@ -682,7 +705,7 @@ nb::object asarray(nb::handle obj_in, nb::handle device, nb::handle copy, nb::ha
       tw::Tensor r = via_dlpack(obj, req, copied);
       return finish(std::move(r), req, {copied || lazy_copied, false});
     });
-    if (t) return wrap(std::move(*t));
+    if (t) return wrap(annotate(obj_in, ti, std::move(*t)));
   }
   if (PyObject_HasAttr(obj.ptr(), names().cai)) {
     auto t = attempt("__cuda_array_interface__", [&] { return via_cuda_interface(obj, req); });
@@ -709,6 +732,11 @@ nb::object asarray(nb::handle obj_in, nb::handle device, nb::handle copy, nb::ha
 }  // namespace
 
 void register_import(nb::module_& m) {
+  m.def("_set_subclass_hook", [](nb::object f) { g_subclass_hook = std::move(f); }, "hook"_a.none(),
+        "Installed by tensorwire.torch: f(torch_subclass_instance) -> None or a JSON-like dict, kept in the imported "
+        "tensor's metadata under 'tensorwire.torch'.");
+  // The hook must not outlive the interpreter's objects it refers to.
+  nb::module_::import_("atexit").attr("register")(nb::cpp_function([] { g_subclass_hook = nb::object(); }));
   m.def("asarray", &asarray, "obj"_a.none(), nb::kw_only(), "device"_a = nb::none(), "copy"_a = nb::none(),
         "stream"_a = nb::none(),
         "Any array-like as a tensorwire.Tensor. copy=None copies only when no zero-copy view exists; copy=False "
