@@ -113,6 +113,13 @@ test-install: build
 	@cmake --build $(BUILD)/consumer >/dev/null
 	@$(BUILD)/consumer/consumer
 	@$(BUILD)/consumer/consumer_c
+	@# the worked PyTorch custom op (examples/custom_op): built against the install, checked with opcheck
+	@rm -rf $(BUILD)/custom_op
+	@cmake -S examples/custom_op -B $(BUILD)/custom_op -G Ninja -DCMAKE_PREFIX_PATH=$(BUILD)/install \
+	  -DPython_EXECUTABLE=$(PY) -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >/dev/null
+	@cmake --build $(BUILD)/custom_op >/dev/null
+	@PYTHONPATH=$(BUILD)/release/pkg:$(BUILD)/custom_op:$(ROOT)/examples/custom_op $(PY) -m pytest -q -p no:cacheprovider \
+	  examples/custom_op/test_rowscale.py
 
 # The Rust crate (rust/): offline, std only, linked against this build's libtensorwire_c.so; its tests also run
 # Python peers (the venv's interpreter and this build's package). The ASan pass (nightly's -Zsanitizer, when this

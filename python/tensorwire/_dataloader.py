@@ -138,7 +138,6 @@ class _Transport:
     def __init__(self, token: str, num_workers: int) -> None:
         self.token = token
         self.subs = [Subscriber(_topic(token, w)) for w in range(num_workers)]
-        self.expected = [0] * num_workers
 
     def close(self) -> None:
         for s in self.subs:
@@ -153,14 +152,9 @@ def _resolve(b: Any) -> Any:
     if tr is None:
         raise RuntimeError("tensorwire DataLoader: a batch arrived after its iterator was shut down")
     sub = tr.subs[b.worker_id]
-    if b.batch_no != tr.expected[b.worker_id]:
-        raise RuntimeError(
-            f"tensorwire DataLoader: worker {b.worker_id} sent batch {b.batch_no}, expected "
-            f"{tr.expected[b.worker_id]}"
-        )
-    tr.expected[b.worker_id] += 1
     received: list = []
-    for part in range(b.parts):
+    part = 0
+    while part < b.parts:
         try:
             msg = sub.recv(timeout=_RECV_TIMEOUT)
         except TimeoutError:
@@ -168,16 +162,22 @@ def _resolve(b: Any) -> Any:
                 f"tensorwire DataLoader: worker {b.worker_id}'s batch {b.batch_no} did not arrive within "
                 f"{_RECV_TIMEOUT:.0f} s"
             ) from None
-        first = msg[0] if isinstance(msg, list) else msg
-        md = first.metadata
-        if md.get("batch") != b.batch_no or md.get("part") != part:
+        tensors = msg if isinstance(msg, list) else [msg]
+        md = tensors[0].metadata
+        got_batch, got_part = md.get("batch"), md.get("part")
+        if isinstance(got_batch, int) and got_batch < b.batch_no:
+            # a batch torch discarded without processing (persistent workers reset between epochs)
+            del msg, tensors, md
+            continue
+        if got_batch != b.batch_no or got_part != part:
             raise RuntimeError(
-                f"tensorwire DataLoader: worker {b.worker_id} out of step (got batch {md.get('batch')} part "
-                f"{md.get('part')}, expected batch {b.batch_no} part {part})"
+                f"tensorwire DataLoader: worker {b.worker_id} out of step (got batch {got_batch} part "
+                f"{got_part}, expected batch {b.batch_no} part {part})"
             )
         # One copy into our own memory: batches are writable, as torch's are, and the leases end here.
-        received.extend(torch.from_dlpack(t.copy()) for t in (msg if isinstance(msg, list) else [msg]))
-        del msg, first, md
+        received.extend(torch.from_dlpack(t.copy()) for t in tensors)
+        del msg, tensors, md
+        part += 1
     if len(received) != b.count:
         raise RuntimeError(f"tensorwire DataLoader: worker {b.worker_id} sent {len(received)} of {b.count} tensors")
 

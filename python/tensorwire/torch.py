@@ -251,24 +251,25 @@ def _state(x: torch.Tensor) -> tuple[type, Any]:
     cls = type(x)
     if cls is torch.Tensor:
         return cls, None
+    d = getattr(x, "__dict__", None)
+    attrs = dict(d) if d else {}
     codec = _lookup_cls(cls)
     if codec is not None:
-        return cls, ("codec", codec.encode(x))
-    d = getattr(x, "__dict__", None)
-    return cls, ("dict", dict(d) if d else {})
+        return cls, ("codec", codec.encode(x), attrs)
+    return cls, ("dict", attrs)
 
 
 def _rewrap(plain: torch.Tensor, cls: type, state: Any) -> torch.Tensor:
     if cls is torch.Tensor or state is None:
         return plain
-    kind, value = state
-    if kind == "codec":
+    if state[0] == "codec":
         codec = _lookup_cls(cls)
         if codec is not None:
-            return codec.decode(plain, value)
+            return codec.decode(plain, state[1])
+    attrs = state[-1]  # no codec here (a worker registered it, this process did not): the instance's __dict__
     y = plain.as_subclass(cls)
-    if kind == "dict" and value:
-        y.__dict__.update(value)
+    if attrs:
+        y.__dict__.update(attrs)
     return y
 
 
@@ -597,6 +598,12 @@ def contiguous_inputs(fn: Callable) -> Callable:
                 return fn(*args)
         return fn(*[fix(a) for a in args], **{k: fix(v) for k, v in kwargs.items()})
 
+    # The signature with its annotations evaluated where fn was defined: torch.library.custom_op reads the schema
+    # from it and evaluates string annotations (from __future__ import annotations) in the wrapper's globals.
+    try:
+        wrapper.__signature__ = inspect.signature(fn, eval_str=True)  # type: ignore[attr-defined]
+    except Exception:  # an annotation that does not evaluate: leave inspect to follow __wrapped__
+        pass
     return wrapper
 
 

@@ -1,0 +1,728 @@
+"""tensorwire.torch: subclasses and their attributes through pin, collate, DataLoader workers, pickling and
+tw.Publisher; contiguous_inputs with autograd. Against real torchvision TVTensors and user-defined subclasses."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import gc
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import tensorwire as tw
+import tensorwire.torch as twt
+
+tv_tensors = pytest.importorskip("torchvision.tv_tensors")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+_topic_n = iter(range(10**6))
+
+
+def topic(tag: str) -> str:
+    return f"t11.{os.getpid()}.{tag}.{next(_topic_n)}"
+
+
+def plain(x: torch.Tensor) -> torch.Tensor:
+    with torch._C.DisableTorchFunctionSubclass():
+        return x.as_subclass(torch.Tensor)
+
+
+def boxes(n: int = 3, fmt: str = "XYXY", canvas=(480, 640), seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return tv_tensors.BoundingBoxes(torch.rand(n, 4, generator=g) * 100, format=fmt, canvas_size=canvas)
+
+
+class Units(torch.Tensor):
+    """A user's subclass with plain attributes in __dict__ (never registered)."""
+
+
+def units(values, unit="m", **extra):
+    x = torch.as_tensor(values, dtype=torch.float32).as_subclass(Units)
+    x.unit = unit
+    x.__dict__.update(extra)
+    return x
+
+
+class Scaled(torch.Tensor):
+    """A user's subclass registered with its own codec."""
+
+
+def scaled(values, scale):
+    x = torch.as_tensor(values, dtype=torch.float32).as_subclass(Scaled)
+    x.scale = scale
+    return x
+
+
+@pytest.fixture
+def scaled_registered():
+    twt.register_subclass(
+        Scaled,
+        encode=lambda x: {"scale": x.scale},
+        decode=lambda p, a: _rebuild_scaled(p, a),
+        name="tests.Scaled",
+    )
+    yield
+    twt.unregister_subclass(Scaled)
+
+
+def _rebuild_scaled(p, a):
+    y = p.as_subclass(Scaled)
+    y.scale = float(a["scale"])
+    return y
+
+
+def assert_same_tv(a, b):
+    assert type(a) is type(b)
+    assert a.__dict__ == b.__dict__
+    assert torch.equal(plain(a), plain(b))
+
+
+# ---- the registry ---------------------------------------------------------------------------------------------------
+
+
+def test_tvtensors_are_registered_once_torchvision_is_imported():
+    reg = twt.registered_subclasses()
+    for cls in (tv_tensors.Image, tv_tensors.Video, tv_tensors.Mask, tv_tensors.BoundingBoxes):
+        assert reg[f"{cls.__module__}.{cls.__qualname__}"] is cls
+
+
+def test_register_subclass_validates_its_arguments():
+    with pytest.raises(TypeError, match="subclass of torch.Tensor"):
+        twt.register_subclass(int)
+    with pytest.raises(TypeError, match="subclass of torch.Tensor"):
+        twt.register_subclass(torch.Tensor)
+    with pytest.raises(TypeError, match="encode must be callable"):
+        twt.register_subclass(Scaled, encode=42)
+
+    class Other(torch.Tensor):
+        pass
+
+    twt.register_subclass(Other, name="tests.taken")
+    try:
+        with pytest.raises(ValueError, match="taken"):
+            twt.register_subclass(Scaled, name="tests.taken")
+        assert twt.register_subclass(Other, name="tests.taken2") is Other  # re-registering replaces the name
+        assert "tests.taken" not in twt.registered_subclasses()
+    finally:
+        twt.unregister_subclass(Other)
+    with pytest.raises(KeyError):
+        twt.unregister_subclass(Other)
+
+
+def test_describe():
+    assert twt.describe(torch.zeros(2)) is None
+    assert twt.describe(torch.nn.Parameter(torch.zeros(2))) is None
+    d = twt.describe(boxes(canvas=(4, 5)))
+    assert d["type"].endswith("BoundingBoxes") and d["registered"] is True
+    assert d["attrs"]["format"] == "XYXY" and d["attrs"]["canvas_size"] == [4, 5]
+    u = units([1.0], unit="s", ok=[1, 2], bad=object())
+    d = twt.describe(u)
+    assert d["registered"] is False and d["type"] == f"{__name__}.Units"
+    assert d["attrs"]["unit"] == "s" and d["attrs"]["ok"] == [1, 2] and d["unencoded"] == ["bad"]
+    assert d["attrs"]["bad"].startswith("<object object")
+
+
+def test_an_encode_that_returns_non_json_is_a_clear_error():
+    class Bad(torch.Tensor):
+        pass
+
+    twt.register_subclass(Bad, encode=lambda x: {"f": object()})
+    try:
+        with pytest.raises(TypeError, match="not a dict of JSON-like values"):
+            tw.asarray(torch.zeros(2).as_subclass(Bad))
+    finally:
+        twt.unregister_subclass(Bad)
+
+
+# ---- conversions ---------------------------------------------------------------------------------------------------
+
+
+def tv_samples():
+    g = torch.Generator().manual_seed(3)
+    out = [
+        tv_tensors.Image(torch.randint(0, 255, (3, 4, 5), dtype=torch.uint8, generator=g)),
+        tv_tensors.Video(torch.rand(2, 3, 4, 5, generator=g)),
+        tv_tensors.Mask(torch.rand(4, 5, generator=g) > 0.5),
+        boxes(fmt="CXCYWH", canvas=(7, 9)),
+    ]
+    if hasattr(tv_tensors, "KeyPoints"):
+        out.append(tv_tensors.KeyPoints(torch.rand(3, 2, generator=g), canvas_size=(10, 11)))
+    return out
+
+
+@pytest.mark.parametrize("x", tv_samples(), ids=lambda x: type(x).__name__)
+def test_to_torch_rebuilds_tvtensors_zero_copy(x):
+    t = twt.from_torch(x)
+    assert t.metadata[twt.METADATA_KEY]["registered"] is True
+    y = twt.to_torch(t)
+    assert_same_tv(y, x)
+    assert y.data_ptr() == x.data_ptr()  # zero-copy both ways
+
+
+def test_plain_from_dlpack_keeps_working():
+    b = boxes()
+    y = torch.from_dlpack(tw.asarray(b))
+    assert type(y) is torch.Tensor and torch.equal(y, plain(b)) and y.data_ptr() == b.data_ptr()
+
+
+def test_registered_user_codec(scaled_registered):
+    x = scaled([1.0, 2.0], 0.5)
+    t = tw.asarray(x)
+    assert t.metadata[twt.METADATA_KEY] == {"type": "tests.Scaled", "attrs": {"scale": 0.5}, "registered": True}
+    y = twt.to_torch(t)
+    assert type(y) is Scaled and y.scale == 0.5 and torch.equal(plain(y), plain(x))
+
+
+def test_unregistered_subclass_arrives_plain_with_its_description():
+    u = units([1.0, 2.0], unit="kg")
+    t = tw.asarray(u)
+    y = twt.to_torch(t)
+    assert type(y) is torch.Tensor and torch.equal(y, plain(u))
+    assert t.metadata[twt.METADATA_KEY] == {"type": f"{__name__}.Units", "attrs": {"unit": "kg"}, "registered": False}
+
+
+def test_to_torch_of_read_only_shares_and_warns_once(monkeypatch):
+    monkeypatch.setattr(twt, "_readonly_warned", False)
+    a = np.arange(6.0)
+    a.flags.writeable = False
+    with pytest.warns(UserWarning, match="read-only"):
+        y = twt.to_torch(a)
+    assert y.data_ptr() == a.ctypes.data
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        twt.to_torch(a)  # once
+    z = twt.to_torch(a, copy=True)
+    assert z.data_ptr() != a.ctypes.data and torch.equal(z, y)
+
+
+def test_to_torch_copies_negative_strides_or_refuses():
+    a = np.arange(10.0)[::-2]
+    y = twt.to_torch(a)
+    assert y.tolist() == a.tolist()
+    with pytest.raises(tw.CopyError, match="negative strides"):
+        twt.to_torch(a, copy=False)
+    with pytest.raises(TypeError, match="copy must be"):
+        twt.to_torch(a, copy="yes")
+
+
+def test_to_torch_of_a_received_dict_message_and_nested_from_torch():
+    b, img = boxes(), tv_samples()[0]
+    ts = twt.from_torch({"boxes": b, "img": img, "more": [b]})
+    assert isinstance(ts["boxes"], tw.Tensor) and isinstance(ts["more"][0], tw.Tensor)
+    back = twt.to_torch(ts)
+    assert_same_tv(back["boxes"], b)
+    assert_same_tv(back["img"], img)
+    assert_same_tv(back["more"][0], b)
+    with pytest.raises(TypeError, match="from_torch"):
+        twt.from_torch(42)
+
+
+def test_from_torch_detaches_a_tensor_that_requires_grad():
+    x = boxes().requires_grad_(True)
+    t = twt.from_torch(x)
+    assert t.data_ptr == x.data_ptr() and t.metadata[twt.METADATA_KEY]["registered"]
+
+
+def test_hostile_attributes_are_refused_with_a_clear_error():
+    t = tw.asarray(np.zeros((2, 4), np.float32))
+    name = f"{tv_tensors.BoundingBoxes.__module__}.BoundingBoxes"
+    for attrs, msg in (
+        ({"format": "__class__", "canvas_size": [1, 1]}, "not a BoundingBoxFormat"),
+        ({"format": "XYXY", "canvas_size": [1]}, "pair of non-negative ints"),
+        ({"format": "XYXY", "canvas_size": [1, -2]}, "pair of non-negative ints"),
+        ({"format": "XYXY", "__class__": 1}, "unknown attribute"),
+    ):
+        t.metadata[twt.METADATA_KEY] = {"type": name, "attrs": attrs, "registered": True}
+        with pytest.raises(ValueError, match=msg):
+            twt.to_torch(t)
+    t.metadata[twt.METADATA_KEY] = {"type": 42}  # malformed descriptions: a plain tensor
+    assert type(twt.to_torch(t)) is torch.Tensor
+    t.metadata[twt.METADATA_KEY] = "nonsense"
+    assert type(twt.to_torch(t)) is torch.Tensor
+
+
+def test_pickling_a_tw_tensor_keeps_the_description():
+    b = boxes(canvas=(3, 8))
+    t2 = pickle.loads(pickle.dumps(tw.asarray(b), protocol=5))
+    assert_same_tv(twt.to_torch(t2), b)
+
+
+# ---- across processes: tw.Publisher ------------------------------------------------------------------------------
+
+RECEIVER = textwrap.dedent(
+    """
+    import sys, json, os
+    import torch, tensorwire as tw, tensorwire.torch as twt
+    if sys.argv[2] == "tv":
+        from torchvision import tv_tensors
+    sub = tw.Subscriber(sys.argv[1])
+    print("ready", flush=True)
+    out = []
+    for _ in range(int(sys.argv[3])):
+        t = sub.recv(timeout=30)
+        x = twt.to_torch(t)
+        out.append({"type": type(x).__module__ + "." + type(x).__qualname__,
+                    "attrs": {k: (v.name if hasattr(v, "name") else list(v) if isinstance(v, tuple) else v)
+                              for k, v in getattr(x, "__dict__", {}).items()},
+                    "values": torch.as_tensor(x).flatten().tolist(),
+                    "desc": t.metadata.get(twt.METADATA_KEY),
+                    "modules": sorted(m for m in ("tests_evil_module", "torchvision") if m in sys.modules)})
+    print(json.dumps(out), flush=True)
+    """
+)
+
+
+def run_receiver(topic_name: str, mode: str, n: int, send):
+    env = dict(os.environ)
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(tw.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [q for q in env.get("PYTHONPATH", "").split(os.pathsep) if q])
+    p = subprocess.Popen(
+        [sys.executable, "-c", RECEIVER, topic_name, mode, str(n)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=HERE,
+    )
+    try:
+        line = p.stdout.readline().strip()
+        if line != "ready":
+            p.kill()
+            raise AssertionError(f"the receiver did not start: {p.communicate()[1][-2000:]}")
+        with tw.Publisher(topic_name) as pub:
+            send(pub)
+            out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0, err
+    import json
+
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_a_tvtensor_crosses_a_publisher_as_itself():
+    b = boxes(fmt="XYWH", canvas=(11, 13))
+    m = tv_tensors.Mask(torch.tensor([[True, False]]))
+    got = run_receiver(topic("tv"), "tv", 2, lambda pub: (pub.send(b, metadata={"step": 7}), pub.send(m)))
+    assert got[0]["type"] == "torchvision.tv_tensors._bounding_boxes.BoundingBoxes"
+    assert got[0]["attrs"]["format"] == "XYWH" and got[0]["attrs"]["canvas_size"] == [11, 13]
+    assert got[0]["values"] == plain(b).flatten().tolist()
+    assert got[1]["type"].endswith("Mask") and got[1]["values"] == [True, False]
+
+
+def test_unregistered_and_unknown_types_arrive_plain_and_nothing_is_imported():
+    # A message naming a module whose import would run code: the receiver neither imports nor constructs it.
+    evil = tw.asarray(np.arange(3, dtype=np.float32))
+    evil.metadata[twt.METADATA_KEY] = {"type": "tests_evil_module.Evil", "attrs": {"x": 1}, "registered": True}
+    u = units([4.0, 5.0], unit="N")
+    b = boxes()
+    # The receiver never imported torchvision: TVTensors are not registered there, so they arrive plain too.
+    got = run_receiver(topic("unk"), "plain", 3, lambda pub: (pub.send(evil), pub.send(u), pub.send(b)))
+    assert [g["type"] for g in got] == ["torch.Tensor"] * 3
+    assert got[0]["desc"]["type"] == "tests_evil_module.Evil" and got[0]["modules"] == []
+    assert got[1]["desc"] == {"type": f"{__name__}.Units", "attrs": {"unit": "N"}, "registered": False}
+    assert got[1]["values"] == [4.0, 5.0]
+    assert got[2]["desc"]["attrs"]["format"] == "XYXY" and "torchvision" not in got[2]["modules"]
+    assert not os.path.exists(os.path.join(HERE, "tests_evil_module.py"))  # (and so nothing could run)
+
+
+# ---- pin -----------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Sample:
+    image: torch.Tensor
+    boxes: torch.Tensor
+    label: int
+
+
+Pair = collections.namedtuple("Pair", "a b")
+
+
+def nested_batch():
+    return {
+        "sample": Sample(tv_samples()[0], boxes(), 3),
+        "pair": Pair(units([1.0], unit="s"), [boxes(seed=1), "text"]),
+        "t": (torch.arange(3),),
+    }
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-accelerator behaviour")
+def test_pin_without_an_accelerator_warns_once_and_returns_the_structure(monkeypatch):
+    monkeypatch.setattr(twt, "_pin_warned", False)
+    batch = nested_batch()
+    with pytest.warns(UserWarning, match="no accelerator"):
+        assert twt.pin(batch) is batch
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert twt.pin(batch) is batch
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinning needs a CUDA device (runs in make test-gpu)")
+def test_pin_keeps_types_and_attributes_on_a_gpu():
+    batch = nested_batch()
+    p = twt.pin(batch)
+    assert type(p["sample"]) is Sample and type(p["pair"]) is Pair
+    assert_same_tv(p["sample"].image, batch["sample"].image)
+    assert p["sample"].image.is_pinned() and p["sample"].boxes.is_pinned()
+    assert type(p["pair"].a) is Units and p["pair"].a.unit == "s" and p["pair"].a.is_pinned()
+    assert p["pair"].b[1] == "text" and p["sample"].label == 3
+    c = p["sample"].boxes.cuda(non_blocking=True)
+    torch.cuda.synchronize()
+    assert torch.equal(plain(c).cpu(), plain(batch["sample"].boxes))
+
+
+def test_tree_map_keeps_container_types():
+    batch = nested_batch()
+    out = twt._tree_map(batch, lambda x: x + 0, lambda v: isinstance(v, torch.Tensor))
+    assert type(out["sample"]) is Sample and type(out["pair"]) is Pair and type(out["t"]) is tuple
+    assert out["pair"].b[1] == "text"
+    od = twt._tree_map(collections.OrderedDict(a=torch.zeros(1)), lambda x: x, lambda v: isinstance(v, torch.Tensor))
+    assert type(od) is collections.OrderedDict
+
+
+# ---- collate -------------------------------------------------------------------------------------------------------
+
+
+def test_collate_stacks_subclasses_whose_attributes_and_shapes_agree():
+    bs = [boxes(4, seed=i) for i in range(3)]
+    c = twt.collate(bs)
+    assert type(c) is tv_tensors.BoundingBoxes and c.shape == (3, 4, 4)
+    assert c.format.name == "XYXY" and c.canvas_size == (480, 640)
+    assert torch.equal(plain(c), torch.stack([plain(b) for b in bs]))
+    us = twt.collate([units([1.0], unit="m"), units([2.0], unit="m")])
+    assert type(us) is Units and us.unit == "m" and us.tolist() == [[1.0], [2.0]]
+
+
+def test_collate_gives_a_per_sample_list_when_they_differ():
+    differing_shapes = [boxes(1), boxes(3)]
+    assert twt.collate(differing_shapes) == differing_shapes or all(
+        a is b for a, b in zip(twt.collate(differing_shapes), differing_shapes)
+    )
+    c = twt.collate([boxes(2, canvas=(1, 1)), boxes(2, canvas=(2, 2))])
+    assert isinstance(c, list) and [b.canvas_size for b in c] == [(1, 1), (2, 2)]
+    mixed = twt.collate([boxes(2), plain(boxes(2))])
+    assert isinstance(mixed, list) and type(mixed[0]) is tv_tensors.BoundingBoxes
+
+
+def test_collate_of_plain_structures_matches_default_collate():
+    samples = [{"x": torch.full((2,), i), "y": i, "n": Pair(i, float(i))} for i in range(4)]
+    ours, theirs = twt.collate(samples), torch.utils.data.default_collate(samples)
+    assert torch.equal(ours["x"], theirs["x"]) and torch.equal(ours["y"], theirs["y"])
+    assert type(ours["n"]) is Pair and torch.equal(ours["n"].b, theirs["n"].b)
+    with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):
+        twt.collate([torch.zeros(2), torch.zeros(3)])
+
+
+# ---- DataLoader ----------------------------------------------------------------------------------------------------
+
+
+class Detection(torch.utils.data.Dataset):
+    def __init__(self, n: int = 24, crash_at: int | None = None, raise_at: int | None = None) -> None:
+        self.n, self.crash_at, self.raise_at = n, crash_at, raise_at
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        if i == self.crash_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if i == self.raise_at:
+            raise KeyError(f"sample {i} is broken")
+        g = torch.Generator().manual_seed(i)
+        return {
+            "image": tv_tensors.Image(torch.randint(0, 255, (3, 6, 5), dtype=torch.uint8, generator=g)),
+            "boxes": boxes(1 + i % 4, seed=i),
+            "mask": tv_tensors.Mask(torch.rand(6, 5, generator=g) > 0.5),
+            "units": units(torch.rand(2, generator=g).tolist(), unit="m"),
+            "label": i,
+            "name": f"s{i}",
+        }
+
+
+class ScaledDataset(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return scaled([float(i)] * 2, 0.25)
+
+
+def check_batch(b: dict, ds: Detection) -> None:
+    labels = b["label"].tolist()
+    assert type(b["image"]) is tv_tensors.Image and type(b["mask"]) is tv_tensors.Mask
+    assert type(b["units"]) is Units and b["units"].unit == "m"
+    assert isinstance(b["boxes"], list) and len(b["boxes"]) == len(labels)
+    assert b["name"] == [f"s{i}" for i in labels]
+    for j, i in enumerate(labels):
+        s = ds[i]
+        assert torch.equal(plain(b["image"][j]), plain(s["image"]))
+        assert torch.equal(plain(b["mask"][j]), plain(s["mask"]))
+        assert torch.equal(plain(b["units"][j]), plain(s["units"]))
+        assert_same_tv(b["boxes"][j], s["boxes"])
+
+
+def open_fds() -> dict:
+    out = {}
+    for f in os.listdir("/proc/self/fd"):
+        try:
+            out[f] = os.readlink(f"/proc/self/fd/{f}")
+        except OSError:  # the listing's own fd
+            pass
+    return out
+
+
+def memfd_maps() -> int:
+    with open("/proc/self/maps") as f:
+        return sum("memfd:" in line for line in f)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_dataloader_batches_keep_types_and_values(num_workers):
+    ds = Detection(24)
+    loader = twt.DataLoader(ds, batch_size=5, num_workers=num_workers, shuffle=True,
+                            generator=torch.Generator().manual_seed(0))
+    assert isinstance(loader, torch.utils.data.DataLoader)
+    seen = []
+    for b in loader:
+        check_batch(b, ds)
+        b["image"].add_(1)  # batches are writable, as torch's are
+        seen += b["label"].tolist()
+    assert sorted(seen) == list(range(24))
+
+
+def test_dataloader_leaks_nothing_and_uses_no_fd_per_tensor():
+    ds = Detection(40)
+    list(twt.DataLoader(ds, batch_size=4, num_workers=2))  # first use: imports, thread pools
+    gc.collect()
+    fds, maps = open_fds(), memfd_maps()
+    peak = 0
+    for _ in range(2):
+        for b in twt.DataLoader(ds, batch_size=4, num_workers=2):
+            peak = max(peak, len(open_fds()))
+            del b
+    # while running: the workers' pipes and queues, one socket and a few pool segments per worker, whatever the
+    # number of tensors (10 batches x 7 tensors)
+    assert peak - len(fds) < 30
+    gc.collect()
+    after = open_fds()
+    assert {k: v for k, v in after.items() if fds.get(k) != v} == {} and memfd_maps() == maps
+
+
+def test_dataloader_persistent_workers_and_pin_memory_without_gpu():
+    ds = Detection(12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch warns that there is no accelerator to pin for
+        loader = twt.DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True, pin_memory=True)
+        for _ in range(2):
+            for b in loader:
+                check_batch(b, ds)
+    del loader
+
+
+def test_dataloader_persistent_workers_survive_an_epoch_left_early():
+    ds = Detection(40)
+    loader = twt.DataLoader(ds, batch_size=2, num_workers=2, persistent_workers=True, prefetch_factor=4)
+    it = iter(loader)
+    check_batch(next(it), ds)  # then leave: torch discards the prefetched batches when the next epoch starts
+    for _ in range(2):
+        labels = []
+        for b in loader:
+            check_batch(b, ds)
+            labels += b["label"].tolist()
+        assert labels == list(range(40))
+    del it, loader
+
+
+def test_dataloader_with_spawned_workers_and_a_registered_codec(scaled_registered):
+    ds = ScaledDataset()
+    loader = twt.DataLoader(ds, batch_size=3, num_workers=2, multiprocessing_context="spawn")
+    out = list(loader)
+    assert [type(b) for b in out] == [Scaled, Scaled]
+    assert out[0].scale == 0.25 and out[1].tolist() == [[3.0, 3.0], [4.0, 4.0], [5.0, 5.0]]
+
+
+def test_dataloader_worker_exception_is_reraised_as_torch_does():
+    loader = twt.DataLoader(Detection(12, raise_at=5), batch_size=2, num_workers=2)
+    with pytest.raises(KeyError, match="sample 5 is broken"):
+        list(loader)
+
+
+def test_dataloader_killed_worker_surfaces_as_torch_error():
+    loader = twt.DataLoader(Detection(12, crash_at=5), batch_size=2, num_workers=2, timeout=30)
+    with pytest.raises(RuntimeError, match=r"DataLoader worker \(pid"):
+        list(loader)
+
+
+def test_dataloader_takes_torch_arguments_and_a_custom_collate():
+    ds = Detection(8)
+    loader = twt.DataLoader(ds, 4, False, num_workers=2, collate_fn=lambda s: [x["boxes"] for x in s])
+    out = list(loader)
+    assert len(out) == 2 and all(type(b) is tv_tensors.BoundingBoxes for batch in out for b in batch)
+    assert_same_tv(out[1][0], ds[4]["boxes"])
+    # no automatic batching: samples pass through (torch's default_convert)
+    s = next(iter(twt.DataLoader(ds, batch_size=None, num_workers=2)))
+    assert type(s["boxes"]) is tv_tensors.BoundingBoxes and s["label"] == 0
+
+
+# ---- contiguous_inputs ---------------------------------------------------------------------------------------------
+
+
+def test_contiguous_inputs_is_free_for_contiguous_tensors():
+    seen = []
+
+    @twt.contiguous_inputs
+    def op(x, w, *, b=None):
+        seen.append((x, w, b))
+        return x
+
+    x, w, b = torch.randn(3, 4), torch.randn(4), torch.randn(4)
+    op(x, w, b=b)
+    assert seen[-1][0] is x and seen[-1][1] is w and seen[-1][2] is b
+    op(x.T, [w, w[::2]], b=b.expand(2, 4))
+    sx, sw, sb = seen[-1]
+    assert sx.is_contiguous() and torch.equal(sx, x.T)
+    assert isinstance(sw, list) and sw[0] is w and sw[1].is_contiguous() and torch.equal(sw[1], w[::2])
+    assert sb.is_contiguous() and torch.equal(sb, b.expand(2, 4))
+    assert op.__name__ == "op" and op.__wrapped__ is not None
+
+
+def test_contiguous_keeps_subclasses():
+    bt = tv_tensors.BoundingBoxes(torch.rand(4, 3).T, format="XYXY", canvas_size=(2, 2))
+    c = twt.contiguous(bt)
+    assert c.is_contiguous() and type(c) is tv_tensors.BoundingBoxes and c.canvas_size == (2, 2)
+    assert torch.equal(plain(c), plain(bt))
+
+
+def ref_op(x, w):
+    return (x * w).sin().sum(-1)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda g: (torch.randn(5, 4, generator=g), torch.randn(4, generator=g)),
+        lambda g: (torch.randn(4, 5, generator=g).T, torch.randn(8, generator=g)[::2]),
+        lambda g: (torch.randn(1, 4, generator=g).expand(5, 4), torch.randn(1, generator=g).expand(4)),
+        lambda g: (torch.randn(5, 8, generator=g)[:, 1::2], torch.randn(4, generator=g)),
+    ],
+    ids=["contiguous", "transposed", "expanded", "sliced"],
+)
+def test_gradients_of_a_decorated_op_match_the_reference(make):
+    seen = []
+
+    @twt.contiguous_inputs
+    def op(x, w):
+        seen.append((x.is_contiguous(), w.is_contiguous()))
+        return ref_op(x, w)
+
+    def grads(f, loss):
+        x, w = make(torch.Generator().manual_seed(1))
+        x, w = x.detach().requires_grad_(True), w.detach().requires_grad_(True)
+        # a view of the leaf: autograd's gradients of views are strided too
+        loss(f(x.T.T, w)).backward()
+        return x.grad, w.grad
+
+    for loss in (lambda y: y.sum(), lambda y: (y * torch.arange(5.0)).sum()):
+        gx, gw = grads(op, loss)
+        rx, rw = grads(ref_op, loss)
+        # (reductions sum in layout order: a contiguous input sums in another order than a strided one)
+        torch.testing.assert_close(gx, rx, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(gw, rw, rtol=1e-6, atol=1e-6)
+    assert all(a and b for a, b in seen)
+
+
+def test_contiguous_inputs_on_a_custom_op_with_backward():
+    @torch.library.custom_op("tw_tests::scale_rows", mutates_args=())
+    @twt.contiguous_inputs
+    def scale_rows(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        assert x.is_contiguous() and w.is_contiguous()
+        return x * w
+
+    @scale_rows.register_fake
+    def _(x, w):
+        return x.new_empty(x.shape)
+
+    @torch.library.custom_op("tw_tests::scale_rows_bwd", mutates_args=())
+    @twt.contiguous_inputs
+    def scale_rows_bwd(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        assert g.is_contiguous(), g.stride()
+        return g * w, (g * x).sum(0)
+
+    @scale_rows_bwd.register_fake
+    def _(g, x, w):
+        return x.new_empty(x.shape), w.new_empty(w.shape)
+
+    scale_rows.register_autograd(
+        lambda ctx, g: scale_rows_bwd(g, *ctx.saved_tensors),
+        setup_context=lambda ctx, inputs, output: ctx.save_for_backward(*inputs),
+    )
+    x = torch.randn(4, 3).T.detach().requires_grad_(True)
+    w = torch.randn(4).requires_grad_(True)
+    scale_rows(x, w).sum().backward()  # an expanded (stride-0) gradient reaches the backward op
+    torch.testing.assert_close(x.grad, w.detach().expand(3, 4))
+    torch.testing.assert_close(w.grad, x.detach().sum(0))
+    torch.library.opcheck(scale_rows, (x, w))
+
+
+_DTYPES = [torch.float32, torch.float64, torch.int8, torch.uint8, torch.int64, torch.bool, torch.bfloat16,
+           torch.float16, torch.complex64]
+
+
+@st.composite
+def strided_tensors(draw):
+    dtype = draw(st.sampled_from(_DTYPES))
+    ndim = draw(st.integers(0, 4))
+    shape = [draw(st.integers(0, 5)) for _ in range(ndim)]
+    steps = [draw(st.integers(1, 3)) for _ in range(ndim)]
+    base_shape = [max(1, n * s) + draw(st.integers(0, 2)) for n, s in zip(shape, steps)]
+    seed = draw(st.integers(0, 2**31))
+    g = torch.Generator().manual_seed(seed)
+    base = (torch.rand(base_shape or [1], generator=g) * 100 - 50).to(dtype) if ndim else torch.tensor(3.5).to(dtype)
+    if ndim == 0:
+        return base
+    offs = [draw(st.integers(0, b - (n - 1) * s - 1)) if n else 0 for n, s, b in zip(shape, steps, base_shape)]
+    x = base[tuple(slice(o, o + (n - 1) * s + 1 if n else o, s) for o, n, s in zip(offs, shape, steps))]
+    if draw(st.booleans()) and ndim >= 2:
+        x = x.transpose(0, ndim - 1)
+    if draw(st.booleans()) and ndim >= 1:  # a broadcast (stride-0) dimension in front
+        x = x.unsqueeze(0).expand(2, *x.shape)
+    return x
+
+
+def bits(t: torch.Tensor) -> bytes:
+    if t.numel() == 0:
+        return b""
+    fresh = torch.empty(t.shape, dtype=t.dtype).copy_(plain(t))
+    return fresh.reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+@given(strided_tensors(), st.booleans())
+def test_property_contiguous_and_round_trips_are_bit_exact(x, as_units):
+    if as_units:
+        x = x.as_subclass(Units)
+        x.unit = "m"
+    c = twt.contiguous(x)
+    assert c.is_contiguous() and c.shape == x.shape and c.dtype == x.dtype
+    assert bits(c) == bits(x)
+    assert type(c) is type(x)
+    y = twt.to_torch(twt.from_torch(x))
+    assert y.stride() == x.stride() and y.shape == x.shape
+    if x.numel():
+        assert y.data_ptr() == x.data_ptr()
+    assert bits(y) == bits(x)
+    col = twt.collate([x, x])
+    assert type(col) is type(x) and torch.equal(plain(col), torch.stack([plain(x), plain(x)]))
