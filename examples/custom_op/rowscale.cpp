@@ -23,15 +23,13 @@ tw::Tensor from_capsule(nb::handle cap, const char* what) {
   PyObject* c = cap.ptr();
   if (PyCapsule_IsValid(c, "dltensor_versioned")) {
     auto* m = static_cast<DLManagedTensorVersioned*>(PyCapsule_GetPointer(c, "dltensor_versioned"));
-    tw::Tensor t = tw::from_dlpack(m);
-    PyCapsule_SetName(c, "used_dltensor_versioned");
-    return t;
+    PyCapsule_SetName(c, "used_dltensor_versioned");  // first: from_dlpack owns m from here, even when it throws
+    return tw::from_dlpack(m);
   }
   if (PyCapsule_IsValid(c, "dltensor")) {
     auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(c, "dltensor"));
-    tw::Tensor t = tw::from_dlpack(m);
-    PyCapsule_SetName(c, "used_dltensor");
-    return t;
+    PyCapsule_SetName(c, "used_dltensor");  // first: from_dlpack owns m from here, even when it throws
+    return tw::from_dlpack(m);
   }
   throw nb::type_error((std::string(what) + ": expected a DLPack capsule (x.__dlpack__())").c_str());
 }

@@ -23,7 +23,7 @@ def inputs(kind, requires_grad=True):
         x = torch.randn(12, 10, generator=g)[::2, 1::2]
     elif kind == "expanded":
         x = torch.randn(1, 5, generator=g).expand(6, 5)
-    w = torch.randn(5, generator=g)[:5]
+    w = torch.randn(10, generator=g)[::2]
     if kind == "expanded":
         w = torch.randn(1, generator=g).expand(5)
     return x.detach().requires_grad_(requires_grad), w.detach().requires_grad_(requires_grad)
@@ -56,6 +56,7 @@ def test_the_kernel_alone_refuses_strided_input_instead_of_computing_garbage():
 def test_opcheck(kind):
     x, w = inputs(kind)
     torch.library.opcheck(rowscale.mul_rows, (x, w))
-    g = torch.ones(6, 5).expand(6, 5) if kind != "expanded" else torch.ones(1, 5).expand(6, 5)
-    torch.library.opcheck(rowscale.mul_rows_backward, (g, x.detach(), w.detach()))
+    for g in (torch.ones(1, 5).expand(6, 5), torch.randn(5, 6).T):  # expanded and transposed gradients
+        assert not g.is_contiguous()
+        torch.library.opcheck(rowscale.mul_rows_backward, (g, x.detach(), w.detach()))
 

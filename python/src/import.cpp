@@ -620,7 +620,8 @@ bool is_exact_ndarray(nb::handle obj) {
 // A torch.Tensor subclass keeps its type and attributes in the imported tensor's metadata (see g_subclass_hook).
 tw::Tensor annotate(nb::handle obj, const TypeInfo& ti, tw::Tensor t) {
   if (!ti.torch_subclass || !g_subclass_hook.is_valid() || g_subclass_hook.is_none()) return t;
-  nb::object desc = g_subclass_hook(obj);
+  nb::object hook = g_subclass_hook;  // a local reference: the hook may be replaced while it runs
+  nb::object desc = hook(obj);
   if (!desc.is_none()) t.metadata().set(kSubclassKey, to_value(desc.ptr(), std::string("metadata['") + kSubclassKey + "']"));
   return t;
 }

@@ -4,9 +4,10 @@ Each worker owns one tw.Publisher (one pool of reused shared-memory segments); t
 worker before starting them. A worker collates (keeping subclasses), sends the batch's CPU tensors in a few
 messages, and puts only a small skeleton on torch's result queue: the batch's structure with references in place of
 tensors, the subclasses' classes and attributes, and everything that is not a tensor. No file descriptor per tensor,
-no pickling of tensor data. The main process receives the messages and copies each tensor once into memory of its
-own (tensorwire's buffer cache, so steady-state batches fault no fresh pages): batches are writable, as torch's are,
-and the worker's pool buffers return at once. Everything else (ordering, worker crashes, timeouts, shutdown) is
+no pickling of tensor data. In the main process one thread per worker receives the messages as they arrive and
+copies each tensor once into memory of its own (tensorwire's buffer cache, so steady-state batches fault no fresh
+pages): batches are writable, as torch's are, and the worker's pool buffers return at once, so a worker never waits
+for a main process that is busy elsewhere. Everything else (ordering, worker crashes, timeouts, shutdown) is
 torch's own machinery.
 """
 
@@ -28,7 +29,7 @@ from . import torch as _twt
 from ._tensorwire import Publisher, Subscriber, asarray
 
 _MAX_TENSORS_PER_MESSAGE = 31
-_RECV_TIMEOUT = 60.0  # the data is sent before its skeleton is queued, so a receive waits only for a dead worker
+_RECV_TIMEOUT = 60.0  # the data is sent before its skeleton is queued: waiting longer means something broke
 _counter = itertools.count()
 
 
@@ -123,7 +124,8 @@ def _hand_over(batch: Any, token: str, worker_id: int, depth: int) -> Any:
     parts = 0
     for i in range(0, len(tensors), _MAX_TENSORS_PER_MESSAGE):
         chunk = tensors[i : i + _MAX_TENSORS_PER_MESSAGE]
-        pub.send(chunk, metadata={"batch": batch_no, "part": parts}, timeout=_RECV_TIMEOUT)
+        # No timeout: the main process drains continuously, and a closed or dead subscriber is never waited for.
+        pub.send(chunk, metadata={"batch": batch_no, "part": parts})
         parts += 1
     return _Batch(token, worker_id, batch_no, parts, len(tensors), skeleton)
 
@@ -135,13 +137,82 @@ _transports_lock = threading.Lock()
 
 
 class _Transport:
+    """The main process's end: one subscriber per worker, each drained by its own thread as soon as messages
+    arrive, so a worker's ring and pool never fill up while the main process is busy elsewhere (training, a
+    checkpoint, a debugger), and batches torch discards between persistent-worker epochs are dropped."""
+
     def __init__(self, token: str, num_workers: int) -> None:
         self.token = token
         self.subs = [Subscriber(_topic(token, w)) for w in range(num_workers)]
+        self.cv = threading.Condition()
+        self.ready: list[dict[int, dict[int, list]]] = [{} for _ in range(num_workers)]
+        self.failed: list[BaseException | None] = [None] * num_workers
+        self.closing = False
+        self.threads = [
+            threading.Thread(target=self._drain, args=(w,), name=f"tensorwire-dataloader-{w}", daemon=True)
+            for w in range(num_workers)
+        ]
+        for t in self.threads:
+            t.start()
+
+    def _drain(self, w: int) -> None:
+        sub = self.subs[w]
+        while not self.closing:
+            try:
+                msg = sub.recv(timeout=0.05)  # waits without the GIL
+            except TimeoutError:
+                continue
+            except EOFError:  # the worker exited (its publisher closed): nothing more comes
+                return
+            except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
+                with self.cv:
+                    self.failed[w] = e
+                    self.cv.notify_all()
+                return
+            tensors = msg if isinstance(msg, list) else [msg]
+            md = tensors[0].metadata
+            batch, part = md.get("batch"), md.get("part")
+            # One copy into our own memory: batches are writable, as torch's are, and the leases end here.
+            copies = [torch.from_dlpack(t.copy()) for t in tensors]
+            del msg, tensors, md
+            with self.cv:
+                self.ready[w].setdefault(batch, {})[part] = copies
+                self.cv.notify_all()
+
+    def take(self, b: "_Batch") -> list:
+        w = b.worker_id
+        deadline = time.monotonic() + _RECV_TIMEOUT
+        with self.cv:
+            while True:
+                parts = self.ready[w].get(b.batch_no)
+                if parts is not None and len(parts) == b.parts:
+                    del self.ready[w][b.batch_no]
+                    for old in [k for k in self.ready[w] if not isinstance(k, int) or k < b.batch_no]:
+                        del self.ready[w][old]  # batches torch discarded (an epoch left early)
+                    return [t for p in range(b.parts) for t in parts.get(p, ())]
+                if self.failed[w] is not None:
+                    raise RuntimeError(f"tensorwire DataLoader: receiving from worker {w} failed") from self.failed[w]
+                left = deadline - time.monotonic()
+                if self.closing:
+                    raise RuntimeError("tensorwire DataLoader: the iterator was shut down")
+                if left <= 0:
+                    raise RuntimeError(
+                        f"tensorwire DataLoader: worker {w}'s batch {b.batch_no} did not arrive within "
+                        f"{_RECV_TIMEOUT:.0f} s"
+                    )
+                self.cv.wait(min(left, 0.1))
 
     def close(self) -> None:
+        with self.cv:
+            self.closing = True
+            self.cv.notify_all()
+        for t in self.threads:
+            if t is not threading.current_thread():
+                t.join(timeout=5.0)
         for s in self.subs:
             s.close()
+        with self.cv:
+            self.ready = [{} for _ in self.ready]
 
 
 def _resolve(b: Any) -> Any:
@@ -151,33 +222,7 @@ def _resolve(b: Any) -> Any:
         tr = _transports.get(b.token)
     if tr is None:
         raise RuntimeError("tensorwire DataLoader: a batch arrived after its iterator was shut down")
-    sub = tr.subs[b.worker_id]
-    received: list = []
-    part = 0
-    while part < b.parts:
-        try:
-            msg = sub.recv(timeout=_RECV_TIMEOUT)
-        except TimeoutError:
-            raise RuntimeError(
-                f"tensorwire DataLoader: worker {b.worker_id}'s batch {b.batch_no} did not arrive within "
-                f"{_RECV_TIMEOUT:.0f} s"
-            ) from None
-        tensors = msg if isinstance(msg, list) else [msg]
-        md = tensors[0].metadata
-        got_batch, got_part = md.get("batch"), md.get("part")
-        if isinstance(got_batch, int) and got_batch < b.batch_no:
-            # a batch torch discarded without processing (persistent workers reset between epochs)
-            del msg, tensors, md
-            continue
-        if got_batch != b.batch_no or got_part != part:
-            raise RuntimeError(
-                f"tensorwire DataLoader: worker {b.worker_id} out of step (got batch {got_batch} part "
-                f"{got_part}, expected batch {b.batch_no} part {part})"
-            )
-        # One copy into our own memory: batches are writable, as torch's are, and the leases end here.
-        received.extend(torch.from_dlpack(t.copy()) for t in tensors)
-        del msg, tensors, md
-        part += 1
+    received = tr.take(b)
     if len(received) != b.count:
         raise RuntimeError(f"tensorwire DataLoader: worker {b.worker_id} sent {len(received)} of {b.count} tensors")
 
@@ -200,6 +245,9 @@ class _SingleIter(_SingleProcessDataLoaderIter):
         return _twt.pin(data) if self._tw_pin else data
 
 
+_iter_lock = threading.Lock()
+
+
 class _MultiIter(_MultiProcessingDataLoaderIter):
     def __init__(self, loader: Any) -> None:
         token = f"{os.getpid()}.{next(_counter)}.{os.urandom(3).hex()}"
@@ -208,15 +256,16 @@ class _MultiIter(_MultiProcessingDataLoaderIter):
         tr = _Transport(token, loader.num_workers)
         with _transports_lock:
             _transports[token] = tr
-        user = loader.collate_fn
-        loader.collate_fn = _WorkerCollate(user, token, depth)
-        try:
-            super().__init__(loader)
-        except BaseException:
-            self._tw_close()
-            raise
-        finally:
-            loader.collate_fn = user
+        with _iter_lock:  # the loader's collate_fn is swapped while torch's iterator reads it
+            user = loader.collate_fn
+            loader.collate_fn = _WorkerCollate(user, token, depth)
+            try:
+                super().__init__(loader)
+            except BaseException:
+                self._tw_close()
+                raise
+            finally:
+                loader.collate_fn = user
 
     def _process_data(self, data: Any, *args: Any) -> Any:
         data = super()._process_data(data, *args)  # (data, worker_idx) in torch >= 2.10, (data,) before

@@ -161,10 +161,13 @@ def _lookup_name(name: str) -> _Codec | None:
 # ---- JSON-like checks and the default codec -----------------------------------------------------------------------
 
 _MAX_DEPTH = 32
+_MAX_REPR = 200  # an unencodable attribute travels as its repr, cut to this many characters
 
 
 def _json_like(v: Any, depth: int = 0) -> bool:
-    if v is None or type(v) in (bool, int, float, str, bytes):
+    if type(v) is int:
+        return -(2**63) <= v < 2**63
+    if v is None or type(v) in (bool, float, str, bytes):
         return True
     if depth >= _MAX_DEPTH:
         return False
@@ -188,6 +191,10 @@ def _encode_dict(x: torch.Tensor) -> dict:
 def _decode_dict(cls: type, plain: torch.Tensor, attrs: dict) -> torch.Tensor:
     if not isinstance(attrs, dict):
         raise TypeError(f"attributes of a {_type_name(cls)} must be a dict, not {type(attrs).__name__}")
+    for k in attrs:
+        # a peer chooses these names: never let one shadow a method or a special attribute
+        if not isinstance(k, str) or k.startswith("__") or hasattr(cls, k):
+            raise ValueError(f"{_type_name(cls)}: attribute name {k!r} in a message is not allowed")
     y = plain.as_subclass(cls)
     y.__dict__.update(attrs)
     return y
@@ -211,7 +218,8 @@ def _dict_attrs(x: torch.Tensor) -> tuple[dict, list[str]]:
 
 def describe(x: torch.Tensor) -> dict | None:
     """The description of x's subclass that tensorwire's transports carry (see the module doc), or None for a plain
-    torch.Tensor or a torch.nn.Parameter."""
+    torch.Tensor or a torch.nn.Parameter. It records x's shape: a view of a different shape (which carries a copy of
+    the metadata) converts back to a plain tensor, never to a subclass instance of the wrong shape."""
     cls = type(x)
     if cls is torch.Tensor or not isinstance(x, torch.Tensor) or issubclass(cls, torch.nn.Parameter):
         return None
@@ -223,15 +231,16 @@ def describe(x: torch.Tensor) -> dict | None:
                 f"the encode function registered for {codec.name} returned {type(attrs).__name__} that is not a "
                 f"dict of JSON-like values (None, bool, int, float, str, bytes, lists and str-keyed dicts)"
             )
-        return {"type": codec.name, "attrs": attrs, "registered": True}
+        return {"type": codec.name, "attrs": attrs, "registered": True, "shape": list(x.shape)}
     attrs, bad = _dict_attrs(x)
-    desc: dict = {"type": _type_name(cls), "attrs": attrs, "registered": False}
+    desc: dict = {"type": _type_name(cls), "attrs": attrs, "registered": False, "shape": list(x.shape)}
     if bad:
         for k in bad:
             try:
-                attrs[k] = repr(x.__dict__[k])
+                r = repr(x.__dict__[k])
             except Exception as e:  # a broken __repr__ must not break a send
-                attrs[k] = f"<unrepresentable: {type(e).__name__}>"
+                r = f"<unrepresentable: {type(e).__name__}>"
+            attrs[k] = r if len(r) <= _MAX_REPR else r[: _MAX_REPR - 3] + "..."
         desc["unencoded"] = sorted(bad)
     return desc
 
@@ -253,9 +262,10 @@ def _state(x: torch.Tensor) -> tuple[type, Any]:
         return cls, None
     d = getattr(x, "__dict__", None)
     attrs = dict(d) if d else {}
-    codec = _lookup_cls(cls)
-    if codec is not None:
-        return cls, ("codec", codec.encode(x), attrs)
+    if not attrs:  # state outside __dict__ (or none): a registered codec knows how to carry it
+        codec = _lookup_cls(cls)
+        if codec is not None:
+            return cls, ("codec", codec.encode(x), attrs)
     return cls, ("dict", attrs)
 
 
@@ -294,13 +304,13 @@ def _ensure_builtins() -> None:
     with _lock:
         if _builtins_done:
             return
-        _builtins_done = True
         for cls_name in ("Image", "Video", "Mask", "BoundingBoxes", "KeyPoints"):
             cls = getattr(tv, cls_name, None)
             if isinstance(cls, type) and cls not in _by_cls:
                 codec = _Codec(cls, _type_name(cls), _tv_encode, functools.partial(_tv_decode, tv, cls))
                 _by_cls[cls] = codec
                 _by_name.setdefault(codec.name, codec)
+        _builtins_done = True
 
 
 def _tv_encode(x: torch.Tensor) -> dict:
@@ -320,6 +330,14 @@ def _tv_decode(tv: Any, cls: type, plain: torch.Tensor, attrs: dict) -> torch.Te
     """Rebuilds a TVTensor from a message's attributes, validating each: a peer chooses these values."""
     if not isinstance(attrs, dict):
         raise TypeError(f"attributes of a {cls.__name__} must be a dict, not {type(attrs).__name__}")
+    name = cls.__name__
+    required = {"BoundingBoxes": ("format", "canvas_size"), "KeyPoints": ("canvas_size",)}.get(name, ())
+    missing = [k for k in required if k not in attrs]
+    if missing:
+        raise ValueError(f"{name}: the message lacks {', '.join(missing)}")
+    last = {"BoundingBoxes": 4, "KeyPoints": 2}.get(name)
+    if last is not None and (plain.ndim < 1 or plain.shape[-1] != last):
+        raise ValueError(f"{name}: a tensor of shape {tuple(plain.shape)} (the last dimension must be {last})")
     y = plain.as_subclass(cls)
     for k, v in attrs.items():
         if k == "format":
@@ -336,8 +354,8 @@ def _tv_decode(tv: Any, cls: type, plain: torch.Tensor, attrs: dict) -> torch.Te
                 raise ValueError(f"{cls.__name__}.canvas_size: {v!r} is not a pair of non-negative ints")
             y.canvas_size = (v[0], v[1])
         elif k == "clamping_mode":
-            if v is not None and not isinstance(v, str):
-                raise ValueError(f"{cls.__name__}.clamping_mode: {v!r} is not a str or None")
+            if v not in (None, "soft", "hard"):
+                raise ValueError(f"{cls.__name__}.clamping_mode: {v!r} is not 'soft', 'hard' or None")
             y.clamping_mode = v
         else:
             raise ValueError(f"{cls.__name__}: unknown attribute {k!r} in a message")
@@ -412,7 +430,8 @@ def _to_torch_one(t: Any, copy: bool | None) -> torch.Tensor:
             stacklevel=3,
         )
     x = torch.from_dlpack(t)
-    if isinstance(desc, dict) and isinstance(desc.get("type"), str):
+    shape_ok = isinstance(desc, dict) and desc.get("shape", list(x.shape)) == list(x.shape)
+    if shape_ok and isinstance(desc.get("type"), str):
         codec = _lookup_name(desc["type"])
         if codec is not None:
             try:
@@ -569,14 +588,34 @@ def contiguous(x: torch.Tensor) -> torch.Tensor:
     return _rewrap(y, cls, state)
 
 
-def contiguous_inputs(fn: Callable) -> Callable:
+def contiguous_inputs(fn: Callable | None = None, *, mutates: tuple[str, ...] | list[str] = ()) -> Any:
     """Decorate an op so that every torch.Tensor argument (positional or keyword, and tensors directly inside
     list / tuple arguments) reaches it C-contiguous, made so by tensorwire's engine, free when it already is.
     Autograd flows through (the copy's gradient is the identity). Works on plain functions and on the
-    implementation of a torch.library.custom_op (decorate the function, then register it)."""
+    implementation of a torch.library.custom_op (decorate the function, then register it).
+
+    A non-contiguous argument is replaced by a copy, so an op that writes into an argument must name it:
+    ``@contiguous_inputs(mutates=("out",))`` copies such an argument back into the caller's tensor after the call
+    (and refuses one whose elements overlap, such as an expanded tensor, which cannot be written element-wise).
+    """
+    if fn is None:
+        return lambda f: contiguous_inputs(f, mutates=mutates)
     if not callable(fn):
         raise TypeError(f"contiguous_inputs: expected a callable, got {type(fn).__name__}")
+    if isinstance(mutates, str) or not all(isinstance(m, str) for m in mutates):
+        raise TypeError("contiguous_inputs: mutates must be a tuple of parameter names")
     Tensor = torch.Tensor
+    mutated = tuple(mutates)
+    try:
+        sig: inspect.Signature | None = inspect.signature(fn, eval_str=True)
+    except Exception:  # an annotation that does not evaluate: leave inspect to follow __wrapped__
+        sig = None
+    if mutated:
+        if sig is None:
+            sig = inspect.signature(fn)
+        unknown = [m for m in mutated if m not in sig.parameters]
+        if unknown:
+            raise ValueError(f"contiguous_inputs: {fn.__name__} has no parameter(s) {', '.join(unknown)}")
 
     def fix(a: Any) -> Any:
         if isinstance(a, Tensor):
@@ -585,8 +624,34 @@ def contiguous_inputs(fn: Callable) -> Callable:
             return type(a)(fix(v) for v in a)
         return a
 
+    def call_mutating(args: tuple, kwargs: dict) -> Any:
+        assert sig is not None
+        bound = sig.bind(*args, **kwargs)
+        back: list[tuple[Tensor, Tensor]] = []
+        for name, value in list(bound.arguments.items()):
+            fixed = fix(value)
+            if fixed is not value and name in mutated:
+                pairs = zip(value, fixed) if isinstance(value, (list, tuple)) else [(value, fixed)]
+                for orig, new in pairs:
+                    if new is orig:
+                        continue
+                    if any(st == 0 and n > 1 for st, n in zip(orig.stride(), orig.shape)):
+                        raise ValueError(
+                            f"{fn.__name__}: argument {name!r} is written, and its elements overlap (a stride-0, "
+                            f"expanded tensor of strides {orig.stride()}): nothing can be written into it element-wise"
+                        )
+                    back.append((orig, new))
+            bound.arguments[name] = fixed
+        result = fn(*bound.args, **bound.kwargs)
+        with torch.no_grad():
+            for orig, new in back:
+                orig.copy_(new)
+        return result
+
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if mutated:
+            return call_mutating(args, kwargs)
         for a in args:
             if isinstance(a, Tensor):
                 if not a.is_contiguous():
@@ -600,10 +665,8 @@ def contiguous_inputs(fn: Callable) -> Callable:
 
     # The signature with its annotations evaluated where fn was defined: torch.library.custom_op reads the schema
     # from it and evaluates string annotations (from __future__ import annotations) in the wrapper's globals.
-    try:
-        wrapper.__signature__ = inspect.signature(fn, eval_str=True)  # type: ignore[attr-defined]
-    except Exception:  # an annotation that does not evaluate: leave inspect to follow __wrapped__
-        pass
+    if sig is not None:
+        wrapper.__signature__ = sig  # type: ignore[attr-defined]
     return wrapper
 
 

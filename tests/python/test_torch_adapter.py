@@ -179,7 +179,9 @@ def test_plain_from_dlpack_keeps_working():
 def test_registered_user_codec(scaled_registered):
     x = scaled([1.0, 2.0], 0.5)
     t = tw.asarray(x)
-    assert t.metadata[twt.METADATA_KEY] == {"type": "tests.Scaled", "attrs": {"scale": 0.5}, "registered": True}
+    assert t.metadata[twt.METADATA_KEY] == {
+        "type": "tests.Scaled", "attrs": {"scale": 0.5}, "registered": True, "shape": [2]
+    }
     y = twt.to_torch(t)
     assert type(y) is Scaled and y.scale == 0.5 and torch.equal(plain(y), plain(x))
 
@@ -189,21 +191,31 @@ def test_unregistered_subclass_arrives_plain_with_its_description():
     t = tw.asarray(u)
     y = twt.to_torch(t)
     assert type(y) is torch.Tensor and torch.equal(y, plain(u))
-    assert t.metadata[twt.METADATA_KEY] == {"type": f"{__name__}.Units", "attrs": {"unit": "kg"}, "registered": False}
+    assert t.metadata[twt.METADATA_KEY] == {
+        "type": f"{__name__}.Units", "attrs": {"unit": "kg"}, "registered": False, "shape": [2]
+    }
 
 
-def test_to_torch_of_read_only_shares_and_warns_once(monkeypatch):
+def test_to_torch_of_a_received_tensor_shares_it_and_warns_once(monkeypatch):
     monkeypatch.setattr(twt, "_readonly_warned", False)
-    a = np.arange(6.0)
-    a.flags.writeable = False
-    with pytest.warns(UserWarning, match="read-only"):
-        y = twt.to_torch(a)
-    assert y.data_ptr() == a.ctypes.data
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        twt.to_torch(a)  # once
-    z = twt.to_torch(a, copy=True)
-    assert z.data_ptr() != a.ctypes.data and torch.equal(z, y)
+    name = topic("ro")
+    b = boxes(canvas=(5, 6))
+    with tw.Subscriber(name) as sub, tw.Publisher(name) as pub:
+        pub.send(b)
+        t = sub.recv(timeout=10)
+        assert t.readonly
+        with pytest.warns(UserWarning, match="read-only"):
+            y = twt.to_torch(t)
+        assert type(y) is tv_tensors.BoundingBoxes and y.canvas_size == (5, 6)
+        assert y.data_ptr() == t.data_ptr  # zero-copy out of the publisher's shared memory
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            twt.to_torch(t)  # once
+        z = twt.to_torch(t, copy=True)
+        assert z.data_ptr() != t.data_ptr and type(z) is tv_tensors.BoundingBoxes
+        z.add_(1)  # a private, writable copy
+        assert torch.equal(plain(y), plain(b))
+        del y, z, t
 
 
 def test_to_torch_copies_negative_strides_or_refuses():
@@ -241,15 +253,51 @@ def test_hostile_attributes_are_refused_with_a_clear_error():
         ({"format": "__class__", "canvas_size": [1, 1]}, "not a BoundingBoxFormat"),
         ({"format": "XYXY", "canvas_size": [1]}, "pair of non-negative ints"),
         ({"format": "XYXY", "canvas_size": [1, -2]}, "pair of non-negative ints"),
-        ({"format": "XYXY", "__class__": 1}, "unknown attribute"),
+        ({"format": "XYXY", "canvas_size": [1, 1], "__class__": 1}, "unknown attribute"),
     ):
         t.metadata[twt.METADATA_KEY] = {"type": name, "attrs": attrs, "registered": True}
         with pytest.raises(ValueError, match=msg):
             twt.to_torch(t)
+    for attrs, msg in (
+        ({"canvas_size": [1, 1]}, "lacks format"),
+        ({"format": "XYXY", "canvas_size": [1, 1], "clamping_mode": "sometimes"}, "clamping_mode"),
+    ):
+        t.metadata[twt.METADATA_KEY] = {"type": name, "attrs": attrs, "registered": True}
+        with pytest.raises(ValueError, match=msg):
+            twt.to_torch(t)
+    t3 = tw.asarray(np.zeros((2, 3), np.float32))
+    t3.metadata[twt.METADATA_KEY] = {"type": name, "attrs": {"format": "XYXY", "canvas_size": [1, 1]}}
+    with pytest.raises(ValueError, match="last dimension must be 4"):
+        twt.to_torch(t3)
     t.metadata[twt.METADATA_KEY] = {"type": 42}  # malformed descriptions: a plain tensor
     assert type(twt.to_torch(t)) is torch.Tensor
     t.metadata[twt.METADATA_KEY] = "nonsense"
     assert type(twt.to_torch(t)) is torch.Tensor
+
+
+def test_a_view_of_another_shape_converts_to_a_plain_tensor():
+    t = tw.asarray(boxes(5))
+    assert type(twt.to_torch(t)) is tv_tensors.BoundingBoxes
+    col = t[:, 0]  # the view carries a copy of the metadata, but it is no longer a (N, 4) box tensor
+    assert twt.METADATA_KEY in col.metadata and type(twt.to_torch(col)) is torch.Tensor
+
+
+def test_the_default_decode_refuses_names_that_shadow_the_class(scaled_registered):
+    class Plain(torch.Tensor):
+        pass
+
+    twt.register_subclass(Plain, name="tests.Plain")
+    try:
+        t = tw.asarray(np.zeros(2, np.float32))
+        for bad in ("__class__", "float", "__torch_function__"):
+            t.metadata[twt.METADATA_KEY] = {"type": "tests.Plain", "attrs": {bad: 1}, "registered": True}
+            with pytest.raises(ValueError, match="not allowed"):
+                twt.to_torch(t)
+        t.metadata[twt.METADATA_KEY] = {"type": "tests.Plain", "attrs": {"unit": "m"}, "registered": True}
+        y = twt.to_torch(t)
+        assert type(y) is Plain and y.unit == "m"
+    finally:
+        twt.unregister_subclass(Plain)
 
 
 def test_pickling_a_tw_tensor_keeps_the_description():
@@ -333,7 +381,7 @@ def test_unregistered_and_unknown_types_arrive_plain_and_nothing_is_imported():
     got = run_receiver(topic("unk"), "plain", 3, lambda pub: (pub.send(evil), pub.send(u), pub.send(b)))
     assert [g["type"] for g in got] == ["torch.Tensor"] * 3
     assert got[0]["desc"]["type"] == "tests_evil_module.Evil" and got[0]["modules"] == []
-    assert got[1]["desc"] == {"type": f"{__name__}.Units", "attrs": {"unit": "N"}, "registered": False}
+    assert got[1]["desc"] == {"type": f"{__name__}.Units", "attrs": {"unit": "N"}, "registered": False, "shape": [2]}
     assert got[1]["values"] == [4.0, 5.0]
     assert got[2]["desc"]["attrs"]["format"] == "XYXY" and "torchvision" not in got[2]["modules"]
     assert not os.path.exists(os.path.join(HERE, "tests_evil_module.py"))  # (and so nothing could run)
@@ -385,6 +433,16 @@ def test_pin_keeps_types_and_attributes_on_a_gpu():
     assert torch.equal(plain(c).cpu(), plain(batch["sample"].boxes))
 
 
+def test_in_process_paths_keep_attributes_no_codec_could_encode():
+    b = boxes(2)
+    b.source = object()  # not JSON-like: fine inside one program
+    c = twt.collate([b, b])
+    assert type(c) is tv_tensors.BoundingBoxes and c.source is b.source
+    s = tv_tensors.BoundingBoxes(torch.rand(4, 3).T, format="XYXY", canvas_size=(2, 2))
+    s.source = b.source
+    assert not s.is_contiguous() and twt.contiguous(s).source is b.source
+
+
 def test_tree_map_keeps_container_types():
     batch = nested_batch()
     out = twt._tree_map(batch, lambda x: x + 0, lambda v: isinstance(v, torch.Tensor))
@@ -409,9 +467,8 @@ def test_collate_stacks_subclasses_whose_attributes_and_shapes_agree():
 
 def test_collate_gives_a_per_sample_list_when_they_differ():
     differing_shapes = [boxes(1), boxes(3)]
-    assert twt.collate(differing_shapes) == differing_shapes or all(
-        a is b for a, b in zip(twt.collate(differing_shapes), differing_shapes)
-    )
+    c = twt.collate(differing_shapes)
+    assert isinstance(c, list) and len(c) == 2 and all(a is b for a, b in zip(c, differing_shapes))
     c = twt.collate([boxes(2, canvas=(1, 1)), boxes(2, canvas=(2, 2))])
     assert isinstance(c, list) and [b.canvas_size for b in c] == [(1, 1), (2, 2)]
     mixed = twt.collate([boxes(2), plain(boxes(2))])
@@ -502,6 +559,55 @@ def test_dataloader_batches_keep_types_and_values(num_workers):
         b["image"].add_(1)  # batches are writable, as torch's are
         seen += b["label"].tolist()
     assert sorted(seen) == list(range(24))
+
+
+def _refuse_torch_pickling(marker: str, worker_id: int) -> None:
+    """worker_init_fn: any tensor data pickled in this worker (torch's own path: a shared-memory file and one fd per
+    storage) leaves a marker file and raises."""
+    from multiprocessing.reduction import ForkingPickler
+
+    def refuse(*a):
+        with open(marker, "a") as f:
+            f.write(f"worker {worker_id} pickled tensor data\n")
+        raise AssertionError("a worker pickled tensor data")
+
+    for cls in [torch.Tensor, torch.UntypedStorage, torch.storage.TypedStorage] + list(torch._storage_classes):
+        ForkingPickler.register(cls, refuse)
+
+
+def test_dataloader_workers_pickle_no_tensor_data(tmp_path):
+    import functools
+
+    ds = Detection(12)
+    ours, theirs = str(tmp_path / "ours"), str(tmp_path / "theirs")
+    for b in twt.DataLoader(ds, batch_size=4, num_workers=2, worker_init_fn=functools.partial(_refuse_torch_pickling, ours)):
+        check_batch(b, ds)
+    assert not os.path.exists(ours)
+    # the check can fail: torch's own DataLoader pickles its batches' tensors (its queue's feeder thread then
+    # fails, and no batch arrives)
+    with pytest.raises(RuntimeError, match="timed out"):
+        list(torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2, timeout=3, collate_fn=twt.collate,
+                                         worker_init_fn=functools.partial(_refuse_torch_pickling, theirs)))
+    assert "pickled tensor data" in open(theirs).read()
+
+
+class ManyBoxes(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 600
+
+    def __getitem__(self, i: int):
+        return boxes(1 + i % 3, seed=i)
+
+
+def test_dataloader_batches_larger_than_a_workers_ring():
+    # 300 per-sample box tensors per batch: more than a worker's ring holds at once
+    ds = ManyBoxes()
+    loader = twt.DataLoader(ds, batch_size=300, num_workers=2, prefetch_factor=2)
+    out = []
+    for b in loader:
+        assert isinstance(b, list) and len(b) == 300
+        out.extend(b)
+    assert len(out) == 600 and all(torch.equal(plain(out[i]), plain(ds[i])) for i in (0, 299, 300, 599))
 
 
 def test_dataloader_leaks_nothing_and_uses_no_fd_per_tensor():
@@ -598,6 +704,23 @@ def test_contiguous_inputs_is_free_for_contiguous_tensors():
     assert isinstance(sw, list) and sw[0] is w and sw[1].is_contiguous() and torch.equal(sw[1], w[::2])
     assert sb.is_contiguous() and torch.equal(sb, b.expand(2, 4))
     assert op.__name__ == "op" and op.__wrapped__ is not None
+
+
+def test_contiguous_inputs_copies_written_arguments_back():
+    @twt.contiguous_inputs(mutates=("out",))
+    def fill(x, out):
+        assert out.is_contiguous()
+        out.copy_(x * 2)
+
+    x = torch.arange(6.0).reshape(2, 3)
+    out = torch.zeros(3, 2).T  # a transposed destination
+    fill(x, out)
+    assert torch.equal(out, x * 2)
+    fill(x, out=torch.zeros(2, 6)[:, ::2])  # keyword, strided
+    with pytest.raises(ValueError, match="overlap"):
+        fill(x, torch.zeros(1, 3).expand(2, 3))
+    with pytest.raises(ValueError, match="no parameter"):
+        twt.contiguous_inputs(mutates=("nope",))(lambda x: x)
 
 
 def test_contiguous_keeps_subclasses():
