@@ -661,6 +661,29 @@ def test_dataloader_with_spawned_workers_and_a_registered_codec(scaled_registere
     assert out[0].scale == 0.25 and out[1].tolist() == [[3.0, 3.0], [4.0, 4.0], [5.0, 5.0]]
 
 
+def test_dataloader_pins_on_torchs_pin_thread(monkeypatch):
+    # No GPU here: pretend there is an accelerator, so that torch starts its pin thread, and record where
+    # tensorwire.torch pins (the real pinning runs in make test-gpu).
+    import threading
+
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *a, **k: torch.device("cpu"))
+    monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 0)
+    monkeypatch.setattr(torch.accelerator, "set_device_index", lambda i: None)
+    monkeypatch.setattr(twt, "_accelerator", lambda: True)
+    where = []
+
+    def fake_pin(x):
+        where.append(threading.current_thread() is threading.main_thread())
+        return x
+
+    monkeypatch.setattr(twt, "_pin_tensor", fake_pin)
+    ds = Detection(12)
+    for b in twt.DataLoader(ds, batch_size=4, num_workers=2, pin_memory=True):
+        check_batch(b, ds)
+    assert where and not any(where)  # every tensor went through twt.pin, none on the main thread
+
+
 def test_dataloader_worker_exception_is_reraised_as_torch_does():
     loader = twt.DataLoader(Detection(12, raise_at=5), batch_size=2, num_workers=2)
     with pytest.raises(KeyError, match="sample 5 is broken"):
