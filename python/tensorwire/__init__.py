@@ -29,7 +29,7 @@ from ._tensorwire import (
     zeros,
 )
 from ._metadata import Metadata
-from . import _pickle, _numpy
+from . import _pickle, _numpy, _scalars
 from ._exporters import to_jax, to_numpy, to_torch
 
 __version__: str = _ext.__version__
@@ -64,8 +64,33 @@ Tensor.metadata = property(
 Tensor.__array__ = _numpy.tensor_array
 Tensor.numpy = _numpy.tensor_numpy
 Tensor.tolist = lambda self: _numpy.tensor_numpy(self).tolist()
+Tensor.item = _scalars.item
+Tensor.__float__ = _scalars.tensor_float
+Tensor.__int__ = _scalars.tensor_int
+Tensor.__complex__ = _scalars.tensor_complex
+Tensor.__index__ = _scalars.tensor_index
+Tensor.__bool__ = _scalars.tensor_bool
 Tensor.__reduce_ex__ = _pickle.reduce_ex
 Tensor.__reduce__ = lambda self: _pickle.reduce_ex(self, 2)
+
+# DType and Device pickle by name; np.dtype(tw.float32) works where NumPy (or ml_dtypes) has the type.
+DType.__reduce__ = lambda self: (DType, (self.name,))
+Device.__reduce__ = lambda self: (Device, (str(self),))
+
+
+def _numpy_dtype(self):
+    name = self.name
+    if self.lanes == 1 and name in _numpy._NATIVE:
+        import numpy as np
+
+        return np.dtype(name)
+    try:
+        return _numpy._ml_dtype(name)
+    except BufferError as e:
+        raise TypeError(f"NumPy has no type for {name}: {e}") from None
+
+
+DType.dtype = property(_numpy_dtype, doc="The NumPy dtype of this type (ml_dtypes' for bfloat16, float8, int4...).")
 
 # dtype constants: tw.float32, tw.bfloat16, ...
 _DTYPE_NAMES = (

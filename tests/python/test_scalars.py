@@ -1,0 +1,84 @@
+"""Python scalars from one-element tensors (as NumPy has them), and DType / Device pickling and NumPy dtypes
+(issue 14, first part)."""
+
+from __future__ import annotations
+
+import operator
+import pickle
+import warnings
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+import tensorwire as tw
+
+
+@pytest.mark.parametrize(
+    "a",
+    [np.array(2.5), np.array([[7]], np.int16), np.array(True), np.array([-3], np.int64), np.array(1 + 2j, np.complex64),
+     np.array(1.5, ml_dtypes.bfloat16), np.array(200, np.uint8)],
+    ids=lambda a: f"{a.dtype}{a.shape}",
+)
+def test_one_element_tensors_convert_as_numpy_does(a):
+    t = tw.asarray(a)
+    assert t.item() == a.item() and type(t.item()) is type(a.item())
+    if a.dtype.kind != "c":
+        # any one-element tensor converts, as in PyTorch (NumPy 2 converts 0-d arrays only)
+        assert float(t) == float(a.item()) and int(t) == int(a.item())
+        assert bool(t) == bool(a.item())
+    assert complex(t) == complex(a.item())
+    if a.dtype.kind in "iu":
+        assert operator.index(t) == operator.index(a.reshape(()))
+
+
+def test_a_view_element_converts():
+    t = tw.asarray(np.arange(6.0).reshape(2, 3))
+    assert float(t[1, 2]) == 5.0 and int(t[1, 2]) == 5 and t[1, 2].item() == 5.0
+    assert float(t.T[2, 1]) == 5.0
+    x = tw.asarray(torch.arange(10, dtype=torch.int32)[::3])
+    assert [int(x[i]) for i in range(len(x))] == [0, 3, 6, 9]
+    assert list(range(20))[x[2]] == 6  # __index__
+
+
+def test_errors_name_the_problem():
+    t = tw.asarray(np.arange(6.0).reshape(2, 3))
+    with pytest.raises(ValueError, match="ambiguous"):
+        bool(t)
+    with pytest.raises(ValueError, match="empty tensor is ambiguous"):
+        bool(tw.asarray(np.zeros(0)))
+    with pytest.raises(ValueError, match=r"one element .* shape \(2, 3\)"):
+        t.item()
+    with pytest.raises(TypeError, match="one element"):
+        float(t)
+    with pytest.raises(TypeError, match="one element"):
+        int(t)
+    with pytest.raises(TypeError, match="integer tensor"):
+        operator.index(t[0, 0])
+    with pytest.raises(TypeError, match="integer tensor"):
+        operator.index(tw.asarray(np.array(True)))
+    with pytest.raises(TypeError, match="complex"):
+        float(tw.asarray(np.array(1j)))
+    with pytest.raises(TypeError):
+        len(tw.asarray(np.array(3.0)))
+
+
+def test_dtype_and_device_pickle():
+    for d in (tw.float32, tw.bfloat16, tw.int4, tw.bool_, tw.DType("complex64")):
+        assert pickle.loads(pickle.dumps(d)) == d
+    for dev in (tw.Device("cpu"), tw.Device("cuda:1"), tw.Device("cuda_host")):
+        back = pickle.loads(pickle.dumps(dev))
+        assert back == dev and str(back) == str(dev)
+
+
+def test_numpy_dtype_of_a_dtype():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert np.dtype(tw.float32) == np.float32
+        assert np.dtype(tw.uint16) == np.uint16
+        assert np.dtype(tw.bfloat16) == ml_dtypes.bfloat16
+        assert np.dtype(tw.float8_e4m3fn) == ml_dtypes.float8_e4m3fn
+        assert np.zeros(2, dtype=tw.int8).dtype == np.int8
+    assert tw.float32 == np.float32 and tw.float32 == np.dtype("float32") and tw.float32 == torch.float32
+    assert tw.float32 != np.float64 and tw.int64 != torch.int32
