@@ -51,6 +51,14 @@ std::shared_ptr<const void> keep_python_alive(PyObject* obj) {
   return std::make_shared<PyRef>(obj);
 }
 
+// str(x), for messages.
+std::string str_of(nb::handle x) {
+  PyObject* s = PyObject_Str(x.ptr());
+  if (!s) throw nb::python_error();
+  nb::str r = nb::steal<nb::str>(s);
+  return r.c_str();
+}
+
 tw::Value to_value(PyObject* o, const std::string& path, int depth) {
   if (depth > 64) throw tw::Error(tw::ErrorCode::type_mismatch, "metadata " + path + " is nested deeper than 64 levels");
   if (o == Py_None) return tw::Value();
@@ -99,8 +107,46 @@ tw::Value to_value(PyObject* o, const std::string& path, int depth) {
     }
     return d;
   }
+  const std::string type = Py_TYPE(o)->tp_name;
+  nb::handle h(o);
+  if (type.rfind("numpy.", 0) == 0 && nb::hasattr(h, "ndim") && nb::hasattr(h, "dtype")) {
+    // NumPy scalars and 0-d arrays are stored as the matching Python value (their .item()).
+    const int64_t ndim = nb::cast<int64_t>(h.attr("ndim"));
+    const std::string kind = str_of(h.attr("dtype").attr("kind"));
+    if (ndim != 0)
+      throw tw::Error(tw::ErrorCode::type_mismatch,
+                      "metadata " + path + " is a NumPy array of shape " +
+                          str_of(h.attr("shape")) +
+                          "; store a.tolist(), or send the array as a tensor of its own");
+    if (kind == "b" || kind == "i" || kind == "u" || kind == "f" || kind == "S" || kind == "U") {
+      nb::object v = h.attr("item")();
+      return to_value(v.ptr(), path, depth + 1);
+    }
+    throw tw::Error(tw::ErrorCode::type_mismatch,
+                    "metadata " + path + " is a NumPy " + str_of(h.attr("dtype")) +
+                        " value, which has no metadata type" +
+                        (kind == "c" ? std::string("; store [x.real, x.imag]")
+                         : kind == "M" || kind == "m" ? std::string("; store str(x) or an int count of its unit")
+                                                      : std::string()));
+  }
+  if (type == "datetime.datetime" || type == "datetime.date" || type == "datetime.time" || type == "datetime.timedelta")
+    throw tw::Error(tw::ErrorCode::type_mismatch,
+                    "metadata " + path + " is a " + type + ", which has no metadata type; store x.isoformat() (str) " +
+                        (type == "datetime.timedelta" ? "or x.total_seconds() (float)" : "or a timestamp (float)"));
+  static PyObject* enum_type = [] {
+    PyObject* e = PyImport_ImportModule("enum");
+    PyObject* t = e ? PyObject_GetAttrString(e, "Enum") : nullptr;
+    Py_XDECREF(e);
+    PyErr_Clear();
+    return t;  // kept for the life of the process
+  }();
+  if (enum_type && PyObject_IsInstance(o, enum_type) == 1)
+    throw tw::Error(tw::ErrorCode::type_mismatch, "metadata " + path + " is an enum member (" +
+                                                      std::string(nb::repr(h).c_str()) +
+                                                      "), which has no metadata type; store its .value or .name");
+  PyErr_Clear();
   throw tw::Error(tw::ErrorCode::type_mismatch,
-                  "metadata " + path + " is of type " + std::string(Py_TYPE(o)->tp_name) +
+                  "metadata " + path + " is of type " + type +
                       "; values must be None, bool, int, float, str, bytes, or lists, tuples and dicts of these");
 }
 
@@ -137,7 +183,7 @@ int64_t int64_arg(nb::handle h, const std::string& what) {
     throw tw::Error(tw::ErrorCode::type_mismatch, what + " must be an int, not " + Py_TYPE(h.ptr())->tp_name);
   int overflow = 0;
   const long long v = PyLong_AsLongLongAndOverflow(h.ptr(), &overflow);
-  if (overflow) throw tw::Error(tw::ErrorCode::overflow, what + " " + nb::cast<std::string>(nb::repr(h)) +
+  if (overflow) throw tw::Error(tw::ErrorCode::overflow, what + " " + std::string(nb::repr(h).c_str()) +
                                                           " does not fit in 64 bits");
   if (v == -1 && PyErr_Occurred()) throw nb::python_error();
   return v;

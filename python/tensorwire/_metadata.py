@@ -10,7 +10,9 @@ class Metadata(MutableMapping):
     """A live view of a tensor's metadata: writes go straight to the tensor.
 
     Keys are str; values are None, bool, int (64-bit), float, str, bytes, and lists, tuples and dicts of these
-    (dict keys str). Anything else raises TypeError on assignment. Reads return fresh Python objects, so mutate
+    (dict keys str). NumPy scalars and 0-d arrays are stored as the matching Python value (their .item()).
+    Anything else raises TypeError on assignment, naming what to store instead (datetime: isoformat(); enums:
+    .value or .name; arrays: tolist()). Reads return fresh Python objects, so mutate
     a nested value by assigning it back (``m["boxes"] = m["boxes"] + [b]``).
     """
 

@@ -82,3 +82,38 @@ def test_numpy_dtype_of_a_dtype():
         assert np.zeros(2, dtype=tw.int8).dtype == np.int8
     assert tw.float32 == np.float32 and tw.float32 == np.dtype("float32") and tw.float32 == torch.float32
     assert tw.float32 != np.float64 and tw.int64 != torch.int32
+
+
+def test_metadata_takes_numpy_scalars_and_0d_arrays_as_python_values():
+    import datetime
+    import enum
+
+    t = tw.asarray(np.zeros(2))
+    t.metadata["f"] = np.float32(1.5)
+    t.metadata["i"] = np.int64(-3)
+    t.metadata["u"] = np.array(5, np.uint64)
+    t.metadata["b"] = np.bool_(True)
+    t.metadata["s"] = np.str_("x")
+    t.metadata["n"] = {"deep": [np.int8(1), np.array(2.5)]}
+    got = dict(t.metadata)
+    assert got == {"f": 1.5, "i": -3, "u": 5, "b": True, "s": "x", "n": {"deep": [1, 2.5]}}
+    assert [type(got[k]) for k in "fiubs"] == [float, int, int, bool, str]
+
+    class Color(enum.Enum):
+        RED = 1
+
+    for value, msg in (
+        (np.arange(3), r"NumPy array of shape \(3,\); store a.tolist\(\)"),
+        (np.complex64(1j), r"complex64 .* store \[x.real, x.imag\]"),
+        (np.datetime64("2020-01-01"), "datetime64"),
+        (datetime.datetime(2020, 1, 1), r"datetime.datetime.*isoformat"),
+        (datetime.timedelta(seconds=3), "total_seconds"),
+        (Color.RED, r"enum member .* \.value or \.name"),
+    ):
+        with pytest.raises(TypeError, match=msg):
+            t.metadata["bad"] = value
+    assert "bad" not in t.metadata
+    name = f"t14.{id(t)}"
+    with tw.Subscriber(name) as sub, tw.Publisher(name) as pub:
+        pub.send(np.zeros(1), metadata={"step": np.int64(7), "loss": np.float64(0.25)})
+        assert dict(sub.recv(timeout=10).metadata) == {"step": 7, "loss": 0.25}
