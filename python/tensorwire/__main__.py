@@ -1,4 +1,4 @@
-"""The tensorwire command line: `tensorwire demo`, `tensorwire bench`, `tensorwire version`."""
+"""The tensorwire command line: `tensorwire demo`, `tensorwire bench`, `tensorwire version` (or `--version`)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tensorwire", description=__doc__)
+    parser.add_argument("--version", action="version", version=_version_line())
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="show each tensor-crossing hazard tensorwire removes, and whether it came out right")
     d.add_argument("--size", type=int, default=100_000_000, help="elements in the large-buffer adoption row")
@@ -32,11 +33,15 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return bench_main(args.rest)
     if args.command == "version":
-        import tensorwire
-
-        print(f"tensorwire {tensorwire.__version__} (DLPack {tensorwire.DLPACK_VERSION[0]}.{tensorwire.DLPACK_VERSION[1]})")
+        print(_version_line())
         return 0
     return 2
+
+
+def _version_line() -> str:
+    import tensorwire
+
+    return f"tensorwire {tensorwire.__version__} (DLPack {tensorwire.DLPACK_VERSION[0]}.{tensorwire.DLPACK_VERSION[1]})"
 
 
 if __name__ == "__main__":

@@ -117,3 +117,13 @@ def test_metadata_takes_numpy_scalars_and_0d_arrays_as_python_values():
     with tw.Subscriber(name) as sub, tw.Publisher(name) as pub:
         pub.send(np.zeros(1), metadata={"step": np.int64(7), "loss": np.float64(0.25)})
         assert dict(sub.recv(timeout=10).metadata) == {"step": 7, "loss": 0.25}
+
+
+def test_command_line_version():
+    import subprocess
+    import sys
+
+    for args in (["--version"], ["version"]):
+        out = subprocess.run([sys.executable, "-m", "tensorwire", *args], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == f"tensorwire {tw.__version__} (DLPack {tw.DLPACK_VERSION[0]}.{tw.DLPACK_VERSION[1]})"
