@@ -51,6 +51,28 @@ std::shared_ptr<const void> keep_python_alive(PyObject* obj) {
   return std::make_shared<PyRef>(obj);
 }
 
+// Python users read Python names: a C++ "Tensor::select: ..." becomes "tensorwire.Tensor.select: ...", and the
+// allocator's "Buffer::allocate: " prefix goes (the message says what could not be had).
+std::string python_message(std::string m) {
+  if (m.rfind("Tensor::", 0) == 0) return "tensorwire.Tensor." + m.substr(8);
+  if (m.rfind("Buffer::allocate: ", 0) == 0) return m.substr(18);
+  return m;
+}
+
+// Runs f; a tw::Error it throws is rethrown naming the Python function `py` instead of the C++ one it came from
+// (reshape is implemented by view, empty by Buffer::allocate...).
+template <class F>
+auto as_python(const char* py, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const tw::Error& e) {
+    std::string m = e.what();
+    const auto colon = m.find(": ");
+    if (colon != std::string::npos && m.find("::") < colon) m = m.substr(colon + 2);
+    throw tw::Error(e.code(), std::string(py) + ": " + m);
+  }
+}
+
 // str(x), for messages.
 std::string str_of(nb::handle x) {
   PyObject* s = PyObject_Str(x.ptr());
@@ -430,7 +452,7 @@ NB_MODULE(_tensorwire, m) {
     try {
       std::rethrow_exception(p);
     } catch (const tw::Error& e) {
-      PyErr_SetString(exception_for(e.code()), e.what());
+      PyErr_SetString(exception_for(e.code()), python_message(e.what()).c_str());
     }
   });
 
@@ -537,7 +559,7 @@ NB_MODULE(_tensorwire, m) {
       .def("reshape", [](const tw::Tensor& t, nb::args shape) {
         tw::Dims d = shape.size() == 1 && !PyLong_Check(shape[0].ptr()) ? dims_from(shape[0], "shape")
                                                                          : dims_from(nb::tuple(shape), "shape");
-        return t.reshape(d);
+        return as_python("tensorwire.Tensor.reshape", [&] { return t.reshape(d); });
       })
       .def("expand", [](const tw::Tensor& t, nb::args shape) {
         tw::Dims d = shape.size() == 1 && !PyLong_Check(shape[0].ptr()) ? dims_from(shape[0], "shape")
@@ -653,11 +675,15 @@ NB_MODULE(_tensorwire, m) {
     return d;
   }, "The buffer cache now: limit, bytes and blocks held, hits and misses of large allocations.");
   m.def("empty", [](nb::handle shape, nb::handle dtype, const std::string& order) {
-    return tw::Tensor::empty(dims_from(shape, "shape"), parse_dtype(dtype), parse_order(order));
+    const tw::Dims d = dims_from(shape, "shape");
+    const tw::DType dt = parse_dtype(dtype);
+    return as_python("tensorwire.empty", [&] { return tw::Tensor::empty(d, dt, parse_order(order)); });
   }, "shape"_a, "dtype"_a.none() = "float32", "order"_a = "C",
   "A new uninitialised host tensor; dtype: a name, a NumPy/PyTorch/ml_dtypes dtype or a tensorwire.DType.");
   m.def("zeros", [](nb::handle shape, nb::handle dtype, const std::string& order) {
-    return tw::Tensor::zeros(dims_from(shape, "shape"), parse_dtype(dtype), parse_order(order));
+    const tw::Dims d = dims_from(shape, "shape");
+    const tw::DType dt = parse_dtype(dtype);
+    return as_python("tensorwire.zeros", [&] { return tw::Tensor::zeros(d, dt, parse_order(order)); });
   }, "shape"_a, "dtype"_a.none() = "float32", "order"_a = "C",
   "A new zero-filled host tensor; dtype as in tensorwire.empty.");
   m.def("_copy_into", [](const tw::Tensor& src, const tw::Tensor& dst) {

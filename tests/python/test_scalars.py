@@ -127,3 +127,19 @@ def test_command_line_version():
         out = subprocess.run([sys.executable, "-m", "tensorwire", *args], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == f"tensorwire {tw.__version__} (DLPack {tw.DLPACK_VERSION[0]}.{tw.DLPACK_VERSION[1]})"
+
+
+def test_errors_name_python_functions_not_cpp_ones():
+    t = tw.asarray(np.arange(6.0).reshape(2, 3))
+    cases = [
+        (lambda: t.reshape(4), ValueError, r"^tensorwire\.Tensor\.reshape: shape \(4,\) holds 4 elements"),
+        (lambda: t.T.view(6), tw.CopyError, r"^tensorwire\.Tensor\.view: "),
+        (lambda: t.select(5, 0), IndexError, r"^tensorwire\.Tensor\.select: dimension 5"),
+        (lambda: t.permute(0, 0), ValueError, r"^tensorwire\.Tensor\.permute: "),
+        (lambda: t.expand(3, 3), ValueError, r"^tensorwire\.Tensor\.expand: "),
+        (lambda: tw.empty((1 << 46,), "float64"), MemoryError, r"^tensorwire\.empty: "),
+    ]
+    for f, exc, msg in cases:
+        with pytest.raises(exc, match=msg) as info:
+            f()
+        assert "::" not in str(info.value)
