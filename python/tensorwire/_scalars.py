@@ -64,3 +64,13 @@ def tensor_bool(self) -> bool:
     if n == 0:
         raise ValueError("the truth value of an empty tensor is ambiguous; test t.size instead")
     raise ValueError(f"the truth value of a tensor of {n} elements is ambiguous; use np.asarray(t).any() or .all()")
+
+
+def tensor_eq(self, other: Any) -> Any:
+    """tensorwire tensors are views, not arrays with arithmetic: == and != are refused rather than comparing
+    identity (the default) or guessing elementwise semantics without an engine for them."""
+    raise TypeError(
+        "tensorwire.Tensor does not support == or != (it would compare identity, not values): compare values with "
+        "np.array_equal(np.asarray(t), np.asarray(u)) or elementwise with np.asarray(t) == np.asarray(u), and "
+        "identity with `t is u`"
+    )

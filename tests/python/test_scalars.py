@@ -143,3 +143,14 @@ def test_errors_name_python_functions_not_cpp_ones():
         with pytest.raises(exc, match=msg) as info:
             f()
         assert "::" not in str(info.value)
+
+
+def test_equality_is_refused_with_a_pointer_to_numpy():
+    t = tw.asarray(np.arange(3.0))
+    u = tw.asarray(np.arange(3.0))
+    for f in (lambda: t == u, lambda: t != u, lambda: t == t, lambda: t == 1.0):
+        with pytest.raises(TypeError, match=r"np\.array_equal"):
+            f()
+    assert np.array_equal(np.asarray(t), np.asarray(u))
+    assert (np.asarray(t) == u).all()  # NumPy on the left converts the tensor, as for any array-like
+    assert t in [t] and {t: 1}[t] == 1 and len({t, u}) == 2  # identity hashing, as before
