@@ -67,6 +67,7 @@ Tensor.tolist = lambda self: _numpy.tensor_numpy(self).tolist()
 Tensor.__eq__ = _scalars.tensor_eq
 Tensor.__ne__ = _scalars.tensor_eq
 Tensor.__hash__ = object.__hash__  # identity, as before: tensors stay usable as dict keys and set members
+Tensor.__repr__ = _scalars.make_repr(Tensor.__repr__)
 Tensor.item = _scalars.item
 Tensor.__float__ = _scalars.tensor_float
 Tensor.__int__ = _scalars.tensor_int

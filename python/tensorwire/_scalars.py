@@ -74,3 +74,30 @@ def tensor_eq(self, other: Any) -> Any:
         "np.array_equal(np.asarray(t), np.asarray(u)) or elementwise with np.asarray(t) == np.asarray(u), and "
         "identity with `t is u`"
     )
+
+
+_HOST = ("cpu", "cuda_host", "cuda_managed", "rocm_host")
+
+
+def make_repr(c_repr):
+    """repr(t): the values as NumPy shows them (summarised beyond 1000 elements), then the layout. Never raises and
+    never reads device memory from the host: a spent loan, a tensor in device memory or one NumPy cannot show gets
+    the layout alone (C++'s repr, which never raises)."""
+
+    def tensor_repr(self) -> str:
+        head = c_repr(self)
+        try:
+            if head.startswith("tensorwire.Tensor(<"):
+                return head  # a spent loan
+            if self.device.type not in _HOST:
+                return head[:-1] + ", values in device memory not shown)"
+            import numpy as np
+
+            a = ndarray_view(self)
+            prefix = "tensorwire.Tensor("
+            body = np.array2string(a, separator=", ", prefix=prefix, threshold=1000, edgeitems=3)
+            return prefix + body + ", " + head[len(prefix):]
+        except Exception:  # noqa: BLE001 - repr must not raise; the layout is still right
+            return head
+
+    return tensor_repr

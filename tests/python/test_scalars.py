@@ -154,3 +154,23 @@ def test_equality_is_refused_with_a_pointer_to_numpy():
     assert np.array_equal(np.asarray(t), np.asarray(u))
     assert (np.asarray(t) == u).all()  # NumPy on the left converts the tensor, as for any array-like
     assert t in [t] and {t: 1}[t] == 1 and len({t, u}) == 2  # identity hashing, as before
+
+
+def test_repr_shows_values_like_numpy_and_never_raises():
+    t = tw.asarray(np.arange(6.0).reshape(2, 3))
+    r = repr(t)
+    assert r.startswith("tensorwire.Tensor([[0., 1., 2.],") and "[3., 4., 5.]]" in r
+    assert r.endswith("shape=(2, 3), dtype=float64, device=cpu)")
+    assert "strides=(1, 3)" in repr(t.T) and "[[0., 3.]," in repr(t.T)
+    big = repr(tw.asarray(np.arange(10**6, dtype=np.int32)))
+    assert "..." in big and "999999]" in big and len(big) < 300  # summarised
+    assert repr(tw.asarray(np.array(2.5))).startswith("tensorwire.Tensor(2.5, shape=()")
+    assert repr(tw.empty((3,), "int4")) == "tensorwire.Tensor(shape=(3,), dtype=int4, device=cpu)"  # packed: layout only
+    name = f"t14r.{id(t)}"
+    with tw.Subscriber(name) as sub, tw.Publisher(name) as pub:
+        loan = pub.loan((2,), "float32")
+        pub.send(loan)
+        assert repr(loan) == "tensorwire.Tensor(<spent: a loan handed over by Publisher.send>)"
+        got = sub.recv(timeout=10)
+        assert "readonly=True" in repr(got)
+        del got
