@@ -1,4 +1,12 @@
-"""The tensorwire command line: `tensorwire demo`, `tensorwire bench`, `tensorwire version` (or `--version`)."""
+"""The tensorwire command line.
+
+modes:
+  demo      each tensor-crossing hazard tensorwire removes, and whether it came out right
+  bench     inter-process transfer benchmark against multiprocessing, torch.multiprocessing and shared_memory
+            (quick by default; `tensorwire bench --full` measures every size)
+  doctor    what this machine supports, and why not (`--json` for a machine-readable report)
+  version   versions (also `tensorwire --version`)
+"""
 
 from __future__ import annotations
 
@@ -7,16 +15,19 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tensorwire", description=__doc__)
+    parser = argparse.ArgumentParser(prog="tensorwire", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=_version_line())
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="show each tensor-crossing hazard tensorwire removes, and whether it came out right")
     d.add_argument("--size", type=int, default=100_000_000, help="elements in the large-buffer adoption row")
-    b = sub.add_parser("bench", help="inter-process transfer benchmark (see bench/RESULTS.md)")
+    b = sub.add_parser("bench", help="inter-process transfer benchmark; quick by default, --full for every size")
     b.add_argument("rest", nargs=argparse.REMAINDER)
+    doc = sub.add_parser("doctor", help="what this machine supports, and why not")
+    doc.add_argument("--json", action="store_true", help="print the report as JSON")
     sub.add_parser("version", help="print versions")
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"] and len(argv) > 1:  # argparse.REMAINDER refuses a leading --option: pass them through
+    if argv[:1] == ["bench"]:  # argparse.REMAINDER refuses a leading --option: pass them through
         from ._bench_ipc import main as bench_main
 
         return bench_main(argv[1:])
@@ -32,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"tensorwire bench is unavailable: {e}", file=sys.stderr)
             return 2
         return bench_main(args.rest)
+    if args.command == "doctor":
+        from ._doctor import main as doctor_main
+
+        return doctor_main(as_json=args.json)
     if args.command == "version":
         print(_version_line())
         return 0

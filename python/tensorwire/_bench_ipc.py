@@ -17,7 +17,9 @@ pipe, outside the timed path). tensorwire's consumer is busy (polls recv(timeout
 Throughput: after an untimed warm-up burst (pools reach their steady state), a burst of messages with no
 acknowledgement: bytes / (last receive - first send).
 
-    tensorwire bench [--quick] [--sizes 64,4K,1M] [--methods tw-send,mp-queue] [--json FILE] [--plot FILE.png]
+    tensorwire bench [--full] [--sizes 64,4K,1M] [--methods tw-send,mp-queue] [--json FILE] [--plot FILE.png]
+
+With no arguments it runs the quick mode (6 sizes, about a minute); --full measures every size from 64 B to 256 MiB.
 """
 
 from __future__ import annotations
@@ -418,7 +420,8 @@ def plot(rows, path) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="tensorwire bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="fewer sizes and messages (about a minute)")
+    p.add_argument("--quick", action="store_true", help="fewer sizes and messages, about a minute (the default)")
+    p.add_argument("--full", action="store_true", help="every size from 64 B to 256 MiB, more messages")
     p.add_argument("--sizes", help="comma-separated payload sizes, e.g. 64,4K,1M,256M")
     p.add_argument("--methods", help="comma-separated subset of: " + ",".join(METHODS))
     p.add_argument("--json", metavar="FILE", help="write every measurement as JSON")
@@ -426,7 +429,12 @@ def main(argv=None) -> int:
     p.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
     p.add_argument("--from-json", metavar="FILE", help="print (and plot) a previous run's JSON instead of measuring")
     args = p.parse_args(argv)
-    sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else (QUICK_SIZES if args.quick else ALL_SIZES)
+    if args.quick and args.full:
+        p.error("--quick and --full exclude each other")
+    args.quick = not args.full  # quick unless --full: a first run should not take many minutes
+    sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else (ALL_SIZES if args.full else QUICK_SIZES)
+    if not args.full and not args.sizes and not args.from_json:
+        print("tensorwire bench: quick mode (6 sizes); `tensorwire bench --full` measures every size", flush=True)
     if min(sizes) < 64:
         p.error("sizes must be at least 64 bytes (the timestamp takes 8)")
     methods = args.methods.split(",") if args.methods else METHODS

@@ -174,3 +174,42 @@ def test_repr_shows_values_like_numpy_and_never_raises():
         got = sub.recv(timeout=10)
         assert "readonly=True" in repr(got)
         del got
+
+
+def _cli(*args, timeout=120):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "tensorwire", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_doctor_reports_this_machine():
+    import json
+    import resource
+
+    out = _cli("doctor", "--json")
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["tensorwire"]["version"] == tw.__version__
+    assert d["dependencies"]["numpy"] == np.__version__
+    assert d["dependencies"]["torch"] == torch.__version__.split("+")[0] or d["dependencies"]["torch"] == torch.__version__
+    assert d["memfd"]["ok"] is True and d["memfd"]["seals"] is True
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert d["limits"]["RLIMIT_NOFILE"] == {"soft": soft, "hard": hard}
+    with open("/proc/sys/vm/max_map_count") as f:
+        assert d["limits"]["vm.max_map_count"] == int(f.read())
+    assert isinstance(d["cuda"]["driver"], str) and d["cuda"]["available"] == (d["cuda"]["driver"] == "ok")
+    assert "present" in d["ucx"]
+    human = _cli("doctor")
+    assert human.returncode == 0 and "memfd + seals:   yes" in human.stdout and "CUDA:" in human.stdout
+
+
+def test_help_lists_the_modes_and_bench_defaults_to_quick():
+    h = _cli("--help")
+    assert h.returncode == 0
+    for mode in ("demo", "bench", "doctor", "version", "--full"):
+        assert mode in h.stdout
+    b = _cli("bench", "--help")
+    assert b.returncode == 0 and "--full" in b.stdout and "quick" in b.stdout
+    both = _cli("bench", "--quick", "--full")
+    assert both.returncode != 0 and "exclude each other" in both.stderr
