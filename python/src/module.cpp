@@ -545,32 +545,43 @@ NB_MODULE(_tensorwire, m) {
       .def("permute", [](const tw::Tensor& t, nb::args dims) {
         if (dims.size() == 1 && !PyLong_Check(dims[0].ptr())) return t.permute(dims_from(dims[0], "permute dims"));
         return t.permute(dims_from(nb::tuple(dims), "permute dims"));
-      })
-      .def("transpose", [](const tw::Tensor& t, int64_t a, int64_t b) { return t.transpose(a, b); }, "dim0"_a, "dim1"_a)
+      }, nb::sig("def permute(self, *dims: int) -> Tensor"),
+      "permute(*dims) or permute(dims): a view with the dimensions reordered (no copy).")
+      .def("transpose", [](const tw::Tensor& t, int64_t a, int64_t b) { return t.transpose(a, b); }, "dim0"_a, "dim1"_a,
+           "A view with dimensions dim0 and dim1 swapped (no copy); negative dimensions count from the end.")
       .def_prop_ro("T", [](const tw::Tensor& t) {
         std::vector<int64_t> p;
         for (size_t i = t.ndim(); i-- > 0;) p.push_back(static_cast<int64_t>(i));
         return t.permute(tw::Dims(p));
       })
-      .def("view", [](const tw::Tensor& t, nb::args shape) {
+      .def("view", [](const tw::Tensor& t, nb::args shape) -> tw::Tensor {
         if (shape.size() == 1 && !PyLong_Check(shape[0].ptr())) return t.view(dims_from(shape[0], "shape"));
         return t.view(dims_from(nb::tuple(shape), "shape"));
-      }, "A view with a new shape; raises tw.CopyError when the strides cannot express it.")
+      }, nb::sig("def view(self, *shape: int) -> Tensor"),
+      "view(*shape) or view(shape): a view with a new shape (one dimension may be -1); raises tw.CopyError when "
+      "the strides cannot express it without a copy (use reshape).")
       .def("reshape", [](const tw::Tensor& t, nb::args shape) {
         tw::Dims d = shape.size() == 1 && !PyLong_Check(shape[0].ptr()) ? dims_from(shape[0], "shape")
                                                                          : dims_from(nb::tuple(shape), "shape");
         return as_python("tensorwire.Tensor.reshape", [&] { return t.reshape(d); });
-      })
+      }, nb::sig("def reshape(self, *shape: int) -> Tensor"),
+      "reshape(*shape) or reshape(shape): a view with a new shape when the strides allow it, else a C-contiguous "
+      "copy reshaped (one dimension may be -1).")
       .def("expand", [](const tw::Tensor& t, nb::args shape) {
         tw::Dims d = shape.size() == 1 && !PyLong_Check(shape[0].ptr()) ? dims_from(shape[0], "shape")
                                                                          : dims_from(nb::tuple(shape), "shape");
         return t.expand(d);
-      }, "Broadcast size-1 dimensions with stride 0 (no copy).")
-      .def("select", [](const tw::Tensor& t, int64_t dim, int64_t index) { return t.select(dim, index); }, "dim"_a, "index"_a)
+      }, nb::sig("def expand(self, *shape: int) -> Tensor"),
+      "expand(*shape) or expand(shape): broadcast size-1 dimensions with stride 0 (no copy); -1 keeps a size.")
+      .def("select", [](const tw::Tensor& t, int64_t dim, int64_t index) { return t.select(dim, index); }, "dim"_a, "index"_a,
+           "The view at `index` along `dim`, with that dimension removed (t.select(0, i) is t[i]); negative "
+           "values count from the end.")
       .def("slice", [](const tw::Tensor& t, int64_t dim, std::optional<int64_t> start, std::optional<int64_t> stop,
                        int64_t step) { return t.slice(dim, start, stop, step); },
-           "dim"_a, "start"_a = nb::none(), "stop"_a = nb::none(), "step"_a = 1)
-      .def("as_readonly", &tw::Tensor::as_readonly)
+           "dim"_a, "start"_a = nb::none(), "stop"_a = nb::none(), "step"_a = 1,
+           "The view of elements start:stop:step along `dim`, as Python slicing (negative steps give negative "
+           "strides); no copy.")
+      .def("as_readonly", &tw::Tensor::as_readonly, "A read-only view of the same memory (exports carry the flag).")
       // .none(): nanobind refuses None for an argument unless told; t[None] inserts an axis
       .def("__getitem__", [](const tw::Tensor& t, nb::handle index) { return index_tensor(t, index); },
            "index"_a.none())

@@ -63,7 +63,12 @@ Tensor.metadata = property(
 )
 Tensor.__array__ = _numpy.tensor_array
 Tensor.numpy = _numpy.tensor_numpy
-Tensor.tolist = lambda self: _numpy.tensor_numpy(self).tolist()
+def _tolist(self):
+    """The values as nested Python lists (a Python scalar for a 0-d tensor), as ndarray.tolist()."""
+    return _numpy.tensor_numpy(self).tolist()
+
+
+Tensor.tolist = _tolist
 Tensor.__eq__ = _scalars.tensor_eq
 Tensor.__ne__ = _scalars.tensor_eq
 Tensor.__hash__ = object.__hash__  # identity, as before: tensors stay usable as dict keys and set members

@@ -213,3 +213,14 @@ def test_help_lists_the_modes_and_bench_defaults_to_quick():
     assert b.returncode == 0 and "--full" in b.stdout and "quick" in b.stdout
     both = _cli("bench", "--quick", "--full")
     assert both.returncode != 0 and "exclude each other" in both.stderr
+
+
+def test_public_functions_and_methods_have_docstrings_with_signatures():
+    for f in (tw.empty, tw.zeros, tw.asarray, tw.from_dlpack, tw.to_numpy, tw.to_torch):
+        assert f.__doc__ and len(f.__doc__) > 40, f
+    for name in ("reshape", "view", "permute", "transpose", "expand", "select", "slice", "contiguous", "copy",
+                 "as_readonly", "is_contiguous", "numpy", "tolist", "item"):
+        doc = getattr(tw.Tensor, name).__doc__ or ""
+        assert len(doc) > 40, name
+    assert tw.Tensor.reshape.__doc__.startswith("reshape(self, *shape: int) -> Tensor")
+    assert tw.Tensor.select.__doc__.startswith("select(self, dim: int, index: int)")
