@@ -35,8 +35,6 @@ import dataclasses
 import enum
 import functools
 import inspect
-import itertools
-import os
 import sys
 import threading
 import warnings
@@ -44,12 +42,11 @@ from typing import Any, Callable
 
 import torch
 import torch.utils.data
-from torch.utils.data import _utils as _torch_data_utils
 from torch.utils.data._utils.collate import collate as _torch_collate
 from torch.utils.data._utils.collate import default_collate_fn_map as _default_collate_fn_map
 
 from . import _tensorwire as _ext
-from ._tensorwire import CopyError, Publisher, Subscriber, asarray
+from ._tensorwire import CopyError, asarray
 
 __all__ = [
     "METADATA_KEY",
