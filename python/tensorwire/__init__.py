@@ -31,6 +31,7 @@ from ._tensorwire import (
 from ._metadata import Metadata
 from . import _pickle, _numpy, _scalars
 from ._exporters import to_jax, to_numpy, to_torch
+from ._paths import cmake_dir, include_dir, lib_dir, pkgconfig_dir
 
 __version__: str = _ext.__version__
 
@@ -142,5 +143,9 @@ __all__ = [
     "from_arrow",
     "ArrowTensorArray",
     "DLPACK_VERSION",
+    "cmake_dir",
+    "include_dir",
+    "lib_dir",
+    "pkgconfig_dir",
     "__version__",
 ]

@@ -18,7 +18,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tensorwire", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=_version_line())
-    sub = parser.add_subparsers(dest="command", required=True)
+    for flag, what in (("--cmake-dir", "tensorwireConfig.cmake"), ("--include-dir", "the C and C++ headers"),
+                       ("--pkgconfig-dir", "tensorwire.pc and tensorwire_c.pc")):
+        parser.add_argument(flag, action="store_true", help=f"print the directory of {what} and exit")
+    sub = parser.add_subparsers(dest="command")
     d = sub.add_parser("demo", help="show each tensor-crossing hazard tensorwire removes, and whether it came out right")
     d.add_argument("--size", type=int, default=100_000_000, help="elements in the large-buffer adoption row")
     b = sub.add_parser("bench", help="inter-process transfer benchmark; quick by default, --full for every size")
@@ -32,6 +35,20 @@ def main(argv: list[str] | None = None) -> int:
 
         return bench_main(argv[1:])
     args = parser.parse_args(argv)
+    for flag in ("cmake_dir", "include_dir", "pkgconfig_dir"):
+        if getattr(args, flag):
+            import tensorwire
+
+            try:
+                print(getattr(tensorwire, flag)())
+            except FileNotFoundError as e:
+                print(f"tensorwire: {e}", file=sys.stderr)
+                return 1
+            return 0
+    if args.command is None:
+        parser.print_usage(sys.stderr)
+        print("tensorwire: choose a mode (demo, bench, doctor, version) or --help", file=sys.stderr)
+        return 2
     if args.command == "demo":
         from ._demo import main as demo_main
 
