@@ -26,6 +26,10 @@ std::shared_ptr<const void> keep_python_alive(PyObject* obj);
 /// Metadata values <-> Python objects (None, bool, int, float, str, bytes, list, tuple, dict with str keys).
 /// Throws tw::Error(type_mismatch) naming the offending type and path.
 tw::Value to_value(PyObject* obj, const std::string& path, int depth = 0);
+
+// A Python exception as one line for a message, "TypeName: text", with no traceback (nanobind's what() embeds one).
+// Never throws.
+std::string error_text(const nb::python_error& e);
 nb::object from_value(const tw::Value& v);
 
 /// A Python int argument as int64_t: TypeError (tw type_mismatch) for a non-int or a bool, ValueError
@@ -51,6 +55,7 @@ void register_import(nb::module_& m);
 void register_export(nb::class_<tw::Tensor>& cls, nb::module_& m);
 /// Registers tw.Publisher and tw.Subscriber (ipc.cpp).
 void register_ipc(nb::module_& m);
+void register_signatures(nb::module_& m);
 /// tw.to_arrow / tw.from_arrow / tw.ArrowTensorArray and Tensor.__arrow_c_array__ (arrow.cpp); after the Tensor class.
 void register_arrow(nb::module_& m);
 

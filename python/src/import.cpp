@@ -528,7 +528,7 @@ tw::Tensor via_array_interface(nb::handle obj, const Request& req) {
       owner = get_buffer(src, PyBUF_SIMPLE | PyBUF_WRITABLE, PyBUF_SIMPLE);
     } catch (nb::python_error& e) {
       throw Refused{PyExc_BufferError, std::string("'data' ") + (src.ptr() == obj.ptr() ? "is None and the object" : "object") +
-                                           " exposes no contiguous buffer: " + e.what()};
+                                           " exposes no contiguous buffer: " + error_text(e)};
     }
     if (offset < 0 || offset > owner->view.len)
       throw Refused{PyExc_ValueError, "'offset' " + std::to_string(offset) + " lies outside the " +
@@ -546,7 +546,7 @@ tw::Tensor via_buffer(nb::handle obj, const Request& req) {  std::shared_ptr<PyB
   try {
     owner = get_buffer(obj, PyBUF_RECORDS, PyBUF_RECORDS_RO);
   } catch (nb::python_error& e) {
-    throw Refused{PyExc_BufferError, e.what()};
+    throw Refused{PyExc_BufferError, error_text(e)};
   }
   const Py_buffer& b = owner->view;
   if (b.suboffsets)
@@ -667,7 +667,7 @@ nb::object asarray(nb::handle obj_in, nb::handle device, nb::handle copy, nb::ha
     } catch (nb::python_error& e) {
       if (!e.matches(PyExc_Exception)) throw;  // KeyboardInterrupt, SystemExit...
       PyObject* type = e.type().ptr();
-      std::string text = e.what();
+      std::string text = error_text(e);
       if (e.matches(g_copy_error)) type = g_copy_error;  // a forbidden copy from a Python-level protocol (Arrow hook)
       else if (e.matches(PyExc_BufferError)) type = PyExc_BufferError;
       else if (e.matches(PyExc_TypeError)) type = PyExc_TypeError;
@@ -708,11 +708,13 @@ nb::object asarray(nb::handle obj_in, nb::handle device, nb::handle copy, nb::ha
     });
     if (t) return wrap(annotate(obj_in, ti, std::move(*t)));
   }
-  if (PyObject_HasAttr(obj.ptr(), names().cai)) {
+  // On the type (a property whose getter raises is a refusal to report, which PyObject_HasAttr would hide), or in
+  // the instance dict (classes that assign the interface per object).
+  if (has_attr_on_type(obj, names().cai) || PyObject_HasAttr(obj.ptr(), names().cai)) {
     auto t = attempt("__cuda_array_interface__", [&] { return via_cuda_interface(obj, req); });
     if (t) return wrap(std::move(*t));
   }
-  if (PyObject_HasAttr(obj.ptr(), names().ai)) {
+  if (has_attr_on_type(obj, names().ai) || PyObject_HasAttr(obj.ptr(), names().ai)) {
     auto t = attempt("__array_interface__", [&] { return via_array_interface(obj, req); });
     if (t) return wrap(std::move(*t));
   }

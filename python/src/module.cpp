@@ -81,6 +81,22 @@ std::string str_of(nb::handle x) {
   return r.c_str();
 }
 
+std::string error_text(const nb::python_error& e) {
+  PyObject* type = e.type().ptr();
+  std::string name = (type && PyType_Check(type)) ? reinterpret_cast<PyTypeObject*>(type)->tp_name : "exception";
+  if (const auto dot = name.rfind('.'); dot != std::string::npos) name = name.substr(dot + 1);
+  std::string text;
+  if (PyObject* s = e.value().ptr() ? PyObject_Str(e.value().ptr()) : nullptr) {
+    Py_ssize_t n = 0;
+    if (const char* c = PyUnicode_AsUTF8AndSize(s, &n)) text.assign(c, static_cast<size_t>(n));
+    Py_DECREF(s);
+  }
+  if (PyErr_Occurred()) PyErr_Clear();  // str() of the exception itself failed: the type name says enough
+  for (char& c : text)
+    if (c == '\n') c = ' ';
+  return text.empty() ? name : name + ": " + text;
+}
+
 tw::Value to_value(PyObject* o, const std::string& path, int depth) {
   if (depth > 64) throw tw::Error(tw::ErrorCode::type_mismatch, "metadata " + path + " is nested deeper than 64 levels");
   if (o == Py_None) return tw::Value();
@@ -257,7 +273,7 @@ std::optional<tw::DType> dtype_via_numpy(nb::handle h, std::string& why) {
     d = np.attr("dtype")(h);
   } catch (nb::python_error& e) {
     if (!e.matches(PyExc_TypeError) && !e.matches(PyExc_ValueError)) throw;
-    why = e.what();
+    why = error_text(e);
     return std::nullopt;
   }
   const std::string byteorder = nb::cast<std::string>(d.attr("byteorder"));
@@ -437,6 +453,7 @@ using namespace twpy;
 NB_MODULE(_tensorwire, m) {
   tw::cuda::install_runtime();  // interop reaches the driver through it (CUDA Array Interface, Arrow events)
   m.doc() = "tensorwire native core";
+  register_signatures(m);
   // Tensor gains Python-level attributes (metadata, __array__, pickling) in the package, which nanobind's
   // shutdown leak report would misread as leaks of the type.
   nb::set_leak_warnings(false);

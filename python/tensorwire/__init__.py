@@ -29,11 +29,13 @@ from ._tensorwire import (
     zeros,
 )
 from ._metadata import Metadata
-from . import _pickle, _numpy, _scalars
+from . import _pickle, _numpy, _scalars, _signatures
 from ._exporters import to_jax, to_numpy, to_torch
 from ._paths import cmake_dir, include_dir, lib_dir, pkgconfig_dir
 
 __version__: str = _ext.__version__
+
+_signatures.install(globals())  # inspect.signature() for the native functions (asarray, empty, ...) and methods
 
 CopyError.__module__ = "tensorwire"
 

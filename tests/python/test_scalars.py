@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import operator
+import os
 import pickle
 import warnings
 
@@ -224,3 +225,57 @@ def test_public_functions_and_methods_have_docstrings_with_signatures():
         assert len(doc) > 40, name
     assert tw.Tensor.reshape.__doc__.startswith("reshape(self, *shape: int) -> Tensor")
     assert tw.Tensor.select.__doc__.startswith("select(self, dim: int, index: int)")
+
+
+def test_an_import_refusal_lists_each_protocols_reason_on_one_line_without_tracebacks():
+    class Broken:
+        def __dlpack__(self, **kwargs):
+            raise RuntimeError("exporter exploded\nsecond line")
+
+        def __dlpack_device__(self):
+            return (1, 0)
+
+        @property
+        def __array_interface__(self):
+            raise KeyError("no interface today")
+
+    with pytest.raises(BufferError) as info:
+        tw.asarray(Broken())
+    msg = str(info.value)
+    assert "Traceback" not in msg and 'File "' not in msg, msg
+    lines = msg.splitlines()
+    assert lines[0].startswith("tensorwire.asarray: cannot import an object of type Broken")
+    assert any(l.startswith("  - __dlpack__: RuntimeError: exporter exploded second line") for l in lines), lines
+    assert any(l.startswith("  - __array_interface__: KeyError:") for l in lines), lines
+    assert len(lines) == 3, lines
+
+
+def test_wrong_types_and_values_get_the_exceptions_python_users_expect():
+    sub = tw.Subscriber(f"errors-{os.getpid()}")
+    try:
+        with pytest.raises(TypeError, match="timeout must be None or a number of seconds, not str"):
+            sub.recv(timeout="1")
+        with pytest.raises(ValueError, match="timeout"):
+            sub.recv(timeout=-1.0)
+    finally:
+        sub.close()
+    assert sub.dropped == 0 and sub.connected is False and sub.closed  # counters stay readable after close()
+    pub = tw.Publisher(f"errors-{os.getpid()}-p")
+    pub.close()
+    assert (pub.dropped, pub.subscribers, pub.pool_buffers, pub.closed) == (0, 0, 0, True)
+    with pytest.raises(TypeError, match="shape must be a tuple of ints"):
+        tw.empty("abc")
+    with pytest.raises(TypeError, match="dtype must be"):
+        tw.empty((2,), 5)
+    with pytest.raises(ValueError, match="unknown dtype name 'float33'"):
+        tw.empty((2,), "float33")
+    with pytest.raises(MemoryError):
+        tw.zeros((1 << 45,), "float32")
+    with pytest.raises(ValueError, match="overflow"):
+        tw.empty((1 << 62, 1 << 62))
+    with pytest.raises(TypeError):
+        tw.Publisher(5)
+    with pytest.raises(ValueError, match="on_full"):
+        tw.Publisher("x", on_full="sometimes")
+    with pytest.raises(TypeError, match="copy must be None, True or False"):
+        tw.asarray(np.zeros(3), copy="yes")

@@ -1,0 +1,102 @@
+"""Runtime signatures (inspect.signature, help) of the native functions and methods match the stubs (issue 14)."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import os
+import pydoc
+
+import numpy as np
+import pytest
+
+import tensorwire as tw
+from tensorwire import _signatures
+
+STUB = os.path.join(os.path.dirname(tw.__file__), "__init__.pyi")
+
+
+def _stub_defs() -> dict[str, list[ast.FunctionDef]]:
+    tree = ast.parse(open(STUB).read())
+    defs: dict[str, list[ast.FunctionDef]] = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            defs.setdefault(node.name, []).append(node)
+        elif isinstance(node, ast.ClassDef):
+            for sub in node.body:
+                if isinstance(sub, ast.FunctionDef):
+                    defs.setdefault(f"{node.name}.{sub.name}", []).append(sub)
+    return defs
+
+
+def _shape(sig_params) -> list[tuple[str, str, object]]:
+    return [(p.name, p.kind.name, p.default) for p in sig_params if p.name != "self"]
+
+
+def _stub_shape(fn: ast.FunctionDef) -> list[tuple[str, str, object]]:
+    a = fn.args
+    out: list[tuple[str, str, object]] = []
+    positional = a.posonlyargs + a.args
+    first_default = len(positional) - len(a.defaults)
+    for i, arg in enumerate(positional):
+        kind = "POSITIONAL_ONLY" if arg in a.posonlyargs else "POSITIONAL_OR_KEYWORD"
+        d = ast.literal_eval(a.defaults[i - first_default]) if i >= first_default else inspect.Parameter.empty
+        out.append((arg.arg, kind, d))
+    if a.vararg:
+        out.append((a.vararg.arg, "VAR_POSITIONAL", inspect.Parameter.empty))
+    for arg, d in zip(a.kwonlyargs, a.kw_defaults):
+        out.append((arg.arg, "KEYWORD_ONLY", inspect.Parameter.empty if d is None else ast.literal_eval(d)))
+    if a.kwarg:
+        out.append((a.kwarg.arg, "VAR_KEYWORD", inspect.Parameter.empty))
+    return [x for x in out if x[0] != "self"]
+
+
+def _public():
+    for name in _signatures.FUNCTIONS:
+        yield name, getattr(tw, name)
+    for cls, names in _signatures.METHODS.items():
+        for name in names:
+            yield f"{cls}.{name}", getattr(getattr(tw, cls), name)
+
+
+@pytest.mark.parametrize("qualname,obj", list(_public()), ids=lambda x: x if isinstance(x, str) else "")
+def test_runtime_signature_matches_the_stub(qualname, obj):
+    sig = inspect.signature(obj)  # raised ValueError for every nanobind function before
+    stubs = _stub_defs()[qualname]
+    runtime = _shape(sig.parameters.values())
+    if qualname.endswith("__init__"):  # positional-only self in the text signature; the same parameters otherwise
+        runtime = [p for p in runtime if p[0] != "self"]
+    stub_shapes = [_stub_shape(s) for s in stubs]
+    if len(stubs) == 1:
+        assert runtime == stub_shapes[0], (qualname, runtime, stub_shapes[0])
+    else:  # overloads: the runtime's parameters are one overload's, or their names are a superset of all of them
+        names = {n for n, _, _ in runtime}
+        assert runtime in stub_shapes or all({n for n, _, _ in s} <= names for s in stub_shapes), (qualname, runtime)
+
+
+def test_classes_have_signatures_and_help_shows_them():
+    assert str(inspect.signature(tw.Publisher)).startswith("(name, *, depth=8, on_full='block'")
+    assert str(inspect.signature(tw.Subscriber)) == "(name)"
+    assert str(inspect.signature(tw.empty)) == "(shape, dtype='float32', order='C')"
+    assert str(inspect.signature(tw.Tensor.slice)) == "(self, /, dim, start=None, stop=None, step=1)"
+    text = pydoc.render_doc(tw.empty, renderer=pydoc.plaintext)
+    assert "empty(shape, dtype='float32', order='C')" in text and "uninitialised host tensor" in text
+
+
+def test_signed_wrappers_forward_arguments_and_errors_unchanged():
+    t = tw.asarray(np.arange(12.0).reshape(3, 4))
+    assert t.reshape(4, 3).shape == (4, 3) and t.reshape((2, 6)).shape == (2, 6)
+    assert t.slice(1, 1, None, 2).shape == (3, 2) and t.slice(dim=0, start=1).shape == (2, 4)
+    assert t.permute(1, 0).shape == (4, 3) and t.permute((1, 0)).strides == (1, 4)
+    assert tw.empty(shape=(2, 3), dtype="int8", order="F").strides == (1, 2)
+    assert tw.zeros((2,), tw.float64).tolist() == [0.0, 0.0]
+    with pytest.raises(TypeError, match="unexpected keyword|incompatible"):
+        t.reshape(shape=(4, 3))
+    with pytest.raises(ValueError, match=r"tensorwire\.Tensor\.reshape"):
+        t.reshape(5)
+    with pytest.raises(TypeError):
+        tw.empty()
+    # many arguments: more than the trampoline's on-stack buffer
+    with pytest.raises((TypeError, ValueError)):
+        t.reshape(*([1] * 40))
+    assert t.view(*([1] * 20), 12).ndim == 21
