@@ -38,7 +38,7 @@ import inspect
 import sys
 import threading
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import torch
 import torch.utils.data
@@ -92,13 +92,16 @@ def _check_subclass(cls: object, what: str) -> type:
     return cls
 
 
+_Sub = TypeVar("_Sub", bound=torch.Tensor)
+
+
 def register_subclass(
-    cls: type,
-    encode: Callable[[torch.Tensor], dict] | None = None,
-    decode: Callable[[torch.Tensor, dict], torch.Tensor] | None = None,
+    cls: type[_Sub],
+    encode: Callable[[_Sub], dict[str, Any]] | None = None,
+    decode: Callable[[torch.Tensor, dict[str, Any]], _Sub] | None = None,
     *,
     name: str | None = None,
-) -> type:
+) -> type[_Sub]:
     """Register a torch.Tensor subclass so that it crosses tensorwire's transports as itself.
 
     ``encode(x) -> dict`` returns x's attributes as JSON-like values (None, bool, int, float, str, bytes, lists and

@@ -41,6 +41,11 @@
 
 mod dtype;
 mod error;
+// The README's Rust example runs as a doc test (`make test-rust`): the README's examples run as written.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
+
 pub mod ffi;
 mod ipc;
 mod metadata;
