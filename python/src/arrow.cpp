@@ -248,8 +248,8 @@ void register_arrow(nb::module_& m) {
         if (k.empty()) return nb::none();
         return nb::str(k.c_str());
       }, "'arrow.fixed_shape_tensor', 'arrow.variable_shape_tensor', 'arrow.bool8', or None for a primitive array.")
-      .def_prop_ro("dtype", [](const tw::ArrowTensorArray& a) { return a.type().dtype; })
-      .def_prop_ro("device", [](const tw::ArrowTensorArray& a) { return a.device(); })
+      .def_prop_ro("dtype", [](const tw::ArrowTensorArray& a) { return a.type().dtype; }, "The element type of the tensors.")
+      .def_prop_ro("device", [](const tw::ArrowTensorArray& a) { return a.device(); }, "Where the array's memory lives.")
       .def_prop_ro("copied", &tw::ArrowTensorArray::copied, "True when creating it copied the data.")
       .def_prop_ro("shape", [](const tw::ArrowTensorArray& a) -> nb::object {
         if (a.type().kind == tw::ArrowTensorType::Kind::variable_shape) return nb::none();

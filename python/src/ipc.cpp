@@ -352,8 +352,8 @@ void register_ipc(nb::module_& m) {
         nb::gil_scoped_release nogil;
         p.close();
       })
-      .def_prop_ro("closed", &tw::Publisher::closed)
-      .def_prop_ro("name", &tw::Publisher::name)
+      .def_prop_ro("closed", &tw::Publisher::closed, "True after close() (or leaving a with block).")
+      .def_prop_ro("name", &tw::Publisher::name, "The topic name.")
       .def_prop_ro("subscribers", [](const tw::Publisher& p) {
         nb::gil_scoped_release nogil;
         return p.subscriber_count();
@@ -365,7 +365,7 @@ void register_ipc(nb::module_& m) {
       .def_prop_ro("pool_buffers", [](const tw::Publisher& p) {
         nb::gil_scoped_release nogil;
         return p.pool_buffers();
-      })
+      }, "Buffers the publisher's shared-memory pool holds now (free and in use).")
       .def("__repr__", [](const tw::Publisher& p) {
         return "tensorwire.Publisher('" + p.name() + "'" + (p.closed() ? ", closed" : "") + ")";
       });
@@ -403,12 +403,12 @@ void register_ipc(nb::module_& m) {
       .def_prop_ro("connected", [](const tw::Subscriber& s) {
         nb::gil_scoped_release nogil;
         return s.connected();
-      })
+      }, "True while connected to a live publisher.")
       .def_prop_ro("dropped", [](const tw::Subscriber& s) {
         nb::gil_scoped_release nogil;
         return s.dropped();
       }, "Messages the publisher dropped for this subscriber; still readable after close().")
-      .def_prop_ro("name", &tw::Subscriber::name)
+      .def_prop_ro("name", &tw::Subscriber::name, "The topic name.")
       .def("__repr__", [](const tw::Subscriber& s) {
         return "tensorwire.Subscriber('" + s.name() + "'" + (closed_nogil(s) ? ", closed" : "") + ")";
       });

@@ -477,10 +477,10 @@ NB_MODULE(_tensorwire, m) {
   nb::class_<tw::DType>(m, "DType", "An element type (DLPack code, bits, lanes); str() gives its NumPy/PyTorch name.")
       .def("__init__", [](tw::DType* self, nb::handle dtype) { new (self) tw::DType(parse_dtype(dtype)); }, "dtype"_a,
            "DType(dtype): from a name, a NumPy/PyTorch/ml_dtypes dtype or another DType.")
-      .def_prop_ro("name", &tw::DType::name)
-      .def_prop_ro("code", [](const tw::DType& d) { return d.code; })
-      .def_prop_ro("bits", [](const tw::DType& d) { return d.bits; })
-      .def_prop_ro("lanes", [](const tw::DType& d) { return d.lanes; })
+      .def_prop_ro("name", &tw::DType::name, "The canonical name ('float32', 'bfloat16', ...).")
+      .def_prop_ro("code", [](const tw::DType& d) { return d.code; }, "The DLPack type code (kDLInt, kDLUInt, kDLFloat, ...).")
+      .def_prop_ro("bits", [](const tw::DType& d) { return d.bits; }, "Bits per lane.")
+      .def_prop_ro("lanes", [](const tw::DType& d) { return d.lanes; }, "Vector lanes per element (1 for every scalar type).")
       .def_prop_ro("itemsize", [](const tw::DType& d) { return d.itemsize(); },
                    "Bytes per element when stored one per byte or wider (1 for sub-byte types).")
       .def("__str__", &tw::DType::name)
@@ -508,9 +508,9 @@ NB_MODULE(_tensorwire, m) {
         if (!d) throw tw::Error(tw::ErrorCode::invalid_argument, "Device(None) is not a device");
         new (self) tw::Device(*d);
       }, "spec"_a)
-      .def_prop_ro("type", [](const tw::Device& d) { return std::string(d.type_name()); })
-      .def_prop_ro("device_type", [](const tw::Device& d) { return static_cast<int>(d.type); })
-      .def_prop_ro("index", [](const tw::Device& d) { return d.id; })
+      .def_prop_ro("type", [](const tw::Device& d) { return std::string(d.type_name()); }, "The device kind as a name ('cpu', 'cuda', 'cuda_host', ...).")
+      .def_prop_ro("device_type", [](const tw::Device& d) { return static_cast<int>(d.type); }, "The DLPack device type code (1 cpu, 2 cuda, 3 cuda_host, ...).")
+      .def_prop_ro("index", [](const tw::Device& d) { return d.id; }, "The device number (0 for the host).")
       .def("__str__", &tw::Device::str)
       .def("__repr__", [](const tw::Device& d) { return "tensorwire.Device('" + d.str() + "')"; })
       .def("__hash__", [](const tw::Device& d) { return nb::hash(nb::str(d.str().c_str())); })
@@ -528,16 +528,16 @@ NB_MODULE(_tensorwire, m) {
                              "A strided view of memory on a device, the owner that keeps that memory alive, and "
                              "metadata. Create one with tensorwire.asarray().");
   g_tensor_type = cls;
-  cls.def_prop_ro("shape", [](const tw::Tensor& t) { return to_tuple(t.shape()); })
+  cls.def_prop_ro("shape", [](const tw::Tensor& t) { return to_tuple(t.shape()); }, "Size of each dimension, as a tuple of ints.")
       .def_prop_ro("strides", [](const tw::Tensor& t) { return to_tuple(t.strides()); }, "Strides in elements.")
-      .def_prop_ro("byte_strides", [](const tw::Tensor& t) { return to_tuple(tw::Dims(t.byte_strides())); })
+      .def_prop_ro("byte_strides", [](const tw::Tensor& t) { return to_tuple(tw::Dims(t.byte_strides())); }, "Strides in bytes (NumPy's convention); `strides` counts elements.")
       .def_prop_ro("byte_offset", [](const tw::Tensor& t) { return t.byte_offset(); },
                    "Bytes from the allocation's base to element 0.")
-      .def_prop_ro("nbytes", [](const tw::Tensor& t) { return t.nbytes(); })
-      .def_prop_ro("ndim", [](const tw::Tensor& t) { return t.ndim(); })
+      .def_prop_ro("nbytes", [](const tw::Tensor& t) { return t.nbytes(); }, "Bytes the elements occupy (size * itemsize; sub-byte types rounded up).")
+      .def_prop_ro("ndim", [](const tw::Tensor& t) { return t.ndim(); }, "Number of dimensions (0 for a scalar tensor).")
       .def_prop_ro("size", [](const tw::Tensor& t) { return t.numel(); }, "Number of elements.")
-      .def_prop_ro("itemsize", [](const tw::Tensor& t) { return t.dtype().itemsize(); })
-      .def_prop_ro("readonly", [](const tw::Tensor& t) { return t.readonly(); })
+      .def_prop_ro("itemsize", [](const tw::Tensor& t) { return t.dtype().itemsize(); }, "Bytes per element.")
+      .def_prop_ro("readonly", [](const tw::Tensor& t) { return t.readonly(); }, "True when the memory must not be written (received messages, read-only producers, as_readonly()).")
       .def_prop_ro("data_ptr", [](const tw::Tensor& t) {
         t.buffer().mark_escaped();  // a raw address: whoever holds it can write without being counted
         return reinterpret_cast<uintptr_t>(t.data_ptr());
@@ -546,10 +546,10 @@ NB_MODULE(_tensorwire, m) {
       .def_prop_ro("allocation", [](const tw::Tensor& t) {
         return nb::make_tuple(reinterpret_cast<uintptr_t>(t.buffer().base()), t.buffer().size());
       }, "(base address, byte size) of the memory block the tensor lives in.")
-      .def_prop_ro("dtype", [](const tw::Tensor& t) { return t.dtype(); })
-      .def_prop_ro("device", [](const tw::Tensor& t) { return t.device(); })
-      .def_prop_ro("stream", [](const tw::Tensor& t) { return t.stream(); })
-      .def_prop_ro("subbyte_padded", [](const tw::Tensor& t) { return t.subbyte_padded(); })
+      .def_prop_ro("dtype", [](const tw::Tensor& t) { return t.dtype(); }, "The element type, a tensorwire.DType.")
+      .def_prop_ro("device", [](const tw::Tensor& t) { return t.device(); }, "Where the memory lives, a tensorwire.Device ('cpu', 'cuda:0', ...).")
+      .def_prop_ro("stream", [](const tw::Tensor& t) { return t.stream(); }, "The producer's CUDA stream handle when it named one on import, else None.")
+      .def_prop_ro("subbyte_padded", [](const tw::Tensor& t) { return t.subbyte_padded(); }, "True when sub-byte elements (int4, float4...) are stored one per byte.")
       .def("is_contiguous", [](const tw::Tensor& t, const std::string& order) { return t.is_contiguous(parse_order(order)); },
            "order"_a = "C", "True when dense in C order ('C'), Fortran order ('F'), or some order ('any').")
       .def("contiguous", [](nb::handle self) -> nb::object {
@@ -570,7 +570,7 @@ NB_MODULE(_tensorwire, m) {
         std::vector<int64_t> p;
         for (size_t i = t.ndim(); i-- > 0;) p.push_back(static_cast<int64_t>(i));
         return t.permute(tw::Dims(p));
-      })
+      }, "The view with every dimension reversed (no copy), as NumPy's .T.")
       .def("view", [](const tw::Tensor& t, nb::args shape) -> tw::Tensor {
         if (shape.size() == 1 && !PyLong_Check(shape[0].ptr())) return t.view(dims_from(shape[0], "shape"));
         return t.view(dims_from(nb::tuple(shape), "shape"));
@@ -683,7 +683,7 @@ NB_MODULE(_tensorwire, m) {
 
   m.def("set_num_threads", &tw::set_num_threads, "n"_a,
         "Threads used by large copies (the caller included); n <= 0 restores the number of CPUs.");
-  m.def("get_num_threads", &tw::get_num_threads);
+  m.def("get_num_threads", &tw::get_num_threads, "Threads large copies use (set_num_threads changes it).");
   m.def("set_buffer_cache_limit", [](nb::handle nbytes) {
     const int64_t n = int64_arg(nbytes, "set_buffer_cache_limit: nbytes");
     if (n < 0) throw tw::Error(tw::ErrorCode::invalid_argument, "set_buffer_cache_limit: nbytes must be >= 0");

@@ -19,6 +19,7 @@ class Metadata(MutableMapping):
     __slots__ = ("_t",)
 
     def __init__(self, tensor) -> None:
+        """The metadata of `tensor` (normally reached as ``t.metadata``)."""
         self._t = tensor
 
     def __getitem__(self, key: str) -> Any:
@@ -42,6 +43,7 @@ class Metadata(MutableMapping):
         return self._t._meta_contains(key)
 
     def clear(self) -> None:
+        """Remove every key from the tensor's metadata."""
         self._t._meta_clear()
 
     def __eq__(self, other: object) -> bool:

@@ -100,3 +100,23 @@ def test_signed_wrappers_forward_arguments_and_errors_unchanged():
     with pytest.raises((TypeError, ValueError)):
         t.reshape(*([1] * 40))
     assert t.view(*([1] * 20), 12).ndim == 21
+
+
+def test_every_public_function_method_and_property_has_a_docstring():
+    missing = []
+    for n in tw.__all__:
+        o = getattr(tw, n)
+        if inspect.isclass(o):
+            if len((o.__doc__ or "").strip()) < 20:
+                missing.append(n)
+            for a, v in vars(o).items():
+                if a.startswith("_") and a != "__init__":
+                    continue
+                if isinstance(v, property) or callable(v) or hasattr(v, "__get__"):
+                    d = (v.__doc__ or "").strip()
+                    # nanobind's bare "(self) -> int" is a signature, not documentation
+                    if len(d) < 10 or d.startswith("(self)"):
+                        missing.append(f"{n}.{a}")
+        elif callable(o) and len((o.__doc__ or "").strip()) < 20:
+            missing.append(n)
+    assert not missing, f"public names without a docstring: {missing}"
