@@ -15,7 +15,10 @@ Latency: the producer stamps time.perf_counter_ns() (CLOCK_MONOTONIC, one clock 
 clock as soon as it can read the payload. One message in flight at a time (the consumer acknowledges through a
 pipe, outside the timed path). tensorwire's consumer is busy (polls recv(timeout=0)); the others block in get().
 Throughput: after an untimed warm-up burst (pools reach their steady state), a burst of messages with no
-acknowledgement: bytes / (last receive - first send).
+acknowledgement. A method that copies the payload reports the payload bytes delivered per second (each of them
+copied at least once): bytes / (last receive - first send). A zero-copy method (tw-loan, torch-resent, iceoryx2:
+the consumer maps the producer's buffer and only the 8-byte stamp is written) does not move the payload, so bytes
+per second would count bytes nobody copied; it reports messages per second instead, and its rows say zero_copy.
 
     tensorwire bench [--full] [--sizes 64,4K,1M] [--methods tw-send,mp-queue] [--json FILE] [--plot FILE.png]
 
@@ -39,6 +42,9 @@ KiB, MiB = 1 << 10, 1 << 20
 ALL_SIZES = [64, 256, KiB, 4 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB]
 QUICK_SIZES = [64, 4 * KiB, 64 * KiB, MiB, 16 * MiB, 64 * MiB]
 METHODS = ["tw-send", "tw-loan", "mp-queue", "shm-names", "torch-fresh", "torch-resent", "iceoryx2"]
+# Methods whose consumer gets the producer's buffer itself: the payload is not moved (see the docstring above).
+# Decided by what each method does, never by the numbers it measures.
+ZERO_COPY = frozenset({"tw-loan", "torch-resent", "iceoryx2"})
 
 
 def parse_size(s: str) -> int:
@@ -48,10 +54,27 @@ def parse_size(s: str) -> int:
 
 
 def fmt_size(n: int) -> str:
+    """A byte count in binary units: 64 B, 4 KiB, 1 MiB, 256 MiB (1.5 KiB when not a whole multiple)."""
     for unit, k in (("GiB", 1 << 30), ("MiB", MiB), ("KiB", KiB)):
-        if n >= k and n % k == 0:
-            return f"{n // k} {unit}"
+        if n >= k:
+            return f"{n // k} {unit}" if n % k == 0 else f"{n / k:.1f} {unit}"
     return f"{n} B"
+
+
+# (suffix, scale) from the largest down; a value takes the first scale it reaches (the last when smaller than all).
+TIME_UNITS = ((" s", 1e6), (" ms", 1e3), (" us", 1.0))  # of microseconds
+BYTE_RATE_UNITS = ((" GB/s", 1e9), (" MB/s", 1e6), (" kB/s", 1e3), (" B/s", 1.0))  # of bytes per second (decimal)
+MSG_RATE_UNITS = (("M msg/s", 1e6), ("k msg/s", 1e3), (" msg/s", 1.0))  # of messages per second
+
+
+def fmt_unit(value: float, units, tick: bool = False) -> str:
+    """value in the first of `units` it reaches, to 3 significant digits, or as short as possible for a tick label
+    (fmt_unit(94152, TIME_UNITS) == "94.2 ms", fmt_unit(1000, TIME_UNITS, tick=True) == "1 ms")."""
+    suffix, k = next((u for u in units if abs(value) >= u[1]), units[-1])
+    v = value / k
+    if tick:
+        return f"{v:g}{suffix}"
+    return (f"{v:.2f}" if v < 10 else f"{v:.1f}" if v < 100 else f"{v:.0f}") + suffix
 
 
 def now() -> int:
@@ -329,12 +352,14 @@ def run_method(method, sizes, quick, log) -> list[dict]:
             if kind == "error":
                 raise RuntimeError(lats)
             lats = np.sort(np.asarray(lats, dtype=np.float64)) / 1000.0
+            msgs_per_s = n_burst / max(end - t_start, 1) * 1e9
             row = {
                 "method": method, "bytes": size, "n": len(lats),
                 "p50_us": float(np.percentile(lats, 50)), "p99_us": float(np.percentile(lats, 99)),
-                "throughput_GBps": n_burst * size / max(end - t_start, 1),
-                "msgs_per_s": n_burst / max(end - t_start, 1) * 1e9,
+                "zero_copy": method in ZERO_COPY, "msgs_per_s": msgs_per_s,
             }
+            if not row["zero_copy"]:  # payload bytes delivered per second, every one of them copied
+                row["throughput_GBps"] = msgs_per_s * size / 1e9
             rows.append(row)
             log(row)
         prod.close()
@@ -350,22 +375,66 @@ def run_method(method, sizes, quick, log) -> list[dict]:
 
 # ---- output --------------------------------------------------------------------------------------------------------
 
+ZERO_COPY_NOTE = ("zero-copy: the consumer maps the producer's buffer and only the 8-byte stamp is written, so the "
+                  "payload is not moved: messages/s, not GB/s")
+TIME_UNITS_MICRO = ((" s", 1e6), (" ms", 1e3), (" µs", 1.0))  # TIME_UNITS for the plot and Markdown
 
-def table(rows) -> str:
-    sizes = sorted({r["bytes"] for r in rows})
+
+def normalized(row: dict) -> dict:
+    """A row as this version writes it, from this or an older version's JSON: `zero_copy` from the row, else from
+    the method's definition; `msgs_per_s` present; `throughput_GBps` only where the payload was copied (an older
+    version computed one for zero-copy methods too: it counted bytes nobody moved, so it is dropped)."""
+    r = dict(row)
+    r["zero_copy"] = bool(r.get("zero_copy", r["method"] in ZERO_COPY))
+    if "msgs_per_s" not in r:
+        r["msgs_per_s"] = r["throughput_GBps"] * 1e9 / r["bytes"]
+    if r["zero_copy"]:
+        r.pop("throughput_GBps", None)
+    elif "throughput_GBps" not in r:
+        r["throughput_GBps"] = r["msgs_per_s"] * r["bytes"] / 1e9
+    return r
+
+
+def fmt_throughput(row: dict) -> str:
+    """Payload bytes copied per second ("1.31 GB/s", "348 kB/s"), or messages per second for a zero-copy row."""
+    r = normalized(row)
+    if r["zero_copy"]:
+        return fmt_unit(r["msgs_per_s"], MSG_RATE_UNITS)
+    return fmt_unit(r["throughput_GBps"] * 1e9, BYTE_RATE_UNITS)
+
+
+def fmt_latency(row: dict, units=TIME_UNITS) -> str:
+    return f"{fmt_unit(row['p50_us'], units)} / {fmt_unit(row['p99_us'], units)}"
+
+
+def _grid(rows, cell):
+    """A header and one line per size of size x method cells: cell(row), or "-" where nothing was measured."""
+    rows = [normalized(r) for r in rows]
+    zero = {r["method"] for r in rows if r["zero_copy"]}
     methods = [m for m in METHODS if any(r["method"] == m for r in rows)]
     by = {(r["method"], r["bytes"]): r for r in rows}
-    out = ["one-way latency p50 / p99 (us), and throughput (GB/s)", ""]
-    head = f"{'size':>9} | " + " | ".join(f"{m:>24}" for m in methods)
-    out += [head, "-" * len(head)]
-    for s in sizes:
-        cells = []
-        for m in methods:
-            r = by.get((m, s))
-            cells.append(f"{r['p50_us']:8.1f} /{r['p99_us']:8.1f} {r['throughput_GBps']:5.2f}" if r else f"{'-':>24}")
-        out.append(f"{fmt_size(s):>9} | " + " | ".join(f"{c:>24}" for c in cells))
+    head = ["size"] + [m + " (zero-copy)" if m in zero else m for m in methods]
+    body = [[fmt_size(s)] + [cell(by[m, s]) if (m, s) in by else "-" for m in methods]
+            for s in sorted({r["bytes"] for r in rows})]
+    return head, body, bool(zero)
+
+
+LATENCY_TITLE = "one-way latency p50 / p99 (one message in flight)"
+THROUGHPUT_TITLE = "burst throughput: payload bytes copied per second, or messages per second for zero-copy methods"
+
+
+def table(rows) -> str:
+    out = []
+    for title, cell in ((LATENCY_TITLE, fmt_latency), (THROUGHPUT_TITLE, fmt_throughput)):
+        head, body, any_zero = _grid(rows, cell)
+        widths = [max(len(line[i]) for line in [head] + body) for i in range(len(head))]
+        lines = [" | ".join(c.rjust(w) for c, w in zip(line, widths)) for line in [head] + body]
+        out += [title, "", lines[0], "-" * len(lines[0])] + lines[1:] + [""]
+    if any_zero:
+        out.append(ZERO_COPY_NOTE)
+    by = {(r["method"], r["bytes"]): r for r in rows}
     ratios = []
-    for s in sizes:
+    for s in sorted({r["bytes"] for r in rows}):
         t = by.get(("torch-fresh", s)), by.get(("torch-resent", s)), by.get(("tw-loan", s)), by.get(("tw-send", s))
         if t[0] and t[2] and t[3]:
             ratios.append(f"{fmt_size(s):>9}: torch-fresh/tw-loan {t[0]['p50_us'] / t[2]['p50_us']:7.1f}x   "
@@ -373,48 +442,92 @@ def table(rows) -> str:
                           (f"   torch-resent/tw-loan {t[1]['p50_us'] / t[2]['p50_us']:6.1f}x" if t[1] else ""))
     if ratios:
         out += ["", "p50 ratios (higher: tensorwire faster)"] + ratios
-    return "\n".join(out)
+    return "\n".join(out).rstrip("\n")
 
 
 def markdown(rows) -> str:
-    """The table as Markdown: one row per size, p50 / p99 in microseconds and GB/s per method."""
+    """The two tables of table() as Markdown: latency p50 / p99, then throughput, one line per size."""
+    out = []
+    for title, cell in ((LATENCY_TITLE, lambda r: fmt_latency(r, TIME_UNITS_MICRO)),
+                        (THROUGHPUT_TITLE, fmt_throughput)):
+        head, body, any_zero = _grid(rows, cell)
+        out += [f"{title}:", "", "| " + " | ".join(head) + " |", "|---:|" + "---:|" * (len(head) - 1)]
+        out += ["| " + " | ".join(line) + " |" for line in body] + [""]
+    if any_zero:
+        out.append(ZERO_COPY_NOTE[0].upper() + ZERO_COPY_NOTE[1:] + ".")
+    return "\n".join(out).rstrip("\n")
+
+
+def label_sizes(ax, sizes) -> None:
+    """Log2 x axis with ticks at the measured sizes only, labelled in binary units (64 B, 4 KiB, 1 MiB)."""
+    from matplotlib.ticker import NullLocator
+
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [fmt_size(s) for s in sizes])
+    ax.xaxis.set_minor_locator(NullLocator())
+
+
+def _label_values(ax, units) -> None:
+    """The y axis of `ax` logarithmic, its ticks labelled with units ("10 µs", "1 ms"): every decade, and 2 and 5
+    times each when the data span less than three decades (else a narrow plot would show one label or none)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.set_yscale("log")
+    low, high = ax.get_ylim()
+    if high < 1000 * low:
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt_unit(v, units, tick=True)))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def plot(rows, path=None):
+    """Latency p50 (solid) and p99 (dashed, same colour) of every method above; below, the throughput of the
+    copying methods in bytes/s and the message rate of the zero-copy ones (their payload is not moved, so they
+    have no bytes/s). Returns the matplotlib Figure, also written to `path` when one is given."""
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
+    rows = [normalized(r) for r in rows]
     sizes = sorted({r["bytes"] for r in rows})
-    methods = [m for m in METHODS if any(r["method"] == m for r in rows)]
-    by = {(r["method"], r["bytes"]): r for r in rows}
-    out = ["| size | " + " | ".join(methods) + " |", "|---:|" + "---:|" * len(methods)]
-    for s in sizes:
-        cells = []
-        for m in methods:
-            r = by.get((m, s))
-            cells.append(f"{r['p50_us']:.1f} / {r['p99_us']:.0f} / {r['throughput_GBps']:.2f}" if r else "-")
-        out.append(f"| {fmt_size(s)} | " + " | ".join(cells) + " |")
-    return "\n".join(out)
-
-
-def plot(rows, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
-    for m in METHODS:
+    fig = Figure(figsize=(13, 9.5), layout="constrained")
+    grid = fig.add_gridspec(2, 2, height_ratios=(1.15, 1))
+    lat, copied, rate = fig.add_subplot(grid[0, :]), fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[1, 1])
+    handles = []
+    for i, m in enumerate(METHODS):
         rs = sorted((r for r in rows if r["method"] == m), key=lambda r: r["bytes"])
         if not rs:
             continue
+        colour, zero = f"C{i}", rs[0]["zero_copy"]
+        label = m + " (zero-copy)" if zero else m
         x = [r["bytes"] for r in rs]
-        ax1.plot(x, [r["p50_us"] for r in rs], marker="o", label=m)
-        ax2.plot(x, [r["throughput_GBps"] for r in rs], marker="o", label=m)
-    for ax, title, unit in ((ax1, "one-way latency p50", "microseconds"), (ax2, "throughput", "GB/s")):
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("payload (bytes)")
-        ax.set_ylabel(unit)
-        ax.set_title(title)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+        handles += lat.plot(x, [r["p50_us"] for r in rs], "-o", color=colour, markersize=4, label=label)
+        lat.plot(x, [r["p99_us"] for r in rs], "--", color=colour, alpha=0.55, linewidth=1.2)
+        if zero:
+            rate.plot(x, [r["msgs_per_s"] for r in rs], "-o", color=colour, markersize=4, label=label)
+        else:
+            copied.plot(x, [r["throughput_GBps"] * 1e9 for r in rs], "-o", color=colour, markersize=4, label=label)
+    handles += [Line2D([], [], color="grey", linestyle="-", label="p50"),
+                Line2D([], [], color="grey", linestyle="--", alpha=0.55, label="p99")]
+    lat.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    panels = ((lat, "one-way latency: p50 solid, p99 dashed (one message in flight)", TIME_UNITS_MICRO),
+              (copied, "copying methods: payload bytes delivered per second", BYTE_RATE_UNITS),
+              (rate, "zero-copy methods: messages per second\n(the payload is not moved, so no bytes/s)",
+               MSG_RATE_UNITS))
+    for ax, title, units in panels:
+        _label_values(ax, units)
+        label_sizes(ax, sizes)
+        ax.set_xlabel("payload size")
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, which="major", alpha=0.3)
+        if not ax.lines:
+            ax.text(0.5, 0.5, "no such method measured", ha="center", va="center", transform=ax.transAxes)
+        elif ax is not lat:
+            ax.legend(fontsize=8)
+    for ax in (copied, rate):
+        ax.tick_params(axis="x", labelrotation=45)
+    if path is not None:
+        fig.savefig(path, dpi=110)
+    return fig
 
 
 def main(argv=None) -> int:
@@ -425,7 +538,7 @@ def main(argv=None) -> int:
     p.add_argument("--sizes", help="comma-separated payload sizes, e.g. 64,4K,1M,256M")
     p.add_argument("--methods", help="comma-separated subset of: " + ",".join(METHODS))
     p.add_argument("--json", metavar="FILE", help="write every measurement as JSON")
-    p.add_argument("--plot", metavar="FILE.png", help="log-log latency and throughput vs size (matplotlib)")
+    p.add_argument("--plot", metavar="FILE.png", help="latency p50/p99 and throughput (messages/s for zero-copy methods) vs size (matplotlib)")
     p.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
     p.add_argument("--from-json", metavar="FILE", help="print (and plot) a previous run's JSON instead of measuring")
     args = p.parse_args(argv)
@@ -445,9 +558,12 @@ def main(argv=None) -> int:
     if args.from_json:
         with open(args.from_json) as f:
             data = json.load(f)
-        rows, skipped, methods = data["rows"], data.get("skipped", {}), []
-    print(f"tensorwire bench: {len(methods)} methods x {len(sizes)} sizes; {platform.platform()}, "
-          f"{os.cpu_count()} CPUs, Python {platform.python_version()}", flush=True)
+        rows, skipped, methods = [normalized(r) for r in data["rows"]], data.get("skipped", {}), []
+        print(f"tensorwire bench: {args.from_json}, measured on {data.get('platform', '?')}, {data.get('cpus', '?')} "
+              f"CPUs, Python {data.get('python', '?')}", flush=True)
+    else:
+        print(f"tensorwire bench: {len(methods)} methods x {len(sizes)} sizes; {platform.platform()}, "
+              f"{os.cpu_count()} CPUs, Python {platform.python_version()}", flush=True)
     for m in methods:
         why = _available(m)
         if why:
@@ -457,7 +573,7 @@ def main(argv=None) -> int:
         try:
             rows += run_method(m, sizes, args.quick, lambda r: print(
                 f"  {r['method']:>13} {fmt_size(r['bytes']):>8}: p50 {r['p50_us']:9.1f} us  p99 {r['p99_us']:9.1f} us"
-                f"  {r['throughput_GBps']:6.2f} GB/s", flush=True))
+                f"  {fmt_throughput(r):>12}", flush=True))
         except Exception as e:  # one method failing must not lose the others
             skipped[m] = f"failed: {e}"
             print(f"  {m}: failed ({e})", flush=True)
