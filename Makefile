@@ -114,10 +114,11 @@ test-install: build
 	@$(BUILD)/consumer/consumer
 	@$(BUILD)/consumer/consumer_c
 	@$(BUILD)/consumer/consumer_shared
+	@$(BUILD)/consumer/consumer_c_abi
 	@ldd $(BUILD)/consumer/consumer_shared | grep -q 'libtensorwire\.so' || { echo "consumer_shared did not link libtensorwire.so" >&2; exit 1; }
-	@# pkg-config users: tensorwire.pc (C++20, shared) and tensorwire_c.pc (the C ABI), relocatable (${pcfiledir})
+	@# pkg-config users: tensorwire.pc (C++20, shared) and tensorwire_c.pc (the C ABI), relocatable ($${pcfiledir})
 	@export PKG_CONFIG_PATH=$$(dirname $$(find $(BUILD)/install -name tensorwire.pc)); \
-	 g++ -o $(BUILD)/consumer/consumer_pc examples/consumer/main.cpp $$(pkg-config --cflags --libs tensorwire) && \
+	 g++ -std=c++20 -o $(BUILD)/consumer/consumer_pc examples/consumer/main.cpp $$(pkg-config --cflags --libs tensorwire) && \
 	 $(BUILD)/consumer/consumer_pc && \
 	 gcc -std=c11 -o $(BUILD)/consumer/consumer_c_pc examples/consumer/capi.c $$(pkg-config --cflags --libs tensorwire_c) && \
 	 $(BUILD)/consumer/consumer_c_pc
@@ -136,7 +137,8 @@ wheel: deps
 	@rm -rf $(BUILD)/wheel-raw $(WHEELHOUSE)
 	@CMAKE_ARGS="-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache" \
 	  $(PIP) wheel -q --no-deps --no-build-isolation -w $(BUILD)/wheel-raw $(ROOT)
-	@PATH=$(VENV)/bin:$$PATH $(PY) -m auditwheel repair -w $(WHEELHOUSE) $(BUILD)/wheel-raw/tensorwire-*.whl 2>&1 | grep -v '^INFO' || true
+	@PATH=$(VENV)/bin:$$PATH $(PY) -m auditwheel repair -w $(WHEELHOUSE) $(BUILD)/wheel-raw/tensorwire-*.whl 2>&1 | \
+	  { grep -v '^INFO' || true; }
 	@ls $(WHEELHOUSE)/tensorwire-*manylinux*.whl >/dev/null 2>&1 || { echo "make wheel: auditwheel made no manylinux wheel" >&2; exit 1; }
 	@echo "make wheel: $$(ls $(WHEELHOUSE)/*.whl)"
 
@@ -144,8 +146,10 @@ wheel: deps
 # source tree so nothing can import from it.
 test-wheel: wheel
 	@rm -rf $(BUILD)/wheel-venv
-	@$(HOST_PYTHON) -m venv $(BUILD)/wheel-venv
-	@$(BUILD)/wheel-venv/bin/python -m pip install -q $(WHEELHOUSE)/tensorwire-*.whl 2>&1 | grep -v "^WARNING: Location" || true
+	@# the interpreter the wheel was built for (the one behind .venv), without .venv's packages
+	@$$($(PY) -c "import sys; print(sys._base_executable)") -m venv $(BUILD)/wheel-venv
+	@$(BUILD)/wheel-venv/bin/python -m pip install -q $(WHEELHOUSE)/tensorwire-*.whl 2>&1 | \
+	  { grep -v "^WARNING: Location" || true; }
 	@cd $(BUILD) && wheel-venv/bin/python $(ROOT)/tests/wheel/smoke.py
 
 # The Rust crate (rust/): offline, std only, linked against this build's libtensorwire_c.so; its tests also run

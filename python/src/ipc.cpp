@@ -270,7 +270,10 @@ void register_ipc(nb::module_& m) {
            },
            "name"_a, nb::kw_only(), "depth"_a = 8, "on_full"_a = "block", "max_metadata_bytes"_a = 64 * 1024,
            "max_buffers"_a = 1024, "pool_bytes"_a = size_t{2} << 30, "max_subscribers"_a = 256,
-           "protect_sent_loans"_a = true)
+           "protect_sent_loans"_a = true,
+           "Create the publisher of topic `name`: a shared-memory pool (up to pool_bytes and max_buffers) and, per "
+           "subscriber, a ring of `depth` messages; on_full says what send does when a ring is full ('block', "
+           "'drop_oldest' or 'raise').")
       .def("send",
            [](tw::Publisher& p, nb::handle obj, nb::handle metadata, nb::handle timeout) -> size_t {
              if (p.closed())
@@ -346,7 +349,8 @@ void register_ipc(nb::module_& m) {
            "seconds for a free pool buffer (TimeoutError names who holds them); MemoryError when the machine "
            "cannot provide it. Several at once: a dict of name -> shape or (shape, dtype), or a list of them, "
            "returns the same structure of loans (send it as one message).")
-      .def("close", &tw::Publisher::close, nb::call_guard<nb::gil_scoped_release>())
+      .def("close", &tw::Publisher::close, nb::call_guard<nb::gil_scoped_release>(),
+           "End the stream: subscribers receive what was sent, then end-of-stream; received tensors stay valid.")
       .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
       .def("__exit__", [](tw::Publisher& p, nb::args) {
         nb::gil_scoped_release nogil;
@@ -377,7 +381,9 @@ void register_ipc(nb::module_& m) {
       .def("__init__", [](tw::Subscriber* self, const std::string& name) {
              nb::gil_scoped_release nogil;
              new (self) tw::Subscriber(name);
-           }, "name"_a)
+           }, "name"_a,
+           "Subscribe to topic `name`; the publisher may start before or after, and each message sent while "
+           "connected arrives once.")
       .def("recv", &recv, "timeout"_a = nb::none(),
            "The next message as a read-only tensor. timeout=None waits (interruptible, GIL released); raises "
            "TimeoutError when the timeout passes and EOFError at end-of-stream.")
@@ -392,7 +398,9 @@ void register_ipc(nb::module_& m) {
       })
       .def("fileno", &tw::Subscriber::fileno, nb::call_guard<nb::gil_scoped_release>(),
            "A descriptor that polls readable while a message (or end-of-stream) waits.")
-      .def("close", &tw::Subscriber::close, nb::call_guard<nb::gil_scoped_release>())
+      .def("close", &tw::Subscriber::close, nb::call_guard<nb::gil_scoped_release>(),
+           "Disconnect: nothing more is delivered and queued messages are released; tensors already received stay "
+           "valid until dropped.")
       .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
       .def("__exit__", [](tw::Subscriber& s, nb::args) {
         nb::gil_scoped_release nogil;

@@ -507,7 +507,7 @@ NB_MODULE(_tensorwire, m) {
         auto d = parse_device(spec);
         if (!d) throw tw::Error(tw::ErrorCode::invalid_argument, "Device(None) is not a device");
         new (self) tw::Device(*d);
-      }, "spec"_a)
+      }, "spec"_a, "A device from 'cpu', 'cuda', 'cuda:1', a tw.Device or a DLPack (device_type, device_id) tuple.")
       .def_prop_ro("type", [](const tw::Device& d) { return std::string(d.type_name()); }, "The device kind as a name ('cpu', 'cuda', 'cuda_host', ...).")
       .def_prop_ro("device_type", [](const tw::Device& d) { return static_cast<int>(d.type); }, "The DLPack device type code (1 cpu, 2 cuda, 3 cuda_host, ...).")
       .def_prop_ro("index", [](const tw::Device& d) { return d.id; }, "The device number (0 for the host).")

@@ -35,8 +35,6 @@ from ._paths import cmake_dir, include_dir, lib_dir, pkgconfig_dir
 
 __version__: str = _ext.__version__
 
-_signatures.install(globals())  # inspect.signature() for the native functions (asarray, empty, ...) and methods
-
 CopyError.__module__ = "tensorwire"
 
 
@@ -120,6 +118,8 @@ try:  # Arrow interop registers itself as an import protocol when present
     from ._arrow import ArrowTensorArray, from_arrow, to_arrow
 except ImportError:  # pragma: no cover - the module ships with the package
     pass
+
+_signatures.install(globals())  # inspect.signature() for the native functions (asarray, empty, ...) and methods
 
 __all__ = [
     "Tensor",

@@ -20,8 +20,8 @@ def _inside(*parts: str) -> str:
 def cmake_dir() -> str:
     """The directory holding tensorwireConfig.cmake, for ``find_package(tensorwire CONFIG)``.
 
-    Pass it as ``-Dtensorwire_DIR=$(python -c "import tensorwire; print(tensorwire.cmake_dir())")`` (or put its
-    parent's parent on CMAKE_PREFIX_PATH). Targets: tensorwire::tensorwire (static), tensorwire::tensorwire_shared,
+    Pass it as ``-Dtensorwire_DIR=$(python -c "import tensorwire; print(tensorwire.cmake_dir())")``, or put the
+    package directory (``os.path.dirname(tensorwire.__file__)``) on CMAKE_PREFIX_PATH. Targets: tensorwire::tensorwire (static), tensorwire::tensorwire_shared,
     tensorwire::tensorwire_c (the C ABI).
     """
     return _inside("lib", "cmake", "tensorwire")

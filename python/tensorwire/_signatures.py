@@ -15,16 +15,14 @@ from typing import Any
 
 from . import _tensorwire as _ext
 
-FUNCTIONS = ("asarray", "from_dlpack", "empty", "zeros", "set_num_threads", "get_num_threads",
-             "set_buffer_cache_limit", "get_buffer_cache_limit", "buffer_cache_stats")
-METHODS = {
-    "Tensor": ("is_contiguous", "contiguous", "copy", "permute", "transpose", "view", "reshape", "expand", "select",
-               "slice", "as_readonly"),
-    "Publisher": ("__init__", "send", "loan", "close"),
-    "Subscriber": ("__init__", "recv", "close"),
-    "DType": ("__init__",),
-    "Device": ("__init__",),
-}
+# The native classes whose public methods (and __init__) get signatures; module functions are found in _ext.
+CLASSES = ("Tensor", "DType", "Device", "Publisher", "Subscriber", "ArrowTensorArray")
+FUNCTIONS: list[str] = []  # filled by install(): the names it wrapped
+METHODS: dict[str, list[str]] = {}
+
+
+def _is_native(f: Any) -> bool:
+    return type(f).__name__ in ("nb_func", "nb_method") and hasattr(f, "__nb_signature__")
 
 
 def text_signature(f: Any, *, method: bool) -> str:
@@ -38,9 +36,13 @@ def text_signature(f: Any, *, method: bool) -> str:
     a = fn.args
 
     def default(node: ast.expr) -> str:
-        if isinstance(node, ast.Name) and node.id.startswith("__d"):
-            return repr(defaults[int(node.id[3:])])
-        return ast.unparse(node)
+        text = repr(defaults[int(node.id[3:])]) if isinstance(node, ast.Name) and node.id.startswith("__d") \
+            else ast.unparse(node)
+        try:  # inspect accepts literals only; anything else (an object's repr, inf) is shown as "..."
+            ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            return "..."
+        return text
 
     parts: list[str] = []
     positional = a.posonlyargs + a.args
@@ -64,17 +66,38 @@ def text_signature(f: Any, *, method: bool) -> str:
     return "(" + ", ".join(parts) + ")"
 
 
+def _doc(name: str, textsig: str, doc: str) -> str:
+    return f"{name}{textsig}\n--\n\n{doc}"
+
+
 def install(namespace: dict[str, Any]) -> None:
-    for name in FUNCTIONS:
-        f = getattr(_ext, name)
-        signed = _ext._signed_function(f, name, f"{name}{text_signature(f, method=False)}\n--\n\n{f.__doc__ or ''}")
+    """Wrap every public native function of _ext (exported into `namespace`) and every public method of CLASSES.
+
+    Idempotent (an already wrapped name is no longer a nanobind object), and never fatal: a signature that cannot
+    be derived leaves that nanobind object as it is, so importing tensorwire cannot fail here.
+    """
+    for name, f in list(vars(_ext).items()):
+        if name.startswith("_") or not _is_native(f) or namespace.get(name) is not f:
+            continue
+        try:
+            signed = _ext._signed_function(f, name, _doc(name, text_signature(f, method=False), f.__doc__ or ""))
+        except Exception:  # pragma: no cover - a signature nanobind describes in a way this parser does not know
+            continue
         signed.__module__ = "tensorwire"
         namespace[name] = signed
-    for cls_name, names in METHODS.items():
-        cls = getattr(_ext, cls_name)
-        for name in names:
-            f = cls.__dict__[name]
+        FUNCTIONS.append(name)
+    for cls_name in CLASSES:
+        cls = getattr(_ext, cls_name, None)
+        if cls is None:
+            continue
+        for name, f in list(vars(cls).items()):
+            if (name.startswith("_") and name != "__init__") or not _is_native(f):
+                continue
             doc = f.__doc__ or ""
             if name == "__init__":
                 doc = doc.replace("__init__(self, ", f"{cls_name}(", 1)
-            _ext._signed_method(cls, name, f"{name}{text_signature(f, method=True)}\n--\n\n{doc}")
+            try:
+                _ext._signed_method(cls, name, _doc(name, text_signature(f, method=True), doc))
+            except Exception:  # pragma: no cover - as above
+                continue
+            METHODS.setdefault(cls_name, []).append(name)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import ast
 import inspect
 import os
+import pickle
 import pydoc
+import re
 
 import numpy as np
 import pytest
@@ -57,6 +59,27 @@ def _public():
     for cls, names in _signatures.METHODS.items():
         for name in names:
             yield f"{cls}.{name}", getattr(getattr(tw, cls), name)
+
+
+def test_every_public_callable_has_a_runtime_signature():
+    assert {"asarray", "empty", "zeros", "from_dlpack", "to_arrow", "from_arrow"} <= set(_signatures.FUNCTIONS)
+    missing = []
+    for n in tw.__all__:
+        o = getattr(tw, n)
+        if inspect.isclass(o):
+            members = [(f"{n}.{a}", v) for a, v in vars(o).items() if callable(v) and not a.startswith("_")]
+            if f"{n}.__init__" in _stub_defs():  # constructible from Python (Tensor is not: use tw.asarray)
+                members.append((n, o))
+        elif callable(o):
+            members = [(n, o)]
+        else:
+            continue
+        for qual, f in members:
+            try:
+                inspect.signature(f)
+            except (ValueError, TypeError) as e:
+                missing.append(f"{qual}: {e}")
+    assert not missing, missing
 
 
 @pytest.mark.parametrize("qualname,obj", list(_public()), ids=lambda x: x if isinstance(x, str) else "")
@@ -113,10 +136,30 @@ def test_every_public_function_method_and_property_has_a_docstring():
                 if a.startswith("_") and a != "__init__":
                     continue
                 if isinstance(v, property) or callable(v) or hasattr(v, "__get__"):
-                    d = (v.__doc__ or "").strip()
-                    # nanobind's bare "(self) -> int" is a signature, not documentation
-                    if len(d) < 10 or d.startswith("(self)"):
+                    # a leading signature line ("close(self) -> None", nanobind's "(self) -> int") is not documentation
+                    d = re.sub(r"^\w*\(.*?\)( -> [^\n]*)?\n*", "", (v.__doc__ or "").strip(), count=1).strip()
+                    if len(d) < 10:
                         missing.append(f"{n}.{a}")
         elif callable(o) and len((o.__doc__ or "").strip()) < 20:
             missing.append(n)
     assert not missing, f"public names without a docstring: {missing}"
+
+
+def test_wrapped_functions_are_builtin_functions_of_the_package():
+    assert repr(tw.asarray) == "<built-in function asarray>"
+    assert tw.asarray.__module__ == "tensorwire" and tw.asarray.__qualname__ == "asarray"
+    assert pickle.loads(pickle.dumps(tw.empty)) is tw.empty
+    assert "built-in function" in pydoc.render_doc(tw.empty, renderer=pydoc.plaintext)
+
+
+def test_install_is_idempotent():
+    before = (tw.asarray, tw.Tensor.reshape, len(_signatures.FUNCTIONS))
+    _signatures.install(vars(tw))
+    assert (tw.asarray, tw.Tensor.reshape, len(_signatures.FUNCTIONS)) == before
+
+
+def test_text_signatures_show_non_literal_defaults_as_ellipsis():
+    class Fake:
+        __nb_signature__ = (("def f(a: int = \\0, b: object = \\1, *, c: float = \\2) -> None", None,
+                             (3, object(), float("inf"))),)
+    assert _signatures.text_signature(Fake(), method=False) == "(a=3, b=..., *, c=...)"

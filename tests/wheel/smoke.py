@@ -74,26 +74,28 @@ check(os.path.isfile(os.path.join(cmake_dir, "tensorwireConfig.cmake")), "tensor
 check(os.path.isfile(os.path.join(include_dir, "tensorwire", "tensorwire.hpp")), "headers under tensorwire.include_dir()")
 libs = set(os.listdir(lib_dir))
 check({"libtensorwire.a", "libtensorwire.so", "libtensorwire_c.so"} <= libs, f"static and shared libraries ({sorted(libs)})")
-cli = subprocess.run([os.path.join(os.path.dirname(sys.executable), "tensorwire"), "--cmake-dir"],
-                     capture_output=True, text=True, check=True).stdout.strip()
-check(cli == cmake_dir, "`tensorwire --cmake-dir` agrees with tensorwire.cmake_dir()")
+for flag, want in (("--cmake-dir", cmake_dir), ("--include-dir", include_dir), ("--pkgconfig-dir", pc_dir)):
+    cli = subprocess.run([os.path.join(os.path.dirname(sys.executable), "tensorwire"), flag],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    check(cli == want, f"`tensorwire {flag}` agrees with the Python function ({cli})")
 
 with tempfile.TemporaryDirectory() as tmp:
     build = os.path.join(tmp, "consumer")
     subprocess.run(["cmake", "-S", os.path.join(ROOT, "examples", "consumer"), "-B", build, "-G", "Ninja",
                     f"-Dtensorwire_DIR={cmake_dir}"], check=True, stdout=subprocess.DEVNULL)
     subprocess.run(["cmake", "--build", build], check=True, stdout=subprocess.DEVNULL)
-    for exe in ("consumer", "consumer_c", "consumer_shared"):
+    for exe in ("consumer", "consumer_c", "consumer_shared", "consumer_c_abi"):
         r = subprocess.run([os.path.join(build, exe)], capture_output=True, text=True)
         check(r.returncode == 0, f"examples/consumer's {exe} built with find_package(tensorwire) against the wheel ran: "
               f"{(r.stdout + r.stderr).strip()}")
-    if shutil.which("pkg-config"):
-        env = dict(os.environ, PKG_CONFIG_PATH=pc_dir)
-        flags = subprocess.run(["pkg-config", "--cflags", "--libs", "tensorwire"], env=env, capture_output=True,
+    check(shutil.which("pkg-config") is not None, "pkg-config is installed (make's apt step installs pkgconf)")
+    env = dict(os.environ, PKG_CONFIG_PATH=pc_dir)
+    for pc, compiler, src in (("tensorwire", ["g++", "-std=c++20"], "main.cpp"), ("tensorwire_c", ["gcc", "-std=c11"], "capi.c")):
+        flags = subprocess.run(["pkg-config", "--cflags", "--libs", pc], env=env, capture_output=True,
                                text=True, check=True).stdout.split()
-        exe = os.path.join(tmp, "pc")
-        subprocess.run(["g++", "-o", exe, os.path.join(ROOT, "examples", "consumer", "main.cpp"), *flags], check=True)
+        exe = os.path.join(tmp, f"pc_{pc}")
+        subprocess.run([*compiler, "-o", exe, os.path.join(ROOT, "examples", "consumer", src), *flags], check=True)
         r = subprocess.run([exe], capture_output=True, text=True)
-        check(r.returncode == 0, f"a program built with `pkg-config --cflags --libs tensorwire` ran: {r.stdout.strip()}")
+        check(r.returncode == 0, f"a program built with `pkg-config --cflags --libs {pc}` ran: {r.stdout.strip()}")
 
 print("wheel smoke test: all passed")
