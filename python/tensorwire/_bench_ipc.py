@@ -70,6 +70,8 @@ MSG_RATE_UNITS = (("M msg/s", 1e6), ("k msg/s", 1e3), (" msg/s", 1.0))  # of mes
 def fmt_unit(value: float, units, tick: bool = False) -> str:
     """value in the first of `units` it reaches, to 3 significant digits, or as short as possible for a tick label
     (fmt_unit(94152, TIME_UNITS) == "94.2 ms", fmt_unit(1000, TIME_UNITS, tick=True) == "1 ms")."""
+    if not tick:  # pick the unit after rounding to 3 digits, so 999.7 us reads "1.00 ms", not "1000 us"
+        value = float(f"{value:.3g}")
     suffix, k = next((u for u in units if abs(value) >= u[1]), units[-1])
     v = value / k
     if tick:

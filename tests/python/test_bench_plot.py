@@ -73,6 +73,8 @@ def test_units_are_readable():
     assert bench.fmt_unit(16.034, bench.TIME_UNITS) == "16.0 us"
     assert bench.fmt_unit(94152.0, bench.TIME_UNITS) == "94.2 ms"
     assert bench.fmt_unit(5389395.3, bench.TIME_UNITS) == "5.39 s"
+    assert bench.fmt_unit(999.7, bench.TIME_UNITS) == "1.00 ms"  # rounded before the unit is chosen
+    assert bench.fmt_unit(999_951.0, bench.TIME_UNITS) == "1.00 s"
     assert bench.fmt_unit(1000.0, bench.TIME_UNITS_MICRO, tick=True) == "1 ms"
     assert bench.fmt_unit(1.31e9, bench.BYTE_RATE_UNITS) == "1.31 GB/s"
     assert bench.fmt_unit(61840.1, bench.MSG_RATE_UNITS) == "61.8k msg/s"
