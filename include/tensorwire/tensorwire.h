@@ -99,8 +99,17 @@ typedef struct {
   DLDevice device;
 } tw_import_options;
 
-void tw_export_options_init(tw_export_options* options);
-void tw_import_options_init(tw_import_options* options);
+/* The *_init_sized functions fill the first `size` bytes (the caller's sizeof, never more) with the defaults and
+   set struct_size to it, so a caller compiled against an older, smaller struct is never written past its end.
+   Call them through the *_init wrappers, which pass sizeof *options as this header declares it. */
+void tw_export_options_init_sized(tw_export_options* options, size_t size);
+void tw_import_options_init_sized(tw_import_options* options, size_t size);
+static inline void tw_export_options_init(tw_export_options* options) {
+  tw_export_options_init_sized(options, sizeof *options);
+}
+static inline void tw_import_options_init(tw_import_options* options) {
+  tw_import_options_init_sized(options, sizeof *options);
+}
 /* Exports under `options` (NULL: defaults). *copied (may be NULL) is set to 1 when the struct holds a copy made for
    this consumer (its IS_COPIED flag), else 0. The caller owns *out and calls its deleter. */
 tw_status tw_tensor_export_dlpack(const tw_tensor* t, const tw_export_options* options,
@@ -257,8 +266,15 @@ typedef struct {
   int32_t allow_other_users; /* nonzero: accept a publisher of another uid */
 } tw_subscriber_options;
 
-void tw_publisher_options_init(tw_publisher_options* options);
-void tw_subscriber_options_init(tw_subscriber_options* options);
+/* As tw_export_options_init_sized: never writes past `size` bytes. */
+void tw_publisher_options_init_sized(tw_publisher_options* options, size_t size);
+void tw_subscriber_options_init_sized(tw_subscriber_options* options, size_t size);
+static inline void tw_publisher_options_init(tw_publisher_options* options) {
+  tw_publisher_options_init_sized(options, sizeof *options);
+}
+static inline void tw_subscriber_options_init(tw_subscriber_options* options) {
+  tw_subscriber_options_init_sized(options, sizeof *options);
+}
 
 /* Binds topic `name` (NUL-terminated; 1 to 64 of [A-Za-z0-9_.:/-]). options may be NULL (defaults). */
 tw_status tw_publisher_new(const char* name, const tw_publisher_options* options, tw_publisher** out);
@@ -271,8 +287,9 @@ tw_status tw_publisher_loan(tw_publisher* p, int32_t ndim, const int64_t* shape,
                             tw_tensor** out);
 /* Delivers `t` to every current subscriber or to none, with its metadata merged with `extra` (a dict or NULL;
    extra wins). A loan crosses with no copy, any other host tensor is packed with one copy. The caller keeps `t`:
-   a loan that could still be written is made read-only here (protect_sent_loans). *delivered (may be NULL): the
-   number of subscribers that got it. TW_ERR_WOULD_BLOCK / TW_ERR_TIMEOUT: nobody got it. */
+   a loan that could still be written is made read-only here (protect_sent_loans), and once a subscriber got it
+   the handle never reports tw_tensor_is_exclusive again. *delivered (may be NULL): the number of subscribers
+   that got it. TW_ERR_WOULD_BLOCK / TW_ERR_TIMEOUT: nobody got it, and the loan is as it was. */
 tw_status tw_publisher_send(tw_publisher* p, const tw_tensor* t, const tw_value* extra, int64_t timeout_ns,
                             size_t* delivered);
 /* The same, consuming the handle: on success *t is freed and set to NULL (a loan with no other views is then sent
@@ -290,7 +307,8 @@ void tw_subscriber_free(tw_subscriber* s);
 void tw_subscriber_close(tw_subscriber* s);
 /* The next message as a read-only tensor (zero-copy; it holds the publisher's buffer until freed). TW_ERR_TIMEOUT:
    nothing arrived in time; TW_END_OF_STREAM: the stream ended (*out is NULL in both). A message of several
-   tensors is refused with TW_ERR_INVALID_ARGUMENT (and dropped). */
+   tensors (a C++ or Python peer's dict, list or tuple) is skipped with TW_ERR_UNSUPPORTED saying so; the next
+   call receives the message after it. */
 tw_status tw_subscriber_recv(tw_subscriber* s, int64_t timeout_ns, tw_tensor** out);
 int tw_subscriber_closed(const tw_subscriber* s);    /* the stream ended, or tw_subscriber_close was called */
 int tw_subscriber_connected(const tw_subscriber* s); /* connected to a live publisher */

@@ -10,7 +10,9 @@ use tensorwire::ffi::DLManagedTensorVersioned;
 use tensorwire::{Element, Tensor, BF16, F16};
 
 const SLOTS: usize = 64;
-static TRACKED: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
+#[allow(clippy::declare_interior_mutable_const)] // a repeat-expression seed (inline const blocks need Rust 1.79)
+const UNTRACKED: AtomicUsize = AtomicUsize::new(0);
+static TRACKED: [AtomicUsize; SLOTS] = [UNTRACKED; SLOTS];
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 static FREES: AtomicUsize = AtomicUsize::new(0);
 static LAST_DATA: AtomicUsize = AtomicUsize::new(0);

@@ -60,19 +60,19 @@ impl Error {
         // SAFETY: tw_last_error returns a valid NUL-terminated string owned by this thread's state.
         let message = unsafe { CStr::from_ptr(ffi::tw_last_error()) }.to_string_lossy().into_owned();
         let kind = match status {
-            1 => ErrorKind::InvalidArgument,
-            2 => ErrorKind::TypeMismatch,
-            3 => ErrorKind::OutOfRange,
-            4 => ErrorKind::Overflow,
-            5 => ErrorKind::Unsupported,
-            6 => ErrorKind::CopyRequired,
-            7 => ErrorKind::DeviceUnavailable,
-            8 => ErrorKind::VersionMismatch,
-            9 => ErrorKind::ReadOnly,
-            11 => ErrorKind::OutOfMemory,
-            12 => ErrorKind::Timeout,
-            13 => ErrorKind::WouldBlock,
-            14 => ErrorKind::EndOfStream,
+            ffi::TW_ERR_INVALID_ARGUMENT => ErrorKind::InvalidArgument,
+            ffi::TW_ERR_TYPE_MISMATCH => ErrorKind::TypeMismatch,
+            ffi::TW_ERR_OUT_OF_RANGE => ErrorKind::OutOfRange,
+            ffi::TW_ERR_OVERFLOW => ErrorKind::Overflow,
+            ffi::TW_ERR_UNSUPPORTED => ErrorKind::Unsupported,
+            ffi::TW_ERR_COPY_REQUIRED => ErrorKind::CopyRequired,
+            ffi::TW_ERR_DEVICE_UNAVAILABLE => ErrorKind::DeviceUnavailable,
+            ffi::TW_ERR_VERSION_MISMATCH => ErrorKind::VersionMismatch,
+            ffi::TW_ERR_READ_ONLY => ErrorKind::ReadOnly,
+            ffi::TW_ERR_OUT_OF_MEMORY => ErrorKind::OutOfMemory,
+            ffi::TW_ERR_TIMEOUT => ErrorKind::Timeout,
+            ffi::TW_ERR_WOULD_BLOCK => ErrorKind::WouldBlock,
+            ffi::TW_END_OF_STREAM => ErrorKind::EndOfStream,
             _ => ErrorKind::Internal,
         };
         let message = if message.is_empty() { format!("tensorwire status {status}") } else { message };

@@ -69,6 +69,17 @@ pub const K_DL_BOOL: u8 = 6;
 // ---- tensorwire.h ------------------------------------------------------------------------------------------------
 pub type tw_status = c_int;
 pub const TW_OK: tw_status = 0;
+pub const TW_ERR_INVALID_ARGUMENT: tw_status = 1;
+pub const TW_ERR_TYPE_MISMATCH: tw_status = 2;
+pub const TW_ERR_OUT_OF_RANGE: tw_status = 3;
+pub const TW_ERR_OVERFLOW: tw_status = 4;
+pub const TW_ERR_UNSUPPORTED: tw_status = 5;
+pub const TW_ERR_COPY_REQUIRED: tw_status = 6;
+pub const TW_ERR_DEVICE_UNAVAILABLE: tw_status = 7;
+pub const TW_ERR_VERSION_MISMATCH: tw_status = 8;
+pub const TW_ERR_READ_ONLY: tw_status = 9;
+pub const TW_ERR_INTERNAL: tw_status = 10;
+pub const TW_ERR_OUT_OF_MEMORY: tw_status = 11;
 pub const TW_ERR_TIMEOUT: tw_status = 12;
 pub const TW_ERR_WOULD_BLOCK: tw_status = 13;
 pub const TW_END_OF_STREAM: tw_status = 14;
@@ -169,8 +180,8 @@ extern "C" {
     pub fn tw_status_name(status: tw_status) -> *const c_char;
 
     pub fn tw_tensor_from_dlpack(managed: *mut DLManagedTensorVersioned, out: *mut *mut tw_tensor) -> tw_status;
-    pub fn tw_export_options_init(options: *mut tw_export_options);
-    pub fn tw_import_options_init(options: *mut tw_import_options);
+    pub fn tw_export_options_init_sized(options: *mut tw_export_options, size: usize);
+    pub fn tw_import_options_init_sized(options: *mut tw_import_options, size: usize);
     pub fn tw_tensor_export_dlpack(
         t: *const tw_tensor,
         options: *const tw_export_options,
@@ -254,8 +265,8 @@ extern "C" {
     pub fn tw_tensor_metadata(t: *const tw_tensor, out: *mut *mut tw_value) -> tw_status;
     pub fn tw_tensor_set_metadata(t: *mut tw_tensor, dict: *const tw_value) -> tw_status;
 
-    pub fn tw_publisher_options_init(options: *mut tw_publisher_options);
-    pub fn tw_subscriber_options_init(options: *mut tw_subscriber_options);
+    pub fn tw_publisher_options_init_sized(options: *mut tw_publisher_options, size: usize);
+    pub fn tw_subscriber_options_init_sized(options: *mut tw_subscriber_options, size: usize);
     pub fn tw_publisher_new(
         name: *const c_char,
         options: *const tw_publisher_options,
@@ -301,4 +312,16 @@ extern "C" {
     pub fn tw_subscriber_connected(s: *const tw_subscriber) -> c_int;
     pub fn tw_subscriber_dropped(s: *const tw_subscriber) -> u64;
     pub fn tw_subscriber_fileno(s: *mut tw_subscriber) -> c_int;
+}
+
+/// The defaults of a size-versioned options struct: the library fills exactly `size_of::<T>()` bytes (this crate's
+/// view of the struct), never more, so a newer library cannot write past it.
+pub(crate) fn default_options<T>(init: unsafe extern "C" fn(*mut T, usize)) -> T {
+    let mut o = std::mem::MaybeUninit::<T>::zeroed();
+    // SAFETY: init writes at most size_of::<T>() bytes into o; the options structs are plain integer fields, for
+    // which the zeroed bytes it might leave are valid values.
+    unsafe {
+        init(o.as_mut_ptr(), std::mem::size_of::<T>());
+        o.assume_init()
+    }
 }

@@ -46,12 +46,8 @@ pub struct PublisherOptions {
 
 impl Default for PublisherOptions {
     fn default() -> PublisherOptions {
-        let mut o = std::mem::MaybeUninit::<ffi::tw_publisher_options>::uninit();
-        // SAFETY: _init fills the whole struct with the C++ defaults.
-        let o = unsafe {
-            ffi::tw_publisher_options_init(o.as_mut_ptr());
-            o.assume_init()
-        };
+        // The C++ defaults (safe before check_abi: the library writes no more than this struct's size).
+        let o = ffi::default_options(ffi::tw_publisher_options_init_sized);
         PublisherOptions {
             depth: o.depth as usize,
             on_full: OnFull::Block,
@@ -230,11 +226,7 @@ impl Publisher {
     pub fn new(name: &str, options: PublisherOptions) -> Result<Publisher> {
         crate::check_abi()?;
         let c = topic(name)?;
-        let mut o = std::mem::MaybeUninit::<ffi::tw_publisher_options>::uninit();
-        let mut o = unsafe {
-            ffi::tw_publisher_options_init(o.as_mut_ptr());
-            o.assume_init()
-        };
+        let mut o = ffi::default_options(ffi::tw_publisher_options_init_sized);
         o.depth = options.depth as u64;
         o.on_full = match options.on_full {
             OnFull::Block => ffi::TW_ON_FULL_BLOCK,
@@ -265,15 +257,13 @@ impl Publisher {
 
     /// `loan`, giving up after `timeout` (`ErrorKind::Timeout`).
     pub fn loan_timeout<T: Pod>(&self, shape: &[usize], timeout: Option<Duration>) -> Result<Loan<T>> {
-        let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
-        if shape.iter().any(|&d| d > i64::MAX as usize) {
-            return Err(Error::new(ErrorKind::Overflow, format!("shape {shape:?} does not fit in i64")));
-        }
+        let dims = crate::tensor::dims_i64(shape)?;
+        let ndim = crate::tensor::ndim_i32(dims.len())?;
         let mut out = std::ptr::null_mut();
         check(unsafe {
             ffi::tw_publisher_loan(
                 self.raw.as_ptr(),
-                dims.len() as i32,
+                ndim,
                 dims.as_ptr(),
                 T::DTYPE.to_dl(),
                 timeout_ns(timeout),
@@ -305,6 +295,10 @@ impl Publisher {
         metadata: &Metadata,
         timeout: Option<Duration>,
     ) -> std::result::Result<usize, SendError<M>> {
+        // The common case, no metadata: no tree to build, and nothing for C++ to merge.
+        if metadata.is_empty() {
+            return message.deliver(self, None, timeout_ns(timeout));
+        }
         let extra = match metadata_to_raw(metadata) {
             Ok(e) => e,
             Err(error) => return Err(SendError { error, message }),
@@ -355,11 +349,7 @@ impl Subscriber {
     pub fn with_options(name: &str, options: SubscriberOptions) -> Result<Subscriber> {
         crate::check_abi()?;
         let c = topic(name)?;
-        let mut o = std::mem::MaybeUninit::<ffi::tw_subscriber_options>::uninit();
-        let mut o = unsafe {
-            ffi::tw_subscriber_options_init(o.as_mut_ptr());
-            o.assume_init()
-        };
+        let mut o = ffi::default_options(ffi::tw_subscriber_options_init_sized);
         o.allow_other_users = i32::from(options.allow_other_users);
         let mut out = std::ptr::null_mut();
         check(unsafe { ffi::tw_subscriber_new(c.as_ptr(), &o, &mut out) })?;
@@ -368,7 +358,9 @@ impl Subscriber {
     }
 
     /// The next message: a read-only tensor with the sender's dtype, shape, strides and metadata, zero-copy (it
-    /// holds the publisher's buffer until dropped). `timeout: None` waits as long as it takes.
+    /// holds the publisher's buffer until dropped). `timeout: None` waits as long as it takes. The memory is the
+    /// publisher's: a peer that turned `protect_sent_loans` off and keeps writing a loan it sent breaks the
+    /// read-only promise `as_slice` relies on (tensorwire's publishers never write a buffer a subscriber holds).
     /// Errors: `ErrorKind::Timeout` (nothing arrived), `ErrorKind::EndOfStream` (the publisher closed or died and
     /// everything was received).
     pub fn recv(&self, timeout: Option<Duration>) -> Result<Tensor> {
@@ -402,8 +394,8 @@ impl Subscriber {
     pub fn iter(&self) -> Messages<'_> {
         Messages { sub: self, done: false }
     }
-    /// Disconnects; received tensors stay valid.
-    pub fn close(&mut self) {
+    /// Disconnects (a `recv` blocked in another thread returns `EndOfStream`); received tensors stay valid.
+    pub fn close(&self) {
         unsafe { ffi::tw_subscriber_close(self.raw.as_ptr()) }
     }
 }
@@ -415,7 +407,9 @@ impl Drop for Subscriber {
 }
 
 /// Received tensors until end-of-stream (`Subscriber::iter`). Each `next` waits as long as it takes; the
-/// iteration ends after end-of-stream or after the first error (which it yields).
+/// iteration ends after end-of-stream or after the first error (which it yields), except `ErrorKind::Unsupported`:
+/// a message of several tensors (a Python or C++ peer's dict, list or tuple) is skipped, yielded as that error, and
+/// the iteration goes on.
 #[derive(Debug)]
 pub struct Messages<'a> {
     sub: &'a Subscriber,
@@ -430,6 +424,7 @@ impl Iterator for Messages<'_> {
         }
         match self.sub.recv(None) {
             Ok(t) => Some(Ok(t)),
+            Err(e) if e.kind() == ErrorKind::Unsupported => Some(Err(e)),
             Err(e) => {
                 self.done = true;
                 if e.kind() == ErrorKind::EndOfStream {

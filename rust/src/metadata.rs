@@ -125,8 +125,12 @@ impl<T: Into<Value>> From<Option<T>> for Value {
 pub(crate) struct RawValue(NonNull<ffi::tw_value>);
 
 impl RawValue {
-    fn new(p: *mut ffi::tw_value) -> Result<RawValue> {
-        NonNull::new(p).map(RawValue).ok_or_else(|| Error::from_status(11 /* TW_ERR_OUT_OF_MEMORY */))
+    /// Takes ownership of a tree the C ABI returned (NULL: the constructor failed, out of memory).
+    ///
+    /// # Safety
+    /// `p` is null or an owned tree nothing else frees.
+    pub(crate) unsafe fn new(p: *mut ffi::tw_value) -> Result<RawValue> {
+        NonNull::new(p).map(RawValue).ok_or_else(|| Error::from_status(ffi::TW_ERR_OUT_OF_MEMORY))
     }
     pub(crate) fn as_ptr(&self) -> *const ffi::tw_value {
         self.0.as_ptr()
@@ -135,10 +139,6 @@ impl RawValue {
         let p = self.0.as_ptr();
         std::mem::forget(self);
         p
-    }
-    /// Takes ownership of a tree the C ABI returned.
-    pub(crate) unsafe fn adopt(p: *mut ffi::tw_value) -> Result<RawValue> {
-        RawValue::new(p)
     }
 }
 
@@ -151,7 +151,7 @@ impl Drop for RawValue {
 
 pub(crate) fn metadata_to_raw(m: &Metadata) -> Result<RawValue> {
     // SAFETY: constructors return owned trees or NULL.
-    let dict = RawValue::new(unsafe { ffi::tw_value_dict() })?;
+    let dict = unsafe { RawValue::new(ffi::tw_value_dict()) }?;
     for (k, v) in &m.entries {
         let item = value_to_raw(v)?;
         // SAFETY: dict is a live dict; item's ownership moves to the call (consumed even on failure).
@@ -191,20 +191,20 @@ pub(crate) fn metadata_from_raw(p: *const ffi::tw_value) -> Result<Metadata> {
     }
 }
 
-fn bytes_of(p: *const ffi::tw_value) -> Result<&'static [u8]> {
+/// A copy of a string or bytes value's contents (the tree owns the original).
+fn bytes_of(p: *const ffi::tw_value) -> Result<Vec<u8>> {
     let mut data: *const c_char = std::ptr::null();
     let mut len = 0usize;
-    // SAFETY: p is a live string/bytes value; the returned span lives as long as the tree, which outlives the
-    // caller's use (the 'static is narrowed by every caller, which copies before the tree is freed).
     check(unsafe { ffi::tw_value_get_data(p, &mut data, &mut len) })?;
     if len == 0 {
-        return Ok(&[]);
+        return Ok(Vec::new());
     }
-    Ok(unsafe { std::slice::from_raw_parts(data as *const u8, len) })
+    // SAFETY: p is a live string/bytes value: data points at len bytes owned by the tree, copied here at once.
+    Ok(unsafe { std::slice::from_raw_parts(data as *const u8, len) }.to_vec())
 }
 
 fn string_of(p: *const ffi::tw_value, what: &str) -> Result<String> {
-    String::from_utf8(bytes_of(p)?.to_vec())
+    String::from_utf8(bytes_of(p)?)
         .map_err(|_| Error::new(ErrorKind::InvalidArgument, format!("metadata {what} is not valid UTF-8")))
 }
 
@@ -229,7 +229,7 @@ fn value_from_raw(p: *const ffi::tw_value) -> Result<Value> {
                 Value::Float(f)
             }
             ffi::TW_VALUE_STRING => Value::Str(string_of(p, "string")?),
-            ffi::TW_VALUE_BYTES => Value::Bytes(bytes_of(p)?.to_vec()),
+            ffi::TW_VALUE_BYTES => Value::Bytes(bytes_of(p)?),
             k @ (ffi::TW_VALUE_LIST | ffi::TW_VALUE_TUPLE) => {
                 let n = ffi::tw_value_len(p);
                 let mut items = Vec::with_capacity(n.min(1 << 16));

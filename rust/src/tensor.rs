@@ -40,15 +40,19 @@ pub struct Tensor {
 unsafe impl Send for Tensor {}
 unsafe impl Sync for Tensor {}
 
-fn dims_i64(shape: &[usize]) -> Result<Vec<i64>> {
+pub(crate) fn dims_i64(shape: &[usize]) -> Result<Vec<i64>> {
     shape
         .iter()
         .map(|&d| i64::try_from(d).map_err(|_| Error::new(ErrorKind::Overflow, format!("extent {d} does not fit in i64"))))
         .collect()
 }
 
-fn ndim_i32(n: usize) -> Result<i32> {
+pub(crate) fn ndim_i32(n: usize) -> Result<i32> {
     i32::try_from(n).map_err(|_| Error::new(ErrorKind::InvalidArgument, format!("{n} dimensions are too many")))
+}
+
+fn dim_i64(d: usize) -> Result<i64> {
+    i64::try_from(d).map_err(|_| Error::new(ErrorKind::OutOfRange, format!("dimension {d} is out of range")))
 }
 
 unsafe extern "C" fn drop_boxed_vec<T>(ctx: *mut c_void) {
@@ -94,6 +98,7 @@ impl Tensor {
                 format!("a Vec of {} elements cannot have shape {:?}", v.len(), shape),
             ));
         }
+        let ndim = ndim_i32(dims.len())?; // before the Vec is handed over: nothing after this leaks it
         let mut boxed = Box::new(v);
         let data = boxed.as_mut_ptr() as *mut c_void;
         let ctx = Box::into_raw(boxed) as *mut c_void;
@@ -103,7 +108,7 @@ impl Tensor {
         check(unsafe {
             ffi::tw_tensor_adopt(
                 data,
-                ndim_i32(dims.len())?,
+                ndim,
                 dims.as_ptr(),
                 std::ptr::null(),
                 T::DTYPE.to_dl(),
@@ -139,10 +144,9 @@ impl Tensor {
     /// # Safety
     /// `managed` must be null or point to a valid `DLManagedTensorVersioned` whose ownership the caller gives up
     /// (it must not be used or deleted afterwards), describing memory that stays valid until its deleter runs.
-    /// That deleter may run on any thread (a `Tensor` is `Send`). While any `Tensor` made from it lives, nobody
-    /// may write the memory unless the struct is flagged read-only and the writer is outside this process's Rust
-    /// code — `as_slice` hands out shared references to it (a producer that keeps writing its array, as NumPy
-    /// may, must not be imported this way).
+    /// That deleter may run on any thread (a `Tensor` is `Send`). Nobody may write the memory while any `Tensor`
+    /// made from it lives, whatever the struct's read-only flag says: `as_slice` hands out shared references to it
+    /// (a producer that keeps writing its array, as NumPy may, must not be imported this way).
     pub unsafe fn from_dlpack(managed: *mut DLManagedTensorVersioned) -> Result<Tensor> {
         crate::check_abi()?;
         if managed.is_null() {
@@ -173,12 +177,7 @@ impl Tensor {
     /// A DLPack export under explicit options (copy policy, consumer profile, highest version understood). The
     /// tensor stays usable; the export shares its memory.
     pub fn to_dlpack(&self, options: &ExportOptions) -> Result<*mut DLManagedTensorVersioned> {
-        let mut o = std::mem::MaybeUninit::<ffi::tw_export_options>::uninit();
-        // SAFETY: _init fills the whole struct.
-        let mut o = unsafe {
-            ffi::tw_export_options_init(o.as_mut_ptr());
-            o.assume_init()
-        };
+        let mut o = ffi::default_options(ffi::tw_export_options_init_sized);
         o.copy = options.copy as i32;
         o.consumer = if options.strided_consumer { ffi::TW_CONSUMER_STRIDED } else { ffi::TW_CONSUMER_PORTABLE };
         if let Some((major, minor)) = options.max_version {
@@ -247,7 +246,8 @@ impl Tensor {
 
     /// Swaps two dimensions (a view).
     pub fn transpose(&self, dim0: usize, dim1: usize) -> Result<Tensor> {
-        self.derive(|t, out| unsafe { ffi::tw_tensor_transpose(t, dim0 as i64, dim1 as i64, out) })
+        let (d0, d1) = (dim_i64(dim0)?, dim_i64(dim1)?);
+        self.derive(|t, out| unsafe { ffi::tw_tensor_transpose(t, d0, d1, out) })
     }
     /// Reorders all dimensions (a view).
     pub fn permute(&self, dims: &[usize]) -> Result<Tensor> {
@@ -258,11 +258,13 @@ impl Tensor {
     /// Python's `t[..., start:stop:step, ...]` on `dim` (negative start/stop count from the end; a negative step
     /// walks backwards): a view.
     pub fn slice(&self, dim: usize, start: i64, stop: i64, step: i64) -> Result<Tensor> {
-        self.derive(|t, out| unsafe { ffi::tw_tensor_slice(t, dim as i64, start, stop, step, out) })
+        let d = dim_i64(dim)?;
+        self.derive(|t, out| unsafe { ffi::tw_tensor_slice(t, d, start, stop, step, out) })
     }
     /// Indexes `dim` away (a negative index counts from the end): a view.
     pub fn select(&self, dim: usize, index: i64) -> Result<Tensor> {
-        self.derive(|t, out| unsafe { ffi::tw_tensor_select(t, dim as i64, index, out) })
+        let d = dim_i64(dim)?;
+        self.derive(|t, out| unsafe { ffi::tw_tensor_select(t, d, index, out) })
     }
     /// A view with a new shape (one extent may be -1), or `ErrorKind::CopyRequired` when the layout has none.
     pub fn view(&self, shape: &[i64]) -> Result<Tensor> {
@@ -401,7 +403,7 @@ impl Tensor {
     pub fn metadata(&self) -> Result<Metadata> {
         let mut out = std::ptr::null_mut();
         check(unsafe { ffi::tw_tensor_metadata(self.as_raw(), &mut out) })?;
-        let raw = unsafe { RawValue::adopt(out) }?;
+        let raw = unsafe { RawValue::new(out) }?;
         metadata_from_raw(raw.as_ptr())
     }
 

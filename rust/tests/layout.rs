@@ -34,21 +34,46 @@ fn option_structs_match_the_header() {
     assert_eq!(offset_of!(tw_publisher_options, allow_other_users), 52);
     assert_eq!(size_of::<tw_publisher_options>(), 56);
     assert_eq!(size_of::<tw_subscriber_options>(), 8);
-    // The library agrees: its _init writes exactly struct_size bytes of our declaration.
-    let mut o = std::mem::MaybeUninit::<tw_publisher_options>::uninit();
-    let o = unsafe {
-        tw_publisher_options_init(o.as_mut_ptr());
-        o.assume_init()
-    };
+    // The library agrees: its _init_sized fills our declaration's size and not one byte more.
+    let mut buf = [0xABu8; 56 + 16];
+    let o = buf.as_mut_ptr() as *mut tw_publisher_options;
+    unsafe { tw_publisher_options_init_sized(o, size_of::<tw_publisher_options>()) };
+    let o = unsafe { std::ptr::read_unaligned(o) };
     assert_eq!(o.struct_size as usize, size_of::<tw_publisher_options>());
     assert_eq!(o.depth, 8);
-    let mut e = std::mem::MaybeUninit::<tw_export_options>::uninit();
-    let e = unsafe {
-        tw_export_options_init(e.as_mut_ptr());
-        e.assume_init()
-    };
+    assert!(buf[56..].iter().all(|&b| b == 0xAB), "the library wrote past the struct");
+    let mut eb = [0xCDu8; 48 + 16];
+    let e = eb.as_mut_ptr() as *mut tw_export_options;
+    unsafe { tw_export_options_init_sized(e, size_of::<tw_export_options>()) };
+    let e = unsafe { std::ptr::read_unaligned(e) };
     assert_eq!(e.struct_size as usize, size_of::<tw_export_options>());
     assert_eq!((e.max_version.major, e.max_version.minor), (DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION));
+    assert!(eb[48..].iter().all(|&b| b == 0xCD), "the library wrote past the struct");
+}
+
+#[test]
+fn status_numbers_match_the_library() {
+    let name = |s| unsafe { std::ffi::CStr::from_ptr(tw_status_name(s)) }.to_str().unwrap().to_string();
+    let want = [
+        (TW_OK, "ok"),
+        (TW_ERR_INVALID_ARGUMENT, "invalid_argument"),
+        (TW_ERR_TYPE_MISMATCH, "type_mismatch"),
+        (TW_ERR_OUT_OF_RANGE, "out_of_range"),
+        (TW_ERR_OVERFLOW, "overflow"),
+        (TW_ERR_UNSUPPORTED, "unsupported"),
+        (TW_ERR_COPY_REQUIRED, "copy_required"),
+        (TW_ERR_DEVICE_UNAVAILABLE, "device_unavailable"),
+        (TW_ERR_VERSION_MISMATCH, "version_mismatch"),
+        (TW_ERR_READ_ONLY, "read_only"),
+        (TW_ERR_INTERNAL, "internal"),
+        (TW_ERR_OUT_OF_MEMORY, "out_of_memory"),
+        (TW_ERR_TIMEOUT, "timeout"),
+        (TW_ERR_WOULD_BLOCK, "would_block"),
+        (TW_END_OF_STREAM, "end_of_stream"),
+    ];
+    for (status, n) in want {
+        assert_eq!(name(status), n, "status {status}");
+    }
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! when its last owner (a view, a clone, a DLPack export, a thread) lets go — never before, never twice.
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 use tensorwire::{Tensor, DType};
 
@@ -27,8 +27,13 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-// The tracked address is process-wide: tests that use it take turns.
+// The tracked address is process-wide: tests that use it take turns (a failed test's poisoned lock does not fail
+// the others).
 static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 fn track<T>(v: &[T]) {
     FREES.store(0, Ordering::SeqCst);
@@ -41,7 +46,7 @@ fn frees() -> usize {
 
 #[test]
 fn from_vec_is_zero_copy_and_constant_space() {
-    let _g = SERIAL.lock().unwrap();
+    let _g = serial();
     let v: Vec<f64> = vec![6.0; 10_000_000];
     let ptr = v.as_ptr();
     track(&v);
@@ -59,7 +64,7 @@ fn from_vec_is_zero_copy_and_constant_space() {
 
 #[test]
 fn views_keep_the_owner_alive_after_the_original_is_dropped() {
-    let _g = SERIAL.lock().unwrap();
+    let _g = serial();
     let v: Vec<i32> = (0..24).collect();
     track(&v);
     let t = Tensor::from_vec(v, &[4, 6]).unwrap();
@@ -77,7 +82,7 @@ fn views_keep_the_owner_alive_after_the_original_is_dropped() {
 
 #[test]
 fn a_dlpack_export_owns_it_until_its_deleter_runs() {
-    let _g = SERIAL.lock().unwrap();
+    let _g = serial();
     let v: Vec<u16> = vec![7; 100];
     track(&v);
     let t = Tensor::from_vec(v, &[10, 10]).unwrap();
@@ -88,9 +93,13 @@ fn a_dlpack_export_owns_it_until_its_deleter_runs() {
     assert_eq!(frees(), 1);
 
     let v: Vec<u16> = vec![9; 100];
+    let ptr = v.as_ptr();
     track(&v);
     let t = Tensor::from_vec(v, &[100]).unwrap();
-    let back = unsafe { Tensor::from_dlpack(t.into_dlpack()) }.unwrap();
+    let dl = t.into_dlpack();
+    assert_eq!(unsafe { (*dl).dl_tensor.data } as *const u16, ptr, "the export is the Vec's own buffer");
+    let back = unsafe { Tensor::from_dlpack(dl) }.unwrap();
+    assert_eq!(back.data_ptr(), ptr.cast(), "and so is the tensor imported back");
     assert_eq!(back.as_slice::<u16>().unwrap()[99], 9);
     assert!(!back.is_exclusive(), "memory from DLPack belongs to its producer");
     drop(back);
@@ -99,7 +108,7 @@ fn a_dlpack_export_owns_it_until_its_deleter_runs() {
 
 #[test]
 fn the_last_owner_may_be_another_thread() {
-    let _g = SERIAL.lock().unwrap();
+    let _g = serial();
     let v: Vec<f32> = vec![1.5; 4096];
     track(&v);
     let t = Tensor::from_vec(v, &[64, 64]).unwrap();
@@ -117,11 +126,23 @@ fn the_last_owner_may_be_another_thread() {
 
 #[test]
 fn a_failed_adoption_drops_the_vec_once() {
-    let _g = SERIAL.lock().unwrap();
+    let _g = serial();
     let v: Vec<f32> = vec![0.0; 10];
     track(&v);
     let err = Tensor::from_vec(v, &[3, 4]).unwrap_err();
     assert_eq!(err.kind(), tensorwire::ErrorKind::InvalidArgument);
     assert!(err.message().contains("10 elements"), "{err}");
     assert_eq!(frees(), 1);
+}
+
+#[test]
+fn an_adoption_the_c_abi_refuses_drops_the_vec_once() {
+    // Rust's own checks pass (0 elements, shape of 65 zeros); the C ABI refuses rank 65 and runs the release.
+    let _g = serial();
+    let v: Vec<f32> = Vec::with_capacity(8);
+    track(&v);
+    let err = Tensor::from_vec(v, &[0; 65]).unwrap_err();
+    assert_eq!(err.kind(), tensorwire::ErrorKind::InvalidArgument);
+    assert!(err.message().contains("rank 65 exceeds the maximum of 64"), "{err}");
+    assert_eq!(frees(), 1, "the C ABI's failure path released the Vec exactly once");
 }

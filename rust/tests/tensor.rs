@@ -130,15 +130,22 @@ fn misuse_is_an_error_naming_it() {
     let e = t.transpose(0, 1).unwrap().as_slice::<f32>().unwrap_err();
     assert_eq!(e.kind(), ErrorKind::CopyRequired);
     assert!(e.message().contains("contiguous()"), "{e}");
-    assert_eq!(t.select(0, 2).unwrap_err().kind(), ErrorKind::OutOfRange);
-    assert_eq!(t.transpose(0, 5).unwrap_err().kind(), ErrorKind::OutOfRange);
-    assert_eq!(t.permute(&[0]).unwrap_err().kind(), ErrorKind::InvalidArgument);
-    assert_eq!(t.slice(0, 0, 1, 0).unwrap_err().kind(), ErrorKind::InvalidArgument);
-    assert_eq!(t.to_vec::<i32>().unwrap_err().kind(), ErrorKind::TypeMismatch);
-    assert_eq!(Tensor::from_vec(vec![1u8; 4], &[usize::MAX, 2]).unwrap_err().kind(), ErrorKind::Overflow);
-    assert_eq!(Tensor::from_vec(vec![1u8; 4], &[3]).unwrap_err().kind(), ErrorKind::InvalidArgument);
-    let e = unsafe { Tensor::from_dlpack(std::ptr::null_mut()) }.unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    fails(t.select(0, 2), ErrorKind::OutOfRange, "index 2 is out of range");
+    fails(t.transpose(0, 5), ErrorKind::OutOfRange, "dimension 5");
+    fails(t.transpose(usize::MAX, 0), ErrorKind::OutOfRange, "dimension 18446744073709551615 is out of range");
+    fails(t.permute(&[0]), ErrorKind::InvalidArgument, "permute");
+    fails(t.slice(0, 0, 1, 0), ErrorKind::InvalidArgument, "step");
+    fails(t.to_vec::<i32>(), ErrorKind::TypeMismatch, "int32");
+    fails(Tensor::from_vec(vec![1u8; 4], &[usize::MAX, 2]), ErrorKind::Overflow, "does not fit in i64");
+    fails(Tensor::from_vec(vec![1u8; 4], &[3]), ErrorKind::InvalidArgument, "a Vec of 4 elements cannot have shape [3]");
+    fails(unsafe { Tensor::from_dlpack(std::ptr::null_mut()) }, ErrorKind::InvalidArgument, "pointer is null");
+}
+
+/// `r` failed with `kind`, and its message says `text`.
+fn fails<T: std::fmt::Debug>(r: tensorwire::Result<T>, kind: ErrorKind, text: &str) {
+    let e = r.unwrap_err();
+    assert_eq!(e.kind(), kind, "{e}");
+    assert!(e.message().contains(text), "expected {text:?} in {:?}", e.message());
 }
 
 struct Foreign {

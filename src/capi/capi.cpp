@@ -10,6 +10,7 @@
 #include <string>
 
 #include "tensorwire/tensorwire.hpp"
+#include "core/utf8.hpp"
 
 struct tw_tensor {
   tw::Tensor t;
@@ -92,6 +93,16 @@ constexpr size_t kSubscriberOptionsV1 = 8;
 static_assert(sizeof(tw_export_options) >= kExportOptionsV1 && sizeof(tw_import_options) >= kImportOptionsV1 &&
               sizeof(tw_publisher_options) >= kPublisherOptionsV1 &&
               sizeof(tw_subscriber_options) >= kSubscriberOptionsV1);
+// The *_init_sized functions: the defaults `d`, written up to the caller's size only (an older caller's struct is
+// smaller than ours). A size that cannot even hold struct_size writes nothing; read_options then refuses it.
+template <class Options>
+void fill_sized(Options* o, Options d, size_t size) noexcept {
+  if (!o || size < sizeof(uint32_t)) return;
+  const size_t n = std::min(size, sizeof(Options));
+  d.struct_size = static_cast<uint32_t>(n);
+  std::memcpy(o, &d, n);
+}
+
 template <class Options>
 Options read_options(const Options* o, void (*init)(Options*), size_t min_size, const char* name) {
   Options r;
@@ -140,11 +151,23 @@ tw_status null_arg(const char* what) noexcept {
 
 tw_tensor* wrap(tw::Tensor t, bool owned) { return new tw_tensor{std::move(t), owned}; }
 
-// A derived handle (a view, or a result that may be the same memory) is owned when its source was, or when it is
-// new memory of tensorwire's own.
-tw_tensor* derived(const tw_tensor* src, tw::Tensor t) {
-  const bool fresh = t.buffer_ptr() != src->t.buffer_ptr();
-  return wrap(std::move(t), src->owned || fresh);
+// What a tensor operation's result is, for ownership (tw_tensor_is_exclusive): a view of its source's memory
+// (owned exactly when the source was), new memory tensorwire allocated, or either (contiguous, reshape: the same
+// tensor when no copy is needed, else a copy into memory of tensorwire's own).
+enum class Result { view, copy, view_or_copy };
+
+// The body every tensor operation shares: argument checks, *out cleared, exceptions turned into statuses.
+template <class F>
+tw_status tensor_op(const tw_tensor* t, tw_tensor** out, Result kind, F&& op) {
+  if (!t) return null_arg("tensor");
+  if (!out) return null_arg("out");
+  *out = nullptr;
+  return guarded([&] {
+    tw::Tensor r = op(t->t);
+    const bool owned = kind == Result::copy ||
+                       (kind == Result::view_or_copy && r.buffer_ptr() != t->t.buffer_ptr()) || t->owned;
+    *out = wrap(std::move(r), owned);
+  });
 }
 
 tw::Shape shape_arg(int32_t ndim, const int64_t* shape) {
@@ -159,32 +182,9 @@ tw::Timeout timeout_arg(int64_t ns) {
   return std::chrono::nanoseconds(ns);
 }
 
-bool valid_utf8(const unsigned char* s, size_t n) noexcept {
-  size_t i = 0;
-  while (i < n) {
-    const unsigned char c = s[i];
-    size_t extra = 0;
-    uint32_t cp = 0;
-    if (c < 0x80) { ++i; continue; }
-    if ((c & 0xE0) == 0xC0) { extra = 1; cp = c & 0x1Fu; }
-    else if ((c & 0xF0) == 0xE0) { extra = 2; cp = c & 0x0Fu; }
-    else if ((c & 0xF8) == 0xF0) { extra = 3; cp = c & 0x07u; }
-    else return false;
-    if (n - i <= extra) return false;
-    for (size_t k = 1; k <= extra; ++k) {
-      if ((s[i + k] & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (s[i + k] & 0x3Fu);
-    }
-    static constexpr uint32_t kMin[4] = {0, 0x80, 0x800, 0x10000};
-    if (cp < kMin[extra] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-    i += extra + 1;
-  }
-  return true;
-}
-
 std::string utf8_arg(const char* s, size_t len, const char* what) {
   if (!s && len) throw tw::Error(tw::ErrorCode::invalid_argument, std::string(what) + " is NULL");
-  if (len && !valid_utf8(reinterpret_cast<const unsigned char*>(s), len))
+  if (len && !tw::detail::valid_utf8(std::string_view(s, len)))
     throw tw::Error(tw::ErrorCode::invalid_argument, std::string(what) + " is not valid UTF-8");
   return len ? std::string(s, len) : std::string();
 }
@@ -225,6 +225,26 @@ extern "C" {
 uint32_t tw_abi_version(void) { return (uint32_t{TW_ABI_VERSION_MAJOR} << 16) | TW_ABI_VERSION_MINOR; }
 const char* tw_version(void) { return tw::version(); }
 
+// tw_status and tw_value_kind mirror tw::ErrorCode and tw::Value::Kind by number (statuses are cast from codes and
+// back): a new code or kind must be added to both, or this stops compiling.
+static_assert(int(tw::ErrorCode::invalid_argument) == TW_ERR_INVALID_ARGUMENT &&
+              int(tw::ErrorCode::type_mismatch) == TW_ERR_TYPE_MISMATCH &&
+              int(tw::ErrorCode::out_of_range) == TW_ERR_OUT_OF_RANGE &&
+              int(tw::ErrorCode::overflow) == TW_ERR_OVERFLOW &&
+              int(tw::ErrorCode::unsupported) == TW_ERR_UNSUPPORTED &&
+              int(tw::ErrorCode::copy_required) == TW_ERR_COPY_REQUIRED &&
+              int(tw::ErrorCode::device_unavailable) == TW_ERR_DEVICE_UNAVAILABLE &&
+              int(tw::ErrorCode::version_mismatch) == TW_ERR_VERSION_MISMATCH &&
+              int(tw::ErrorCode::read_only) == TW_ERR_READ_ONLY && int(tw::ErrorCode::internal) == TW_ERR_INTERNAL &&
+              int(tw::ErrorCode::out_of_memory) == TW_ERR_OUT_OF_MEMORY &&
+              int(tw::ErrorCode::timeout) == TW_ERR_TIMEOUT &&
+              TW_ERR_WOULD_BLOCK == int(tw::ErrorCode::timeout) + 1);
+static_assert(int(tw::Value::Kind::none) == TW_VALUE_NONE && int(tw::Value::Kind::boolean) == TW_VALUE_BOOL &&
+              int(tw::Value::Kind::integer) == TW_VALUE_INT && int(tw::Value::Kind::floating) == TW_VALUE_FLOAT &&
+              int(tw::Value::Kind::string) == TW_VALUE_STRING && int(tw::Value::Kind::bytes) == TW_VALUE_BYTES &&
+              int(tw::Value::Kind::list) == TW_VALUE_LIST && int(tw::Value::Kind::tuple) == TW_VALUE_TUPLE &&
+              int(tw::Value::Kind::dict) == TW_VALUE_DICT);
+
 const char* tw_status_name(tw_status status) {
   switch (status) {
     case TW_OK: return "ok";
@@ -233,7 +253,7 @@ const char* tw_status_name(tw_status status) {
     default: break;
   }
   const int c = static_cast<int>(status);
-  if (c >= 1 && c <= 12) return tw::error_code_name(static_cast<tw::ErrorCode>(c));
+  if (c >= 1 && c <= int(tw::ErrorCode::timeout)) return tw::error_code_name(static_cast<tw::ErrorCode>(c));
   return "unknown";
 }
 const char* tw_last_error(void) { return g_last_error.c_str(); }
@@ -255,22 +275,20 @@ tw_status tw_tensor_to_dlpack(const tw_tensor* t, uint32_t max_major, uint32_t m
   return tw_tensor_export_dlpack(t, &o, out, nullptr);
 }
 
-void tw_export_options_init(tw_export_options* o) {
-  if (!o) return;
-  *o = tw_export_options{};
-  o->struct_size = sizeof(tw_export_options);
-  o->copy = TW_COPY_IF_NEEDED;
-  o->consumer = TW_CONSUMER_PORTABLE;
-  o->device = DLDevice{kDLCPU, 0};
-  o->max_version = DLPackVersion{DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION};
+void tw_export_options_init_sized(tw_export_options* o, size_t size) {
+  tw_export_options d{};
+  d.copy = TW_COPY_IF_NEEDED;
+  d.consumer = TW_CONSUMER_PORTABLE;
+  d.device = DLDevice{kDLCPU, 0};
+  d.max_version = DLPackVersion{DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION};
+  fill_sized(o, d, size);
 }
 
-void tw_import_options_init(tw_import_options* o) {
-  if (!o) return;
-  *o = tw_import_options{};
-  o->struct_size = sizeof(tw_import_options);
-  o->copy = TW_COPY_IF_NEEDED;
-  o->device = DLDevice{kDLCPU, 0};
+void tw_import_options_init_sized(tw_import_options* o, size_t size) {
+  tw_import_options d{};
+  d.copy = TW_COPY_IF_NEEDED;
+  d.device = DLDevice{kDLCPU, 0};
+  fill_sized(o, d, size);
 }
 
 tw_status tw_tensor_export_dlpack(const tw_tensor* t, const tw_export_options* options,
@@ -313,10 +331,7 @@ tw_status tw_tensor_import_dlpack(DLManagedTensorVersioned* managed, const tw_im
 }
 
 tw_status tw_tensor_as_readonly(const tw_tensor* t, tw_tensor** out) {
-  if (!t) return null_arg("tensor");
-  if (!out) return null_arg("out");
-  *out = nullptr;
-  return guarded([&] { *out = derived(t, t->t.as_readonly()); });
+  return tensor_op(t, out, Result::view, [&](const tw::Tensor& x) { return x.as_readonly(); });
 }
 
 namespace {
@@ -366,10 +381,7 @@ tw_status tw_tensor_empty(int32_t ndim, const int64_t* shape, DLDataType dtype, 
 }
 
 tw_status tw_tensor_share(const tw_tensor* t, tw_tensor** out) {
-  if (!t) return null_arg("tensor");
-  if (!out) return null_arg("out");
-  *out = nullptr;
-  return guarded([&] { *out = wrap(t->t, t->owned); });
+  return tensor_op(t, out, Result::view, [&](const tw::Tensor& x) { return x; });
 }
 
 void tw_tensor_free(tw_tensor* t) { delete t; }
@@ -403,60 +415,40 @@ int tw_tensor_is_exclusive(const tw_tensor* t) {
 }
 
 tw_status tw_tensor_contiguous(const tw_tensor* t, tw_tensor** out) {
-  if (!t) return null_arg("tensor");
-  if (!out) return null_arg("out");
-  *out = nullptr;
-  return guarded([&] { *out = derived(t, t->t.contiguous()); });
+  return tensor_op(t, out, Result::view_or_copy, [&](const tw::Tensor& x) { return x.contiguous(); });
 }
 
 tw_status tw_tensor_slice(const tw_tensor* t, int64_t dim, int64_t start, int64_t stop, int64_t step, tw_tensor** out) {
-  if (!t) return null_arg("tensor");
-  if (!out) return null_arg("out");
-  *out = nullptr;
-  return guarded([&] { *out = derived(t, t->t.slice(dim, start, stop, step)); });
+  return tensor_op(t, out, Result::view, [&](const tw::Tensor& x) { return x.slice(dim, start, stop, step); });
 }
 
 tw_status tw_tensor_permute(const tw_tensor* t, const int64_t* dims, int32_t ndim, tw_tensor** out) {
-  if (!t) return null_arg("tensor");
-  if (!out) return null_arg("out");
-  *out = nullptr;
-  if (ndim < 0 || (ndim > 0 && !dims)) return fail(TW_ERR_INVALID_ARGUMENT, "dims is NULL or ndim is negative");
-  return guarded([&] { *out = derived(t, t->t.permute(tw::Dims(dims, static_cast<size_t>(ndim)))); });
+  return tensor_op(t, out, Result::view, [&](const tw::Tensor& x) {
+    if (ndim < 0 || (ndim > 0 && !dims))
+      throw tw::Error(tw::ErrorCode::invalid_argument, "dims is NULL or ndim is negative");
+    return x.permute(tw::Dims(dims, static_cast<size_t>(ndim)));
+  });
 }
 
 tw_status tw_tensor_transpose(const tw_tensor* t, int64_t dim0, int64_t dim1, tw_tensor** out) {
-  if (!t) return null_arg("tensor");
-  if (!out) return null_arg("out");
-  *out = nullptr;
-  return guarded([&] { *out = derived(t, t->t.transpose(dim0, dim1)); });
+  return tensor_op(t, out, Result::view, [&](const tw::Tensor& x) { return x.transpose(dim0, dim1); });
 }
 
 tw_status tw_tensor_select(const tw_tensor* t, int64_t dim, int64_t index, tw_tensor** out) {
-  if (!t) return null_arg("tensor");
-  if (!out) return null_arg("out");
-  *out = nullptr;
-  return guarded([&] { *out = derived(t, t->t.select(dim, index)); });
+  return tensor_op(t, out, Result::view, [&](const tw::Tensor& x) { return x.select(dim, index); });
 }
 
 tw_status tw_tensor_view(const tw_tensor* t, int32_t ndim, const int64_t* shape, tw_tensor** out) {
-  if (!t) return null_arg("tensor");
-  if (!out) return null_arg("out");
-  *out = nullptr;
-  return guarded([&] { *out = derived(t, t->t.view(shape_arg(ndim, shape))); });
+  return tensor_op(t, out, Result::view, [&](const tw::Tensor& x) { return x.view(shape_arg(ndim, shape)); });
 }
 
 tw_status tw_tensor_reshape(const tw_tensor* t, int32_t ndim, const int64_t* shape, tw_tensor** out) {
-  if (!t) return null_arg("tensor");
-  if (!out) return null_arg("out");
-  *out = nullptr;
-  return guarded([&] { *out = derived(t, t->t.reshape(shape_arg(ndim, shape))); });
+  return tensor_op(t, out, Result::view_or_copy,
+                   [&](const tw::Tensor& x) { return x.reshape(shape_arg(ndim, shape)); });
 }
 
 tw_status tw_tensor_clone(const tw_tensor* t, tw_tensor** out) {
-  if (!t) return null_arg("tensor");
-  if (!out) return null_arg("out");
-  *out = nullptr;
-  return guarded([&] { *out = wrap(t->t.copy(), true); });
+  return tensor_op(t, out, Result::copy, [&](const tw::Tensor& x) { return x.copy(); });
 }
 
 tw_status tw_copy(const tw_tensor* src, const tw_tensor* dst) {
@@ -502,6 +494,7 @@ tw_value* tw_value_clone(const tw_value* v) {
 }
 
 tw_status tw_value_append(tw_value* container, tw_value* item) {
+  if (item && item == container) return fail(TW_ERR_INVALID_ARGUMENT, "cannot append a value to itself");
   std::unique_ptr<tw::Value> owned(val(item));  // consumed whatever happens
   if (!container) return null_arg("container");
   if (!item) return null_arg("item");
@@ -515,6 +508,7 @@ tw_status tw_value_append(tw_value* container, tw_value* item) {
 }
 
 tw_status tw_value_dict_set(tw_value* dict, const char* key, size_t key_len, tw_value* value) {
+  if (value && value == dict) return fail(TW_ERR_INVALID_ARGUMENT, "cannot set a dict as a value of itself");
   std::unique_ptr<tw::Value> owned(val(value));  // consumed whatever happens
   if (!dict) return null_arg("dict");
   if (!value) return null_arg("value");
@@ -607,25 +601,22 @@ tw_status tw_tensor_set_metadata(tw_tensor* t, const tw_value* dict) {
 }
 
 // ---- publish/subscribe -------------------------------------------------------------------------------------------
-void tw_publisher_options_init(tw_publisher_options* o) {
-  if (!o) return;
-  const tw::PublisherOptions d;
-  *o = tw_publisher_options{};
-  o->struct_size = sizeof(tw_publisher_options);
-  o->on_full = TW_ON_FULL_BLOCK;
-  o->depth = d.depth;
-  o->max_metadata_bytes = d.max_metadata_bytes;
-  o->max_buffers = d.max_buffers;
-  o->pool_bytes = d.pool_bytes;
-  o->max_subscribers = d.max_subscribers;
-  o->protect_sent_loans = d.protect_sent_loans ? 1 : 0;
-  o->allow_other_users = d.allow_other_users ? 1 : 0;
+void tw_publisher_options_init_sized(tw_publisher_options* o, size_t size) {
+  const tw::PublisherOptions cpp;
+  tw_publisher_options d{};
+  d.on_full = TW_ON_FULL_BLOCK;
+  d.depth = cpp.depth;
+  d.max_metadata_bytes = cpp.max_metadata_bytes;
+  d.max_buffers = cpp.max_buffers;
+  d.pool_bytes = cpp.pool_bytes;
+  d.max_subscribers = cpp.max_subscribers;
+  d.protect_sent_loans = cpp.protect_sent_loans ? 1 : 0;
+  d.allow_other_users = cpp.allow_other_users ? 1 : 0;
+  fill_sized(o, d, size);
 }
 
-void tw_subscriber_options_init(tw_subscriber_options* o) {
-  if (!o) return;
-  *o = tw_subscriber_options{};
-  o->struct_size = sizeof(tw_subscriber_options);
+void tw_subscriber_options_init_sized(tw_subscriber_options* o, size_t size) {
+  fill_sized(o, tw_subscriber_options{}, size);
 }
 
 tw_status tw_publisher_new(const char* name, const tw_publisher_options* options, tw_publisher** out) {
@@ -670,10 +661,11 @@ tw_status tw_publisher_send(tw_publisher* p, const tw_tensor* t, const tw_value*
   if (!t) return null_arg("tensor");
   return guarded([&] {
     const tw::Metadata m = metadata_arg(extra, "extra metadata");
-    // The caller keeps a loan it sent: subscribers now read that memory, so it must never look exclusive again
-    // (whatever protect_sent_loans says). Each loan gets a new Buffer, so the mark goes with this message.
-    if (p->p.owns(t->t)) t->t.buffer().mark_escaped();
     const size_t n = p->p.send(t->t, m, timeout_arg(timeout_ns));
+    // The caller keeps a loan that subscribers now read: it must never look exclusive again (whatever
+    // protect_sent_loans says). Each loan gets a new Buffer, so the mark goes with this message. A send that
+    // reached nobody (or failed, above) leaves the loan as it was.
+    if (n > 0 && p->p.owns(t->t)) t->t.buffer().mark_escaped();
     if (delivered) *delivered = n;
   });
 }
@@ -685,10 +677,13 @@ tw_status tw_publisher_send_move(tw_publisher* p, tw_tensor** t, const tw_value*
   if (!t || !*t) return null_arg("tensor");
   return guarded([&] {
     const tw::Metadata m = metadata_arg(extra, "extra metadata");
-    // Other handles of a loan outlive this one: they must not look exclusive once subscribers read the memory.
-    if ((*t)->t.buffer_ptr().use_count() > 1 && p->p.owns((*t)->t)) (*t)->t.buffer().mark_escaped();
+    // Other handles of a loan outlive this one (they keep the Buffer alive): they must not look exclusive once
+    // subscribers read the memory. Decided before the move, marked only after a send that reached someone.
+    const tw::Buffer* shared_loan =
+        (*t)->t.buffer_ptr().use_count() > 1 && p->p.owns((*t)->t) ? &(*t)->t.buffer() : nullptr;
     // send(Tensor&&) consumes the tensor only when it succeeds: on failure the handle still holds it.
     const size_t n = p->p.send(std::move((*t)->t), m, timeout_arg(timeout_ns));
+    if (n > 0 && shared_loan) shared_loan->mark_escaped();
     delete *t;
     *t = nullptr;
     if (delivered) *delivered = n;
@@ -735,16 +730,33 @@ tw_status tw_subscriber_recv(tw_subscriber* s, int64_t timeout_ns, tw_tensor** o
   if (!s) return null_arg("subscriber");
   if (!out) return null_arg("out");
   *out = nullptr;
-  std::optional<tw::Tensor> got;
-  const tw_status st = guarded([&] { got = timeout_ns < 0 ? s->s.recv() : s->s.recv(std::chrono::nanoseconds(timeout_ns)); });
-  if (st != TW_OK) return st;
-  if (got) {
-    return guarded([&] { *out = wrap(std::move(*got), false); });
+  bool timed_out = false;
+  const tw_status st = guarded([&] {
+    // A negative timeout waits as long as it takes (recv_message caps a huge wait at "forever").
+    const auto wait = timeout_ns < 0 ? std::chrono::nanoseconds::max() : std::chrono::nanoseconds(timeout_ns);
+    std::optional<tw::Subscriber::Received> got = s->s.recv_message(wait);
+    if (!got) {
+      timed_out = !s->s.closed();
+      return;
+    }
+    if (!got->single) {
+      const size_t n = got->message.tensors.size();
+      throw tw::Error(tw::ErrorCode::unsupported,
+                      "a message of " + std::to_string(n) + " tensors (sent as one dict, list or tuple) arrived on \"" +
+                          s->s.name() + "\"; the C ABI receives messages of one tensor, so it was skipped: "
+                          "send the tensors one per message for C and Rust subscribers");
+    }
+    *out = wrap(std::move(got->message.tensors.front()), false);
+  });
+  if (st != TW_OK || *out) return st;
+  if (!timed_out) {
+    return fail(TW_END_OF_STREAM, "end of stream: the publisher closed or died (or this subscriber was closed) and "
+                                  "every message was received");
   }
-  if (s->s.closed()) return fail(TW_END_OF_STREAM, "end of stream: the publisher closed and every message was received");
-  const std::string msg = std::string("no message on \"").append(s->s.name()).append("\" within ")
-                              .append(std::to_string(timeout_ns)).append(" ns");
-  return fail(TW_ERR_TIMEOUT, msg.c_str());
+  return guarded([&] {
+    throw tw::Error(tw::ErrorCode::timeout, "no message on \"" + s->s.name() + "\" within " +
+                                                std::to_string(timeout_ns) + " ns");
+  });
 }
 
 int tw_subscriber_closed(const tw_subscriber* s) { return !s || s->s.closed() ? 1 : 0; }

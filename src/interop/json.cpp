@@ -3,6 +3,7 @@
 #include <string>
 
 #include "json.hpp"
+#include "core/utf8.hpp"
 #include "tensorwire/error.hpp"
 
 namespace tw::detail::json {
@@ -216,22 +217,9 @@ class Parser {
 
   // Copies one well-formed UTF-8 sequence starting at pos_ (a lead byte >= 0x80) into out.
   void utf8_sequence(std::string& out) {
-    const unsigned char b0 = static_cast<unsigned char>(in_[pos_]);
-    size_t n;
-    unsigned cp, min;
-    if (b0 >= 0xC2 && b0 <= 0xDF) { n = 2; cp = b0 & 0x1Fu; min = 0x80; }
-    else if (b0 >= 0xE0 && b0 <= 0xEF) { n = 3; cp = b0 & 0x0Fu; min = 0x800; }
-    else if (b0 >= 0xF0 && b0 <= 0xF4) { n = 4; cp = b0 & 0x07u; min = 0x10000; }
-    else fail("invalid UTF-8 lead byte");
-    if (in_.size() - pos_ < n) fail("truncated UTF-8 sequence");
-    for (size_t i = 1; i < n; ++i) {
-      const unsigned char b = static_cast<unsigned char>(in_[pos_ + i]);
-      if ((b & 0xC0) != 0x80) fail("invalid UTF-8 continuation byte");
-      cp = (cp << 6) | (b & 0x3Fu);
-    }
-    if (cp < min) fail("overlong UTF-8 encoding");
-    if (cp > 0x10FFFF) fail("UTF-8 code point beyond U+10FFFF");
-    if (cp >= 0xD800 && cp <= 0xDFFF) fail("UTF-8 encoded surrogate");
+    const char* why = nullptr;
+    const size_t n = utf8_sequence_length(in_, pos_, &why);
+    if (n == 0) fail(why);
     out.append(in_.substr(pos_, n));
     pos_ += n;
   }

@@ -8,6 +8,7 @@
 #include <string>
 #include <unistd.h>
 
+#include "tensorwire/ipc.hpp"  // the C++ peer of one test (a message of several tensors)
 #include "tensorwire/tensorwire.h"
 
 // ---- layouts a binding hard-codes (rust/src/ffi.rs declares the same) ------------------------------------------
@@ -53,6 +54,51 @@ constexpr DLDevice kCpu{kDLCPU, 0};
 
 std::string topic(const char* what) { return std::string("capi_").append(what).append(".").append(std::to_string(getpid())); }
 
+// A call failed with `status`, and tw_last_error() says `what`.
+#define EXPECT_FAILS(call, status, what)                                                    \
+  do {                                                                                      \
+    EXPECT_EQ((call), (status));                                                            \
+    EXPECT_NE(std::string(tw_last_error()).find(what), std::string::npos) << tw_last_error(); \
+  } while (0)
+
+TEST(CApi, OptionsInitNeverWritesPastTheCallersSize) {
+  // A caller compiled against an older, smaller struct passes its own sizeof: the bytes after it are its stack.
+  alignas(8) unsigned char buf[sizeof(tw_publisher_options) + 16];
+  std::memset(buf, 0xAB, sizeof buf);
+  auto* o = reinterpret_cast<tw_publisher_options*>(buf);
+  tw_publisher_options_init_sized(o, 40);
+  EXPECT_EQ(o->struct_size, 40u);
+  EXPECT_EQ(o->depth, 8u);  // the defaults, up to the caller's size
+  for (size_t i = 40; i < sizeof buf; ++i) ASSERT_EQ(buf[i], 0xAB) << "byte " << i << " written";
+  std::memset(buf, 0xAB, sizeof buf);
+  tw_publisher_options_init_sized(o, 2);  // cannot even hold struct_size: nothing written
+  for (size_t i = 0; i < sizeof buf; ++i) ASSERT_EQ(buf[i], 0xAB) << "byte " << i << " written";
+  std::memset(buf, 0xAB, sizeof buf);
+  tw_publisher_options_init(o);  // this header's size: all of it, nothing after
+  EXPECT_EQ(o->struct_size, sizeof(tw_publisher_options));
+  EXPECT_EQ(o->allow_other_users, 0);
+  for (size_t i = sizeof(tw_publisher_options); i < sizeof buf; ++i) ASSERT_EQ(buf[i], 0xAB);
+
+  alignas(8) unsigned char eb[sizeof(tw_export_options) + 8];
+  std::memset(eb, 0xCD, sizeof eb);
+  tw_export_options_init_sized(reinterpret_cast<tw_export_options*>(eb), 12);
+  EXPECT_EQ(reinterpret_cast<tw_export_options*>(eb)->struct_size, 12u);
+  for (size_t i = 12; i < sizeof eb; ++i) ASSERT_EQ(eb[i], 0xCD);
+  tw_import_options io;
+  tw_import_options_init(&io);
+  EXPECT_EQ(io.struct_size, sizeof io);
+  EXPECT_EQ(io.copy, TW_COPY_IF_NEEDED);
+  tw_subscriber_options so;
+  tw_subscriber_options_init(&so);
+  EXPECT_EQ(so.struct_size, sizeof so);
+  // A struct smaller than any the library shipped is refused, naming the init function.
+  tw_publisher* p = nullptr;
+  tw_publisher_options_init_sized(reinterpret_cast<tw_publisher_options*>(buf), 40);
+  EXPECT_FAILS(tw_publisher_new(topic("small").c_str(), reinterpret_cast<tw_publisher_options*>(buf), &p),
+               TW_ERR_INVALID_ARGUMENT, "tw_publisher_options.struct_size is 40");
+  EXPECT_EQ(p, nullptr);
+}
+
 TEST(CApi, VersionQueries) {
   EXPECT_EQ(tw_abi_version() >> 16, uint32_t{TW_ABI_VERSION_MAJOR});
   EXPECT_EQ(tw_abi_version() & 0xFFFFu, uint32_t{TW_ABI_VERSION_MINOR});
@@ -92,8 +138,8 @@ TEST(CApi, FailedAdoptStillReleasesOnce) {
   static float data[4];
   const int64_t bad_shape[1] = {-1};
   tw_tensor* t = nullptr;
-  EXPECT_EQ(tw_tensor_adopt(data, 1, bad_shape, nullptr, kF32, kCpu, count_release, nullptr, &t),
-            TW_ERR_INVALID_ARGUMENT);
+  EXPECT_FAILS(tw_tensor_adopt(data, 1, bad_shape, nullptr, kF32, kCpu, count_release, nullptr, &t),
+               TW_ERR_INVALID_ARGUMENT, "negative");
   EXPECT_EQ(t, nullptr);
   EXPECT_EQ(g_released.load(), 1);
   EXPECT_EQ(tw_tensor_adopt(data, 1, nullptr, nullptr, kF32, kCpu, count_release, nullptr, &t),
@@ -138,6 +184,26 @@ TEST(CApi, ExclusivityFollowsEveryOtherOwner) {
   EXPECT_EQ(tw_tensor_is_exclusive(copy), 1);
   tw_tensor_free(imported);
   tw_tensor_free(copy);
+
+  // contiguous/reshape of borrowed memory: the same memory when no copy is needed (still not exclusive), new
+  // memory of tensorwire's own when one is.
+  static float grid[6];
+  const int64_t gshape[2] = {2, 3};
+  ASSERT_EQ(tw_tensor_from_blob(grid, 2, gshape, nullptr, kF32, kCpu, nullptr, nullptr, &borrowed), TW_OK);
+  tw_tensor* same = nullptr;
+  ASSERT_EQ(tw_tensor_contiguous(borrowed, &same), TW_OK);
+  EXPECT_EQ(tw_tensor_data_borrowed(same), static_cast<void*>(grid));
+  EXPECT_EQ(tw_tensor_is_exclusive(same), 0);
+  tw_tensor *tr = nullptr, *dense = nullptr;
+  ASSERT_EQ(tw_tensor_transpose(borrowed, 0, 1, &tr), TW_OK);
+  EXPECT_EQ(tw_tensor_is_exclusive(tr), 0);
+  tw_tensor_free(borrowed);
+  tw_tensor_free(same);
+  ASSERT_EQ(tw_tensor_contiguous(tr, &dense), TW_OK);
+  EXPECT_NE(tw_tensor_data_borrowed(dense), static_cast<void*>(grid));
+  EXPECT_EQ(tw_tensor_is_exclusive(dense), 1);
+  tw_tensor_free(tr);
+  tw_tensor_free(dense);
 }
 
 TEST(CApi, ViewsReshapeAndSelect) {
@@ -160,8 +226,11 @@ TEST(CApi, ViewsReshapeAndSelect) {
   EXPECT_EQ(static_cast<float*>(tw_tensor_data_borrowed(flat))[1], 4.0f);  // column-major order of t
   ASSERT_EQ(tw_tensor_select(t, 0, -1, &row), TW_OK);
   EXPECT_EQ(tw_tensor_ndim(row), 1);
-  EXPECT_EQ(static_cast<float*>(tw_tensor_data_borrowed(row))[0], 8.0f);
-  EXPECT_EQ(tw_tensor_select(t, 0, 3, &v), TW_ERR_OUT_OF_RANGE);
+  EXPECT_EQ(tw_tensor_data_borrowed(row), static_cast<void*>(d + 8));  // a view: the same memory, offset
+  EXPECT_EQ(tw_tensor_data_borrowed(tr), static_cast<void*>(d));
+  EXPECT_FAILS(tw_tensor_select(t, 0, 3, &v), TW_ERR_OUT_OF_RANGE, "index 3 is out of range");
+  EXPECT_FAILS(tw_tensor_permute(t, nullptr, 2, &v), TW_ERR_INVALID_ARGUMENT, "dims is NULL");
+  EXPECT_FAILS(tw_tensor_transpose(nullptr, 0, 1, &v), TW_ERR_INVALID_ARGUMENT, "tensor is NULL");
   for (tw_tensor* h : {t, tr, row, flat}) tw_tensor_free(h);
 }
 
@@ -221,8 +290,13 @@ TEST(CApi, MetadataValuesRoundTrip) {
   EXPECT_EQ(tw_tensor_set_metadata(t, l), TW_ERR_TYPE_MISMATCH);
   EXPECT_NE(std::string(tw_last_error()).find("must be a dict, not a list"), std::string::npos);
   tw_value* n = tw_value_int(1);
-  EXPECT_EQ(tw_value_append(n, tw_value_int(2)), TW_ERR_TYPE_MISMATCH);
-  EXPECT_EQ(tw_value_dict_set(l, "k", 1, tw_value_int(2)), TW_ERR_TYPE_MISMATCH);
+  EXPECT_FAILS(tw_value_append(n, tw_value_int(2)), TW_ERR_TYPE_MISMATCH, "needs a list or tuple, not a int");
+  EXPECT_FAILS(tw_value_dict_set(l, "k", 1, tw_value_int(2)), TW_ERR_TYPE_MISMATCH, "needs a dict, not a list");
+  // A container appended to itself would be moved into itself and freed: refused, and not consumed.
+  EXPECT_FAILS(tw_value_append(l, l), TW_ERR_INVALID_ARGUMENT, "itself");
+  tw_value* self_dict = tw_value_dict();
+  EXPECT_FAILS(tw_value_dict_set(self_dict, "k", 1, self_dict), TW_ERR_INVALID_ARGUMENT, "itself");
+  tw_value_free(self_dict);
   tw_value_free(n);
   tw_value_free(l);
   tw_tensor_free(t);
@@ -264,7 +338,7 @@ TEST(CApi, PublishSubscribeWithStatusCodes) {
   // The ring (depth 1) is full: under TW_ON_FULL_RAISE the next send would block, and the handle survives it.
   tw_tensor* other = nullptr;
   ASSERT_EQ(tw_tensor_zeros(2, shape, kF32, &other), TW_OK);
-  EXPECT_EQ(tw_publisher_send_move(p, &other, nullptr, -1, &delivered), TW_ERR_WOULD_BLOCK);
+  EXPECT_FAILS(tw_publisher_send_move(p, &other, nullptr, -1, &delivered), TW_ERR_WOULD_BLOCK, "unread");
   EXPECT_NE(other, nullptr);
   EXPECT_EQ(delivered, 0u);
 
@@ -282,7 +356,8 @@ TEST(CApi, PublishSubscribeWithStatusCodes) {
   // A non-dict extra is refused before anything is sent.
   EXPECT_EQ(tw_publisher_send(p, other, extra, -1, &delivered), TW_OK);
   tw_value* bad = tw_value_int(3);
-  EXPECT_EQ(tw_publisher_send(p, other, bad, 0, &delivered), TW_ERR_TYPE_MISMATCH);
+  EXPECT_FAILS(tw_publisher_send(p, other, bad, 0, &delivered), TW_ERR_TYPE_MISMATCH,
+               "extra metadata must be a dict, not a int");
   tw_value_free(bad);
   tw_value_free(extra);
   tw_tensor_free(other);
@@ -306,17 +381,60 @@ TEST(CApi, PublishSubscribeWithStatusCodes) {
   EXPECT_EQ(tw_tensor_is_exclusive(kept), 1);
   ASSERT_EQ(tw_publisher_send(p, kept, nullptr, -1, &delivered), TW_OK);
   EXPECT_EQ(tw_tensor_is_exclusive(kept), 0);
+  // Zero-copy: the subscriber maps the loan's own memory (protect_sent_loans is off here, so the publisher can
+  // still write it, and the subscriber sees the write).
+  ASSERT_EQ(tw_subscriber_recv(s, 5'000'000'000, &msg), TW_OK);
+  static_cast<float*>(tw_tensor_data(kept))[4] = 42.0f;
+  EXPECT_EQ(static_cast<const float*>(tw_tensor_data_borrowed(msg))[4], 42.0f);
+  tw_tensor_free(msg);
   tw_tensor_free(kept);
 
+  // A send that fails (the ring is full under TW_ON_FULL_RAISE) leaves a kept loan exclusive: nobody reads it.
+  tw_tensor* filler = nullptr;
+  ASSERT_EQ(tw_tensor_zeros(2, shape, kF32, &filler), TW_OK);
+  ASSERT_EQ(tw_publisher_send(p, filler, nullptr, -1, &delivered), TW_OK);
+  tw_tensor_free(filler);
+  ASSERT_EQ(tw_publisher_loan(p, 2, shape, kF32, -1, &kept), TW_OK);
+  EXPECT_FAILS(tw_publisher_send(p, kept, nullptr, -1, &delivered), TW_ERR_WOULD_BLOCK, "unread");
+  EXPECT_EQ(tw_tensor_is_exclusive(kept), 1);
+  tw_tensor_free(kept);
+  ASSERT_EQ(tw_subscriber_recv(s, 5'000'000'000, &msg), TW_OK);  // the filler
+  tw_tensor_free(msg);
+
+  ASSERT_EQ(tw_tensor_zeros(2, shape, kF32, &filler), TW_OK);
+  ASSERT_EQ(tw_publisher_send(p, filler, nullptr, -1, &delivered), TW_OK);
+  tw_tensor_free(filler);
   tw_publisher_free(p);  // closes: the subscriber drains, then sees end-of-stream
   tw_tensor* last = nullptr;
   ASSERT_EQ(tw_subscriber_recv(s, 5'000'000'000, &last), TW_OK);
   tw_tensor_free(last);
-  EXPECT_EQ(tw_subscriber_recv(s, 5'000'000'000, &last), TW_END_OF_STREAM);
+  EXPECT_FAILS(tw_subscriber_recv(s, 5'000'000'000, &last), TW_END_OF_STREAM, "end of stream");
   EXPECT_EQ(last, nullptr);
   EXPECT_EQ(tw_subscriber_closed(s), 1);
+  tw_subscriber_free(s);
   // Received tensors outlive both ends.
   EXPECT_EQ(static_cast<const float*>(tw_tensor_data_borrowed(got))[1], 1.5f);
+  tw_tensor_free(got);
+}
+
+TEST(CApi, AMessageOfSeveralTensorsIsSkippedWithAnErrorSayingWhy) {
+  const std::string name = topic("multi");
+  tw_subscriber* s = nullptr;
+  ASSERT_EQ(tw_subscriber_new(name.c_str(), nullptr, &s), TW_OK);
+  tw::Publisher pub(name);  // a C++ (or Python) peer sends a dict of two tensors, then one tensor
+  tw_tensor* got = nullptr;
+  EXPECT_EQ(tw_subscriber_recv(s, 1'000'000, &got), TW_ERR_TIMEOUT);  // completes the connection
+  tw::Message m;
+  m.kind = tw::Message::Kind::dict;
+  m.tensors = {tw::Tensor::zeros({2}, tw::DType::float32()), tw::Tensor::zeros({3}, tw::DType::float32())};
+  m.keys = {"a", "b"};
+  ASSERT_EQ(pub.send(m), 1u);
+  ASSERT_EQ(pub.send(tw::Tensor::zeros({4}, tw::DType::float32())), 1u);
+  EXPECT_FAILS(tw_subscriber_recv(s, 5'000'000'000, &got), TW_ERR_UNSUPPORTED,
+               "a message of 2 tensors (sent as one dict, list or tuple)");
+  EXPECT_EQ(got, nullptr);
+  ASSERT_EQ(tw_subscriber_recv(s, 5'000'000'000, &got), TW_OK);  // the stream goes on
+  EXPECT_EQ(tw_tensor_shape(got)[0], 4);
   tw_tensor_free(got);
   tw_subscriber_free(s);
 }
@@ -335,9 +453,10 @@ TEST(CApi, BadPublishSubscribeArguments) {
   po.struct_size = 7;
   EXPECT_EQ(tw_publisher_new(topic("bad").c_str(), &po, &p), TW_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(tw_last_error()).find("tw_publisher_options_init"), std::string::npos);
-  EXPECT_EQ(tw_publisher_new(nullptr, nullptr, &p), TW_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(tw_subscriber_recv(nullptr, 0, nullptr), TW_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(tw_publisher_send_move(nullptr, nullptr, nullptr, 0, nullptr), TW_ERR_INVALID_ARGUMENT);
+  EXPECT_FAILS(tw_publisher_new(nullptr, nullptr, &p), TW_ERR_INVALID_ARGUMENT, "name is NULL");
+  EXPECT_FAILS(tw_subscriber_recv(nullptr, 0, nullptr), TW_ERR_INVALID_ARGUMENT, "subscriber is NULL");
+  EXPECT_FAILS(tw_publisher_send_move(nullptr, nullptr, nullptr, 0, nullptr), TW_ERR_INVALID_ARGUMENT,
+               "publisher is NULL");
   tw_publisher_free(nullptr);
   tw_subscriber_free(nullptr);
   EXPECT_EQ(tw_subscriber_fileno(nullptr), -1);
