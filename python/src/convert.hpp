@@ -27,6 +27,9 @@ std::shared_ptr<const void> keep_python_alive(PyObject* obj);
 /// Throws tw::Error(type_mismatch) naming the offending type and path.
 tw::Value to_value(PyObject* obj, const std::string& path, int depth = 0);
 
+// A tw::Error's text with C++ names turned into Python ones (tensorwire.Tensor.select: ...), for Python users.
+std::string python_message(std::string m);
+
 // A Python exception as one line for a message, "TypeName: text", with no traceback (nanobind's what() embeds one).
 // Never throws.
 std::string error_text(const nb::python_error& e);

@@ -203,7 +203,7 @@ PyObject* dlpack_fastcall(PyObject* self, PyObject* const* args, Py_ssize_t narg
   } catch (nb::python_error& e) {
     e.restore();
   } catch (const tw::Error& e) {
-    PyErr_SetString(exception_for(e.code()), e.what());
+    PyErr_SetString(exception_for(e.code()), python_message(e.what()).c_str());
   } catch (const std::bad_cast& e) {  // nb::cast_error
     PyErr_SetString(PyExc_TypeError, e.what());
   } catch (const std::exception& e) {
@@ -231,7 +231,7 @@ int exchange_guard(F&& fn) noexcept {
   } catch (nb::python_error& e) {
     e.restore();
   } catch (const tw::Error& e) {
-    PyErr_SetString(exception_for(e.code()), e.what());
+    PyErr_SetString(exception_for(e.code()), python_message(e.what()).c_str());
   } catch (const std::bad_alloc&) {
     PyErr_NoMemory();
   } catch (const std::exception& e) {

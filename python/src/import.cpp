@@ -272,6 +272,15 @@ const TypeInfo& type_info(PyTypeObject* tp) {
           info.torch_subclass = i >= 2;
           break;
         }
+    // nn.Parameter is a subclass with nothing to describe (tensorwire.torch's hook returns None for it): exactly
+    // that type skips the hook. Subclasses of Parameter are still described.
+    if (info.torch_subclass && std::strcmp(tp->tp_name, "Parameter") == 0) {
+      PyObject* mod = PyObject_GetAttrString(reinterpret_cast<PyObject*>(tp), "__module__");
+      if (mod && PyUnicode_Check(mod) && PyUnicode_CompareWithASCIIString(mod, "torch.nn.parameter") == 0)
+        info.torch_subclass = false;
+      Py_XDECREF(mod);
+      PyErr_Clear();
+    }
   }
   Py_INCREF(tp);
   cache.emplace_back(tp, info);

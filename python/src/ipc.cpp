@@ -116,7 +116,7 @@ auto sliced(nb::handle timeout_h, F&& attempt) {
     }
     if (PyErr_CheckSignals() != 0) throw nb::python_error();
     if (!forever && std::chrono::steady_clock::now() >= deadline) {
-      PyErr_SetString(PyExc_TimeoutError, timed_out.c_str());
+      PyErr_SetString(PyExc_TimeoutError, python_message(timed_out).c_str());
       throw nb::python_error();
     }
   }
@@ -243,7 +243,7 @@ void register_ipc(nb::module_& m) {
     try {
       std::rethrow_exception(p);
     } catch (const tw::WouldBlockError& e) {
-      PyErr_SetString(PyExc_BlockingIOError, e.what());
+      PyErr_SetString(PyExc_BlockingIOError, python_message(e.what()).c_str());
     }
   });
 

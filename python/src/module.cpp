@@ -1,6 +1,9 @@
 // module.cpp — the tensorwire._tensorwire extension: Tensor, DType, Device, errors, metadata and views.
 // This layer only binds: every rule about layouts, copies and protocols lives in the C++ library.
 #include <bit>
+#include <cctype>
+#include <initializer_list>
+#include <string_view>
 #include <cstring>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -51,11 +54,35 @@ std::shared_ptr<const void> keep_python_alive(PyObject* obj) {
   return std::make_shared<PyRef>(obj);
 }
 
-// Python users read Python names: a C++ "Tensor::select: ..." becomes "tensorwire.Tensor.select: ...", and the
-// allocator's "Buffer::allocate: " prefix goes (the message says what could not be had).
+// Python users read Python names. A C++ prefix "Tensor::select: " names a Python method and becomes
+// "tensorwire.Tensor.select: " (also "Subscriber('x')::recv: " -> "tensorwire.Subscriber('x').recv: "); a prefix
+// naming something Python has no name for ("tw::copy: ", "Buffer::allocate: ", "Tensor::make: ") is dropped, as
+// the text after it says what happened.
 std::string python_message(std::string m) {
-  if (m.rfind("Tensor::", 0) == 0) return "tensorwire.Tensor." + m.substr(8);
-  if (m.rfind("Buffer::allocate: ", 0) == 0) return m.substr(18);
+  struct Class {
+    std::string_view name;
+    std::initializer_list<std::string_view> methods;
+  };
+  static const Class classes[] = {
+      {"Tensor", {"view", "reshape", "permute", "transpose", "expand", "select", "slice", "contiguous", "copy",
+                  "as_readonly", "is_contiguous"}},
+      {"Publisher", {"send", "loan", "close"}},
+      {"Subscriber", {"recv", "fileno", "close"}},
+  };
+  const size_t sep = m.find("::");
+  if (sep == std::string::npos || sep == 0 || m.find(' ') < sep) return m;  // no C++ prefix at the start
+  size_t end = sep + 2;
+  while (end < m.size() && (std::isalnum(static_cast<unsigned char>(m[end])) || m[end] == '_')) ++end;
+  const std::string owner = m.substr(0, sep);                  // "Tensor", "Subscriber('x')", "tw"
+  const std::string method = m.substr(sep + 2, end - sep - 2);  // "select"
+  const std::string rest = m.substr(end);                      // ": ..." or " on 'x' ..."
+  const std::string base = owner.substr(0, owner.find('('));
+  for (const Class& c : classes) {
+    if (c.name != base) continue;
+    for (std::string_view py : c.methods)
+      if (py == method) return "tensorwire." + owner + "." + method + rest;
+  }
+  if (rest.rfind(": ", 0) == 0) return rest.substr(2);
   return m;
 }
 
@@ -97,6 +124,32 @@ std::string error_text(const nb::python_error& e) {
   return text.empty() ? name : name + ": " + text;
 }
 
+// isinstance(o, module.name), without importing the module: an object cannot be an instance of a class from a
+// module nobody loaded. Never raises.
+bool is_instance_of(PyObject* o, const char* module, const char* name) {
+  PyObject* mod_name = PyUnicode_FromString(module);
+  PyObject* mod = mod_name ? PyImport_GetModule(mod_name) : nullptr;
+  Py_XDECREF(mod_name);
+  PyObject* cls = mod ? PyObject_GetAttrString(mod, name) : nullptr;
+  Py_XDECREF(mod);
+  const int r = cls && PyType_Check(cls) ? PyObject_IsInstance(o, cls) : 0;
+  Py_XDECREF(cls);
+  if (PyErr_Occurred()) PyErr_Clear();
+  return r == 1;
+}
+
+// "module.QualName" of o's type ("numpy.float64", "torch.Tensor", "mypackage.Point"), for messages.
+std::string qualified_type_name(PyObject* o) {
+  nb::handle t(reinterpret_cast<PyObject*>(Py_TYPE(o)));
+  try {
+    const std::string mod = str_of(t.attr("__module__"));
+    const std::string qual = str_of(t.attr("__qualname__"));
+    return mod == "builtins" ? qual : mod + "." + qual;
+  } catch (nb::python_error&) {
+    return Py_TYPE(o)->tp_name;
+  }
+}
+
 tw::Value to_value(PyObject* o, const std::string& path, int depth) {
   if (depth > 64) throw tw::Error(tw::ErrorCode::type_mismatch, "metadata " + path + " is nested deeper than 64 levels");
   if (o == Py_None) return tw::Value();
@@ -115,7 +168,12 @@ tw::Value to_value(PyObject* o, const std::string& path, int depth) {
   if (PyUnicode_Check(o)) {
     Py_ssize_t n;
     const char* s = PyUnicode_AsUTF8AndSize(o, &n);
-    if (!s) throw nb::python_error();
+    if (!s) {
+      PyErr_Clear();
+      throw tw::Error(tw::ErrorCode::invalid_argument,
+                      "metadata " + path + " is a str that is not valid Unicode text (it holds a lone surrogate, as "
+                      "os.fsdecode() makes for undecodable bytes); store bytes instead");
+    }
     return tw::Value(std::string(s, static_cast<size_t>(n)));
   }
   if (PyBytes_Check(o)) return tw::Value::bytes(std::string(PyBytes_AS_STRING(o), static_cast<size_t>(PyBytes_GET_SIZE(o))));
@@ -136,53 +194,52 @@ tw::Value to_value(PyObject* o, const std::string& path, int depth) {
     while (PyDict_Next(o, &pos, &k, &v)) {
       if (!PyUnicode_Check(k))
         throw tw::Error(tw::ErrorCode::type_mismatch, "metadata " + path + " has a key of type " +
-                                                          std::string(Py_TYPE(k)->tp_name) + "; dict keys must be str");
+                                                          qualified_type_name(k) + "; dict keys must be str");
       Py_ssize_t kn;
       const char* ks = PyUnicode_AsUTF8AndSize(k, &kn);  // keeps embedded NULs, unlike c_str()
-      if (!ks) throw nb::python_error();
+      if (!ks) {
+        PyErr_Clear();
+        throw tw::Error(tw::ErrorCode::invalid_argument,
+                        "metadata " + path + " has a key that is not valid Unicode text (a lone surrogate)");
+      }
       std::string key(ks, static_cast<size_t>(kn));
       d.set(key, to_value(v, path + "[" + key + "]", depth + 1));
     }
     return d;
   }
-  const std::string type = Py_TYPE(o)->tp_name;
   nb::handle h(o);
-  if (type.rfind("numpy.", 0) == 0 && nb::hasattr(h, "ndim") && nb::hasattr(h, "dtype")) {
+  const std::string type = qualified_type_name(o);
+  if (is_instance_of(o, "numpy", "generic") || is_instance_of(o, "numpy", "ndarray")) {
     // NumPy scalars and 0-d arrays are stored as the matching Python value (their .item()).
     const int64_t ndim = nb::cast<int64_t>(h.attr("ndim"));
     const std::string kind = str_of(h.attr("dtype").attr("kind"));
     if (ndim != 0)
       throw tw::Error(tw::ErrorCode::type_mismatch,
-                      "metadata " + path + " is a NumPy array of shape " +
-                          str_of(h.attr("shape")) +
+                      "metadata " + path + " is a NumPy array of shape " + str_of(h.attr("shape")) +
                           "; store a.tolist(), or send the array as a tensor of its own");
     if (kind == "b" || kind == "i" || kind == "u" || kind == "f" || kind == "S" || kind == "U") {
       nb::object v = h.attr("item")();
-      return to_value(v.ptr(), path, depth + 1);
+      // longdouble (and float128) have no Python type: item() gives back a NumPy scalar.
+      if (!is_instance_of(v.ptr(), "numpy", "generic")) return to_value(v.ptr(), path, depth + 1);
     }
     throw tw::Error(tw::ErrorCode::type_mismatch,
                     "metadata " + path + " is a NumPy " + str_of(h.attr("dtype")) +
                         " value, which has no metadata type" +
-                        (kind == "c" ? std::string("; store [x.real, x.imag]")
+                        (kind == "c"                 ? std::string("; store [x.real, x.imag]")
                          : kind == "M" || kind == "m" ? std::string("; store str(x) or an int count of its unit")
+                         : kind == "f"                ? std::string("; store float(x) (a float64)")
                                                       : std::string()));
   }
-  if (type == "datetime.datetime" || type == "datetime.date" || type == "datetime.time" || type == "datetime.timedelta")
+  if (is_instance_of(o, "datetime", "date") || is_instance_of(o, "datetime", "time") ||
+      is_instance_of(o, "datetime", "timedelta"))
     throw tw::Error(tw::ErrorCode::type_mismatch,
                     "metadata " + path + " is a " + type + ", which has no metadata type; store x.isoformat() (str) " +
-                        (type == "datetime.timedelta" ? "or x.total_seconds() (float)" : "or a timestamp (float)"));
-  static PyObject* enum_type = [] {
-    PyObject* e = PyImport_ImportModule("enum");
-    PyObject* t = e ? PyObject_GetAttrString(e, "Enum") : nullptr;
-    Py_XDECREF(e);
-    PyErr_Clear();
-    return t;  // kept for the life of the process
-  }();
-  if (enum_type && PyObject_IsInstance(o, enum_type) == 1)
+                        (is_instance_of(o, "datetime", "timedelta") ? "or x.total_seconds() (float)"
+                                                                     : "or a timestamp (float)"));
+  if (is_instance_of(o, "enum", "Enum"))
     throw tw::Error(tw::ErrorCode::type_mismatch, "metadata " + path + " is an enum member (" +
                                                       std::string(nb::repr(h).c_str()) +
                                                       "), which has no metadata type; store its .value or .name");
-  PyErr_Clear();
   throw tw::Error(tw::ErrorCode::type_mismatch,
                   "metadata " + path + " is of type " + type +
                       "; values must be None, bool, int, float, str, bytes, or lists, tuples and dicts of these");
@@ -454,6 +511,7 @@ NB_MODULE(_tensorwire, m) {
   tw::cuda::install_runtime();  // interop reaches the driver through it (CUDA Array Interface, Arrow events)
   m.doc() = "tensorwire native core";
   register_signatures(m);
+  m.def("_python_message", &python_message, "Internal: a tw::Error text as Python users read it (for tests).");
   // Tensor gains Python-level attributes (metadata, __array__, pickling) in the package, which nanobind's
   // shutdown leak report would misread as leaks of the type.
   nb::set_leak_warnings(false);
@@ -510,6 +568,8 @@ NB_MODULE(_tensorwire, m) {
       }, "spec"_a, "A device from 'cpu', 'cuda', 'cuda:1', a tw.Device or a DLPack (device_type, device_id) tuple.")
       .def_prop_ro("type", [](const tw::Device& d) { return std::string(d.type_name()); }, "The device kind as a name ('cpu', 'cuda', 'cuda_host', ...).")
       .def_prop_ro("device_type", [](const tw::Device& d) { return static_cast<int>(d.type); }, "The DLPack device type code (1 cpu, 2 cuda, 3 cuda_host, ...).")
+      .def_prop_ro("host_accessible", [](const tw::Device& d) { return d.is_host_accessible(); },
+                   "True when the host can read this memory directly (cpu, CUDA/ROCm pinned, CUDA managed).")
       .def_prop_ro("index", [](const tw::Device& d) { return d.id; }, "The device number (0 for the host).")
       .def("__str__", &tw::Device::str)
       .def("__repr__", [](const tw::Device& d) { return "tensorwire.Device('" + d.str() + "')"; })
@@ -555,7 +615,7 @@ NB_MODULE(_tensorwire, m) {
       .def("contiguous", [](nb::handle self) -> nb::object {
         const tw::Tensor& t = unwrap(self);
         if (t.is_contiguous()) return nb::borrow(self);
-        return wrap(copy_released(t, tw::MemoryOrder::C));
+        return wrap(as_python("tensorwire.Tensor.contiguous", [&] { return copy_released(t, tw::MemoryOrder::C); }));
       }, "This tensor when already C-contiguous (the same object); otherwise a C-contiguous copy.")
       .def("copy", [](const tw::Tensor& t, const std::string& order) { return copy_released(t, parse_order(order)); },
            "order"_a = "C", "A new tensor with its own memory ('C', 'F', or 'any' to keep a dense layout's order).")
@@ -600,7 +660,9 @@ NB_MODULE(_tensorwire, m) {
            "strides); no copy.")
       .def("as_readonly", &tw::Tensor::as_readonly, "A read-only view of the same memory (exports carry the flag).")
       // .none(): nanobind refuses None for an argument unless told; t[None] inserts an axis
-      .def("__getitem__", [](const tw::Tensor& t, nb::handle index) { return index_tensor(t, index); },
+      .def("__getitem__", [](const tw::Tensor& t, nb::handle index) {
+             return as_python("tensorwire.Tensor.__getitem__", [&] { return index_tensor(t, index); });
+           },
            "index"_a.none())
       .def("__len__", [](const tw::Tensor& t) {
         if (t.ndim() == 0) throw nb::type_error("len() of a 0-d tensor");

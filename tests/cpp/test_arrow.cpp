@@ -10,9 +10,17 @@
 #include <vector>
 
 #include "tensorwire/arrow.hpp"
+#include "tensorwire/device_runtime.hpp"
+#include "tensorwire/interop.hpp"
 #include "tw_test_util.hpp"
 
 namespace {
+
+// Leaves no device runtime installed, before and after a test that installs one (it is process-wide).
+struct RuntimeReset {
+  RuntimeReset() { tw::install_device_runtime(nullptr); }
+  ~RuntimeReset() { tw::install_device_runtime(nullptr); }
+};
 
 using tw::DType;
 using tw::ErrorCode;
@@ -1063,6 +1071,8 @@ TEST(ArrowDevice, SyncEventsNeedTheDriver) {
   EXPECT_EQ(c.schema_releases, 1);
   // A CUDA tensor on a stream records an event when exported; without a driver no work can be pending: NULL.
   // Without a device runtime installed nothing can tell, so the export is refused rather than left unordered.
+  // (The installed runtime is process-wide: start from none, and leave none, whatever ran before or runs after.)
+  RuntimeReset reset;
   Tensor t = Tensor::from_blob(reinterpret_cast<void*>(uintptr_t{0x1000}), {2}, DType::float32(), tw::Device::cuda(),
                                nullptr);
   t.set_stream(intptr_t{1});
@@ -1075,6 +1085,27 @@ TEST(ArrowDevice, SyncEventsNeedTheDriver) {
   EXPECT_EQ(d2.device_type, ARROW_DEVICE_CUDA);
   d2.array.release(&d2.array);
   s2.release(&s2);
+}
+
+TEST(ArrowDevice, AStreamOrderedImportIsRefusedWithoutARuntime) {
+  // The import side of the same rule: a producer's stream cannot be waited for with no runtime installed.
+  RuntimeReset reset;
+  static float data[2];
+  tw::InterfaceDesc desc;
+  desc.protocol = "__cuda_array_interface__";
+  desc.typestr = "<f4";
+  desc.shape = {2};
+  desc.data = reinterpret_cast<uintptr_t>(data);
+  desc.device = tw::Device::cuda();
+  desc.stream = 1;
+  TW_EXPECT_ERROR_MSG(tw::import_interface(desc, nullptr, tw::ImportRequest{}), ErrorCode::device_unavailable,
+                      "no device runtime is installed to wait for it");
+  tw::cuda::install_runtime();
+  if (tw::device_runtime().available()) GTEST_SKIP() << "a CUDA driver is present: the wait is the GPU suite's";
+  // Without a driver nothing can be pending on any stream: the import goes on, recording the stream.
+  tw::Tensor t = tw::import_interface(desc, nullptr, tw::ImportRequest{});
+  EXPECT_EQ(t.data_ptr(), static_cast<void*>(data));
+  EXPECT_EQ(t.stream(), std::optional<intptr_t>(1));
 }
 
 }  // namespace
