@@ -543,7 +543,11 @@ tw_status tw_value_get_data(const tw_value* v, const char** data, size_t* len) {
   if (!data) return null_arg("data");
   if (!len) return null_arg("len");
   return guarded([&] {
-    const std::string& s = val(v)->kind() == tw::Value::Kind::bytes ? val(v)->as_bytes() : val(v)->as_string();
+    const auto k = val(v)->kind();
+    if (k != tw::Value::Kind::string && k != tw::Value::Kind::bytes)
+      throw tw::Error(tw::ErrorCode::type_mismatch,
+                      std::string("tw_value_get_data needs a str or bytes value, not a ") + tw::value_kind_name(k));
+    const std::string& s = k == tw::Value::Kind::bytes ? val(v)->as_bytes() : val(v)->as_string();
     *data = s.c_str();
     *len = s.size();
   });

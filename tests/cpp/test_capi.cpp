@@ -268,6 +268,10 @@ TEST(CApi, MetadataValuesRoundTrip) {
   EXPECT_EQ(tw_value_get_int(tw_value_dict_get(got, "scale", 5), &i), TW_ERR_TYPE_MISMATCH);
   EXPECT_NE(std::string(tw_last_error()).find("float"), std::string::npos);
   ASSERT_EQ(tw_value_get_float(tw_value_dict_get(got, "scale", 5), &f), TW_OK);
+  const char* text = nullptr;
+  size_t text_len = 0;
+  EXPECT_FAILS(tw_value_get_data(tw_value_dict_get(got, "scale", 5), &text, &text_len), TW_ERR_TYPE_MISMATCH,
+               "needs a str or bytes value, not a float");
   EXPECT_EQ(f, 0.5);
   const char* data = nullptr;
   ASSERT_EQ(tw_value_get_data(tw_value_dict_get(got, "name", 4), &data, &len), TW_OK);
