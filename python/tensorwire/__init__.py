@@ -73,7 +73,9 @@ Tensor.tolist = _tolist
 Tensor.__eq__ = _scalars.tensor_eq
 Tensor.__ne__ = _scalars.tensor_eq
 Tensor.__hash__ = object.__hash__  # identity, as before: tensors stay usable as dict keys and set members
-Tensor.__repr__ = _scalars.make_repr(Tensor.__repr__)
+if "_native_repr" not in Tensor.__dict__:  # importlib.reload(tensorwire) must not wrap the wrapper again
+    Tensor._native_repr = Tensor.__repr__
+Tensor.__repr__ = _scalars.make_repr(Tensor._native_repr)
 Tensor.item = _scalars.item
 Tensor.__float__ = _scalars.tensor_float
 Tensor.__int__ = _scalars.tensor_int
@@ -88,19 +90,8 @@ DType.__reduce__ = lambda self: (DType, (self.name,))
 Device.__reduce__ = lambda self: (Device, (str(self),))
 
 
-def _numpy_dtype(self):
-    name = self.name
-    if self.lanes == 1 and name in _numpy._NATIVE:
-        import numpy as np
-
-        return np.dtype(name)
-    try:
-        return _numpy._ml_dtype(name)
-    except BufferError as e:
-        raise TypeError(f"NumPy has no type for {name}: {e}") from None
-
-
-DType.dtype = property(_numpy_dtype, doc="The NumPy dtype of this type (ml_dtypes' for bfloat16, float8, int4...).")
+DType.dtype = property(_numpy.numpy_dtype,
+                       doc="The NumPy dtype of this type (ml_dtypes' for bfloat16, float8, int4...).")
 
 # dtype constants: tw.float32, tw.bfloat16, ...
 _DTYPE_NAMES = (

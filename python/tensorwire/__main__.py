@@ -30,9 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     doc.add_argument("--json", action="store_true", help="print the report as JSON")
     sub.add_parser("version", help="print versions")
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"]:  # argparse.REMAINDER refuses a leading --option: pass them through
-        from ._bench_ipc import main as bench_main
-
+    if argv[:1] == ["bench"]:  # argparse.REMAINDER refuses a leading --option: the benchmark parses its own
+        try:
+            from ._bench_ipc import main as bench_main
+        except ImportError as e:
+            print(f"tensorwire bench is unavailable: {e}", file=sys.stderr)
+            return 2
         return bench_main(argv[1:])
     args = parser.parse_args(argv)
     for flag in ("cmake_dir", "include_dir", "pkgconfig_dir"):
@@ -53,13 +56,6 @@ def main(argv: list[str] | None = None) -> int:
         from ._demo import main as demo_main
 
         return demo_main(size=args.size)
-    if args.command == "bench":
-        try:
-            from ._bench_ipc import main as bench_main
-        except ImportError as e:
-            print(f"tensorwire bench is unavailable: {e}", file=sys.stderr)
-            return 2
-        return bench_main(args.rest)
     if args.command == "doctor":
         from ._doctor import main as doctor_main
 

@@ -1,7 +1,9 @@
 """`tensorwire doctor`: what this machine supports, and why not where it doesn't.
 
-Reads versions from package metadata (it imports none of NumPy, PyTorch, JAX or PyArrow), and the kernel's
-settings from /proc and /sys. Every check reports a value or the reason it has none; none raises.
+Reads versions from package metadata (it imports none of PyTorch, JAX, PyArrow or CuPy; NumPy is imported, because
+`import tensorwire` imports it), and the kernel's settings from /proc and /sys. Every check reports a value or the
+reason it has none — in JSON, a section's value is null and its "why" maps the check to the reason — and none
+raises: a missing file, unexpected content or a failing call becomes the reason.
 """
 
 from __future__ import annotations
@@ -13,27 +15,64 @@ import resource
 import shutil
 import subprocess
 import sys
-from typing import Any
+from typing import Any, Callable, Optional, Tuple
 
 _DEPENDENCIES = ("numpy", "ml_dtypes", "torch", "torchvision", "jax", "jaxlib", "pyarrow", "cupy-cuda13x",
                  "cupy-cuda12x", "nanobind")
 
+# (value, None), or (None, the reason there is no value): what each check below returns.
+Check = Tuple[Any, Optional[str]]
+
 
 def _version_of(dist: str) -> str | None:
+    """The installed version, None when not installed, or "unknown: <why>" when the metadata cannot be read."""
     from importlib import metadata
 
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return None
+    except Exception as e:  # noqa: BLE001 - a broken install is reported, not raised
+        return f"unknown: {type(e).__name__}: {e}"
 
 
-def _read(path: str) -> str | None:
+def _read(path: str) -> str:
+    """The stripped text of a /proc or /sys file; raises OSError."""
+    with open(path) as f:
+        return f.read().strip()
+
+
+def _file(path: str, parse: Callable[[str], Any] = str, expected: str = "") -> Check:
+    """A /proc or /sys setting parsed by `parse`, or the reason there is none (missing, unreadable, unexpected)."""
     try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return None
+        text = _read(path)
+    except OSError as e:
+        return None, f"not available: {path}: {e.strerror or e}"
+    except Exception as e:  # noqa: BLE001
+        return None, f"not available: {path}: {type(e).__name__}: {e}"
+    try:
+        return parse(text), None
+    except ValueError:
+        return None, f"not available: {path} holds {text[:60]!r}, not {expected}"
+
+
+def _section(**checks: Check) -> dict[str, Any]:
+    """{name: value, ..., "why": {name: reason}} — "why" names every check whose value is None."""
+    out: dict[str, Any] = {name: value for name, (value, _) in checks.items()}
+    out["why"] = {name: why for name, (value, why) in checks.items() if value is None}
+    return out
+
+
+def _nofile() -> Check:
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError) as e:
+        return None, f"not available: getrlimit(RLIMIT_NOFILE) failed: {e}"
+
+    def shown(n: int) -> int | str:
+        return "unlimited" if n == resource.RLIM_INFINITY else n
+
+    return {"soft": shown(soft), "hard": shown(hard)}, None
 
 
 def _memfd() -> dict[str, Any]:
@@ -65,15 +104,22 @@ def _memfd() -> dict[str, Any]:
         os.close(fd)
 
 
-def _meminfo() -> dict[str, int]:
-    out: dict[str, int] = {}
-    text = _read("/proc/meminfo") or ""
-    for line in text.splitlines():
+def _meminfo() -> Callable[[str], Check]:
+    """A lookup of /proc/meminfo fields in bytes, each (value, None) or (None, why)."""
+    text, why = _file("/proc/meminfo")
+    fields: dict[str, int] = {}
+    for line in (text or "").splitlines():
         key, _, rest = line.partition(":")
         parts = rest.split()
         if parts and parts[0].isdigit():
-            out[key] = int(parts[0]) * (1024 if len(parts) > 1 and parts[1] == "kB" else 1)
-    return out
+            fields[key] = int(parts[0]) * (1024 if len(parts) > 1 and parts[1] == "kB" else 1)
+
+    def field(key: str) -> Check:
+        if key in fields:
+            return fields[key], None
+        return None, why or f"not available: /proc/meminfo has no {key} line"
+
+    return field
 
 
 def _ucx() -> dict[str, Any]:
@@ -92,48 +138,68 @@ def _ucx() -> dict[str, Any]:
     return {"present": True, "version": first}
 
 
+def _cuda_driver() -> str:
+    from . import _tensorwire as ext
+
+    try:
+        return ext.cuda_driver_status()
+    except Exception as e:  # noqa: BLE001
+        return f"unknown: cuda_driver_status() failed: {type(e).__name__}: {e}"
+
+
+def _shm() -> dict[str, Any]:
+    try:
+        shm = os.statvfs("/dev/shm")
+        return {"size_bytes": shm.f_blocks * shm.f_frsize, "free_bytes": shm.f_bavail * shm.f_frsize}
+    except OSError as e:
+        return {"why": f"/dev/shm: {e.strerror} (tensorwire uses memfd, not /dev/shm; torch's DataLoader does)"}
+
+
+def _guarded(what: str, f: Callable[[], dict[str, Any]], failed: dict[str, Any]) -> dict[str, Any]:
+    """f(), or `failed` with the reason f raised: one failing probe must not end the report."""
+    try:
+        return f()
+    except Exception as e:  # noqa: BLE001
+        return {**failed, "why": f"{what} failed: {type(e).__name__}: {e}"}
+
+
 def collect() -> dict[str, Any]:
     """Everything `tensorwire doctor` reports, as a JSON-ready dict."""
     import tensorwire as tw
-    from . import _tensorwire as ext
 
     meminfo = _meminfo()
-    try:
-        shm = os.statvfs("/dev/shm")
-        shm_info: dict[str, Any] = {"size_bytes": shm.f_blocks * shm.f_frsize, "free_bytes": shm.f_bavail * shm.f_frsize}
-    except OSError as e:
-        shm_info = {"why": f"/dev/shm: {e.strerror} (tensorwire uses memfd, not /dev/shm; torch's DataLoader does)"}
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    driver = ext.cuda_driver_status()
-    cgroup_mem = _read("/sys/fs/cgroup/memory.max")
+    driver = _cuda_driver()
+    cpus = os.cpu_count()
     return {
         "tensorwire": {"version": tw.__version__, "dlpack": "%d.%d" % tw.DLPACK_VERSION,
                        "location": os.path.dirname(os.path.abspath(tw.__file__))},
         "python": {"version": platform.python_version(), "executable": sys.executable},
-        "platform": {"system": platform.platform(), "machine": platform.machine(), "cpus": os.cpu_count()},
+        "platform": _section(system=(platform.platform(), None), machine=(platform.machine(), None),
+                             cpus=(cpus, None if cpus else "os.cpu_count() cannot tell")),
         "dependencies": {name: _version_of(name) for name in _DEPENDENCIES},
         "cuda": {
             "driver": driver,
             "available": driver == "ok",
-            "devices": None if driver != "ok" else "listed by tensorwire.cuda once the CUDA layer lands",
+            **_section(devices=("listed by tensorwire.cuda once the CUDA layer lands", None) if driver == "ok"
+                       else (None, f"the CUDA driver is not usable: {driver}")),
         },
-        "memfd": _memfd(),
-        "limits": {
-            "RLIMIT_NOFILE": {"soft": soft, "hard": hard},
-            "vm.max_map_count": int(_read("/proc/sys/vm/max_map_count") or 0) or None,
-            "vm.overcommit_memory": _read("/proc/sys/vm/overcommit_memory"),
-            "cgroup memory.max": cgroup_mem,
-            "MemAvailable_bytes": meminfo.get("MemAvailable"),
-        },
-        "shared_memory": {"/dev/shm": shm_info},
-        "huge_pages": {
-            "transparent": _read("/sys/kernel/mm/transparent_hugepage/enabled"),
-            "shmem_transparent": _read("/sys/kernel/mm/transparent_hugepage/shmem_enabled"),
-            "HugePages_Total": meminfo.get("HugePages_Total"),
-            "HugePages_Free": meminfo.get("HugePages_Free"),
-            "Hugepagesize_bytes": meminfo.get("Hugepagesize"),
-        },
-        "ucx": _ucx(),
+        "memfd": _guarded("memfd_create", _memfd, {"ok": False}),
+        "limits": _section(**{
+            "RLIMIT_NOFILE": _nofile(),
+            "vm.max_map_count": _file("/proc/sys/vm/max_map_count", int, "an integer"),
+            "vm.overcommit_memory": _file("/proc/sys/vm/overcommit_memory"),
+            "cgroup memory.max": _file("/sys/fs/cgroup/memory.max"),
+            "MemAvailable_bytes": meminfo("MemAvailable"),
+        }),
+        "shared_memory": {"/dev/shm": _shm()},
+        "huge_pages": _section(
+            transparent=_file("/sys/kernel/mm/transparent_hugepage/enabled"),
+            shmem_transparent=_file("/sys/kernel/mm/transparent_hugepage/shmem_enabled"),
+            HugePages_Total=meminfo("HugePages_Total"),
+            HugePages_Free=meminfo("HugePages_Free"),
+            Hugepagesize_bytes=meminfo("Hugepagesize"),
+        ),
+        "ucx": _guarded("probing UCX", _ucx, {"present": False}),
     }
 
 
@@ -147,10 +213,20 @@ def _human(n: int | None) -> str:
     return str(n)
 
 
+def _shown(section: dict[str, Any], key: str, fmt: Callable[[Any], str] = str) -> str:
+    """A check's value as text, or the reason it has none."""
+    v = section.get(key)
+    if v is None:
+        return section.get("why", {}).get(key, "unknown")
+    return fmt(v)
+
+
 def render(d: dict[str, Any]) -> str:
     t = d["tensorwire"]
+    p = d["platform"]
+    cpus = f"{p['cpus']} CPUs" if p["cpus"] else f"CPU count unknown: {p['why'].get('cpus')}"
     lines = [f"tensorwire {t['version']} (DLPack {t['dlpack']}) at {t['location']}",
-             f"Python {d['python']['version']} on {d['platform']['system']} ({d['platform']['cpus']} CPUs)", "",
+             f"Python {d['python']['version']} on {p['system']} ({cpus})", "",
              "dependencies:"]
     for k, v in d["dependencies"].items():
         lines.append(f"  {k:14s} {v or 'not installed'}")
@@ -161,19 +237,28 @@ def render(d: dict[str, Any]) -> str:
                                        if m["ok"] else f"no — {m['why']}"))
     lim = d["limits"]
     nofile = lim["RLIMIT_NOFILE"]
+    if nofile is None:
+        nofile_line = lim["why"]["RLIMIT_NOFILE"]
+    else:
+        low = isinstance(nofile["soft"], int) and nofile["soft"] < 4096
+        nofile_line = (f"soft {nofile['soft']}, hard {nofile['hard']}"
+                       + ("  (low: a subscriber holds one fd per pool segment; raise with ulimit -n)" if low else ""))
     lines += [
-        f"RLIMIT_NOFILE:   soft {nofile['soft']}, hard {nofile['hard']}"
-        + ("  (low: a subscriber holds one fd per pool segment; raise with ulimit -n)" if nofile["soft"] < 4096 else ""),
-        f"vm.max_map_count: {lim['vm.max_map_count']}",
-        f"overcommit:      vm.overcommit_memory={lim['vm.overcommit_memory']}; cgroup memory.max={lim['cgroup memory.max']}; "
-        f"available {_human(lim['MemAvailable_bytes'])}",
+        f"RLIMIT_NOFILE:   {nofile_line}",
+        f"vm.max_map_count: {_shown(lim, 'vm.max_map_count')}",
+        f"overcommit:      vm.overcommit_memory={_shown(lim, 'vm.overcommit_memory')}; "
+        f"cgroup memory.max={_shown(lim, 'cgroup memory.max')}; available {_shown(lim, 'MemAvailable_bytes', _human)}",
     ]
     shm = d["shared_memory"]["/dev/shm"]
     lines.append("/dev/shm:        " + (f"{_human(shm['size_bytes'])} ({_human(shm['free_bytes'])} free)"
                                          if "size_bytes" in shm else shm["why"]))
     hp = d["huge_pages"]
-    lines.append(f"huge pages:      THP {hp['transparent']}; shmem THP {hp['shmem_transparent']}; "
-                 f"{hp['HugePages_Free']}/{hp['HugePages_Total']} free of size {_human(hp['Hugepagesize_bytes'])}")
+    keys = ("HugePages_Free", "HugePages_Total", "Hugepagesize_bytes")
+    missing = [hp["why"][k] for k in keys if k in hp["why"]]
+    reserved = (missing[0] if missing else
+                f"{hp['HugePages_Free']}/{hp['HugePages_Total']} free of size {_human(hp['Hugepagesize_bytes'])}")
+    lines.append(f"huge pages:      THP {_shown(hp, 'transparent')}; shmem THP {_shown(hp, 'shmem_transparent')}; "
+                 f"reserved {reserved}")
     u = d["ucx"]
     lines.append("UCX:             " + (u.get("version") or u.get("library") or "present" if u["present"]
                                          else f"not found — {u['why']}"))

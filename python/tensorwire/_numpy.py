@@ -22,10 +22,22 @@ def _ml_dtype(name: str) -> np.dtype:
         raise BufferError(f"ml_dtypes {ml_dtypes.__version__} has no {name} type") from None
 
 
+def numpy_dtype(dt) -> np.dtype:
+    """The NumPy dtype of a tw.DType: NumPy's own where it has the type, ml_dtypes' for bfloat16, float8, int4...
+    Raises TypeError for a type neither has (vector lanes such as float32x4)."""
+    name = dt.name
+    if dt.lanes == 1 and name in _NATIVE:
+        return np.dtype(name)
+    try:
+        return _ml_dtype(name)
+    except BufferError as e:
+        raise TypeError(f"NumPy has no type for {name}: {e}") from None
+
+
 def ndarray_view(t) -> np.ndarray:
     """A zero-copy ndarray over a host-accessible tensor (same memory, same strides)."""
     dev = t.device
-    if dev.type not in ("cpu", "cuda_host", "cuda_managed", "rocm_host"):
+    if not dev.host_accessible:
         raise BufferError(f"a tensor on {dev} is not in host memory; NumPy cannot view it")
     name = str(t.dtype)
     if t.dtype.lanes != 1:

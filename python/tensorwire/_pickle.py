@@ -7,7 +7,7 @@ import pickle
 
 def reduce_ex(self, protocol: int):
     dev = self.device
-    if dev.type not in ("cpu", "cuda_host", "cuda_managed", "rocm_host"):
+    if not dev.host_accessible:
         raise TypeError(f"cannot pickle a tensor on {dev}: its memory is not host-accessible")
     c = self.contiguous()
     raw = c._byte_view()

@@ -1,21 +1,49 @@
-"""Python scalars from one-element tensors, as NumPy gives them: item(), float(), int(), complex(),
-operator.index() and bool()."""
+"""Python scalars from one-element tensors: item(), float(), int(), complex(), operator.index() and bool() (any
+one-element tensor converts, as in PyTorch; NumPy 2 converts 0-d arrays only), == / != and repr()."""
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
-from ._numpy import ndarray_view
+from ._numpy import _ml_dtype, ndarray_view
 
-_INDEX_DTYPES = {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "int2", "int4", "uint2",
-                 "uint4"}
+# DLPack type codes (dlpack.h, DLDataTypeCode): kDLInt = 0, kDLUInt = 1. kDLBool (6) is not an index type.
+_INT_CODES = (0, 1)
 
 
-def _host_view(self, what: str):
+def _host_value(self, what: str) -> Any:
+    """The value of a tensor known to hold one element; `what` names the operation the caller asked for."""
     dev = self.device
-    if dev.type not in ("cpu", "cuda_host", "cuda_managed", "rocm_host"):
-        raise TypeError(f"{what}: the tensor is on {dev}, not in host memory; copy it to the CPU first")
-    return ndarray_view(self)
+    if not dev.host_accessible:
+        raise TypeError(
+            f"{what}: the tensor is on {dev}, which the host cannot read, and tensorwire does not copy device memory "
+            "yet; copy it to the host first, e.g. torch.from_dlpack(t).cpu() or cupy.asnumpy(cupy.from_dlpack(t))"
+        )
+    dt = self.dtype
+    if dt.bits * dt.lanes < 8 and not self.subbyte_padded:
+        return _packed_value(self, what)
+    try:
+        return ndarray_view(self).reshape(-1)[0].item()
+    except BufferError as e:
+        raise BufferError(f"{what}: {e}") from None
+
+
+def _packed_value(self, what: str) -> Any:
+    # A packed sub-byte tensor (int4, float4_e2m1fn...) holds several elements per byte, which NumPy cannot view.
+    # One element can still be read: a view always starts on a byte boundary (Tensor.slice refuses any other), and
+    # DLPack packs little bit-endian, so the element is the low `bits` bits of its first byte.
+    dt = self.dtype
+    if dt.lanes != 1:
+        raise BufferError(f"{what}: NumPy has no vector type for {dt}")
+    import numpy as np
+
+    byte = memoryview(self._byte_view())[0]
+    low = np.array(byte & ((1 << dt.bits) - 1), np.uint8)
+    try:
+        return low.view(_ml_dtype(dt.name)).item()
+    except BufferError as e:
+        raise BufferError(f"{what}: {e}") from None
 
 
 def item(self) -> Any:
@@ -23,14 +51,14 @@ def item(self) -> Any:
     if self.size != 1:
         raise ValueError(f"item(): only a tensor of one element converts to a Python scalar, not one of shape "
                          f"{self.shape} ({self.size} elements)")
-    return _host_view(self, "item()").reshape(-1)[0].item()
+    return _host_value(self, "item()")
 
 
 def _scalar(self, what: str) -> Any:
     if self.size != 1:
         raise TypeError(f"{what}: only a tensor of one element converts to a Python scalar, not one of shape "
                         f"{self.shape}")
-    return item(self)
+    return _host_value(self, what)
 
 
 def tensor_float(self) -> float:
@@ -52,45 +80,86 @@ def tensor_complex(self) -> complex:
 
 
 def tensor_index(self) -> int:
-    if str(self.dtype) not in _INDEX_DTYPES:
-        raise TypeError(f"only an integer tensor of one element can be used as an index, not a {self.dtype} tensor")
+    dt = self.dtype
+    if dt.code not in _INT_CODES or dt.lanes != 1:
+        raise TypeError(f"operator.index(): only an integer tensor of one element can be used as an index; this one "
+                        f"is {dt}")
     return int(_scalar(self, "operator.index()"))
 
 
 def tensor_bool(self) -> bool:
     n = self.size
     if n == 1:
-        return bool(item(self))
+        return bool(_host_value(self, "bool()"))
     if n == 0:
         raise ValueError("the truth value of an empty tensor is ambiguous; test t.size instead")
     raise ValueError(f"the truth value of a tensor of {n} elements is ambiguous; use np.asarray(t).any() or .all()")
 
 
+# The protocols tw.asarray imports from: an object offering one is array-like, and t == obj would be read as a
+# comparison of values.
+_ARRAY_PROTOCOLS = ("__array__", "__array_interface__", "__array_struct__", "__dlpack__", "__cuda_array_interface__",
+                    "__arrow_c_array__", "__arrow_c_device_array__")
+
+
+def _values_expected(other: Any) -> bool:
+    """True when `t == other` would read as a comparison of values: other is a tensor or array, or a number."""
+    if isinstance(other, (numbers.Number, memoryview)):  # bool, int, float, complex, NumPy numbers, Fraction...
+        return True
+    if (type(other).__module__ or "").partition(".")[0] in ("numpy", "torch"):  # np.bool_, np.dtype, torch.dtype...
+        return True
+    for name in _ARRAY_PROTOCOLS:
+        try:
+            if hasattr(other, name):
+                return True
+        except Exception:  # noqa: BLE001 - a protocol that fails when asked is still a protocol on offer
+            return True
+    return False
+
+
 def tensor_eq(self, other: Any) -> Any:
-    """tensorwire tensors are views, not arrays with arithmetic: == and != are refused rather than comparing
-    identity (the default) or guessing elementwise semantics without an engine for them."""
+    """tensorwire tensors are views, not arrays with arithmetic. Against a tensor, an array-like or a number, == and
+    != are refused rather than comparing identity or guessing elementwise semantics without an engine for them;
+    against anything else (None, a str, a list) they return NotImplemented, so Python compares identity:
+    `t == None` is False, and `x in [t, None]` works."""
+    if not _values_expected(other):
+        return NotImplemented
     raise TypeError(
-        "tensorwire.Tensor does not support == or != (it would compare identity, not values): compare values with "
-        "np.array_equal(np.asarray(t), np.asarray(u)) or elementwise with np.asarray(t) == np.asarray(u), and "
-        "identity with `t is u`"
+        f"tensorwire.Tensor does not support == or != with {type(other).__name__} (it would compare identity, not "
+        "values): compare values with np.array_equal(np.asarray(t), np.asarray(u)) or elementwise with "
+        "np.asarray(t) == np.asarray(u), and identity with `t is u`"
+        + ("; a one-element tensor's value is t.item()" if isinstance(other, numbers.Number) else "")
     )
 
 
-_HOST = ("cpu", "cuda_host", "cuda_managed", "rocm_host")
+# Memory the host reads without side effects. Managed memory is refused too: it may be resident on a device, and
+# reading it from the host migrates its pages back (and races a kernel still writing it).
+_SHOWN = ("cpu", "cuda_host", "rocm_host")
+
+
+def _not_shown(dev) -> str | None:
+    if dev.type in _SHOWN:
+        return None
+    if dev.type == "cuda_managed":
+        return ("values not shown: managed memory may be resident on the device, and reading it from the host would "
+                "migrate its pages")
+    return "values in device memory not shown"
 
 
 def make_repr(c_repr):
     """repr(t): the values as NumPy shows them (summarised beyond 1000 elements), then the layout. Never raises and
-    never reads device memory from the host: a spent loan, a tensor in device memory or one NumPy cannot show gets
-    the layout alone (C++'s repr, which never raises)."""
+    never reads device memory from the host (managed memory included): a spent loan, a tensor outside plain host
+    memory or one NumPy cannot show gets the layout alone (C++'s repr, which never raises), the second with the
+    reason its values are not shown."""
 
     def tensor_repr(self) -> str:
         head = c_repr(self)
         try:
             if head.startswith("tensorwire.Tensor(<"):
                 return head  # a spent loan
-            if self.device.type not in _HOST:
-                return head[:-1] + ", values in device memory not shown)"
+            why = _not_shown(self.device)
+            if why is not None:
+                return f"{head[:-1]}, {why})"
             import numpy as np
 
             a = ndarray_view(self)

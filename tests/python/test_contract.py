@@ -102,15 +102,31 @@ def test_memory_is_released_exactly_once_when_the_last_view_dies(path):
     assert counter.released == 1
 
 
+class ExchangeOnly(torch.Tensor):
+    """Importable through PyTorch's C exchange API only: its __dlpack__ fails if tensorwire falls back to it."""
+
+    def __dlpack__(self, *args, **kwargs):
+        raise AssertionError("__dlpack__ was called although the exchange API could serve")
+
+
 def test_exchange_api_keeps_the_torch_storage_alive():
-    # PyTorch's exchange API holds the storage, not the Python object: proven by reading after the object is gone.
-    x = torch.arange(48.0).reshape(4, 12)[:, 1::2]
-    storage = x.untyped_storage()
+    # PyTorch's exchange API holds the storage, not the Python object. The storage of a torch.from_numpy tensor owns
+    # a reference to the NumPy array, so the array's destruction is the storage's: counted, it proves tensorwire
+    # alone keeps the memory alive after every Python object of the producer is gone, and lets it go exactly once.
+    counter = Counter()
+    a = np.arange(48.0, dtype=np.float32).reshape(4, 12)
+    counter.watch(a)
+    first = a.ctypes.data
+    x = torch.from_numpy(a)[:, 1::2].as_subclass(ExchangeOnly)
     t = tw.asarray(x)
-    del x
+    assert t.data_ptr == first + 4  # zero-copy: the view starts one element in
+    del x, a
     gc.collect()
+    assert counter.released == 0, "released while tensorwire still views it"
     assert np.asarray(t)[3, 5] == 47.0
-    assert storage.data_ptr() == t.data_ptr - 4  # the view starts one element in
+    del t
+    gc.collect()
+    assert counter.released == 1
 
 
 @pytest.mark.parametrize("path", [p for p in PATHS if PATHS[p][2]])

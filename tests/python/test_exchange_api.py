@@ -201,10 +201,18 @@ def test_allocator_refuses_devices_other_than_the_cpu():
     proto.ndim, proto.shape = 1, shape
     proto.dtype.code, proto.dtype.bits, proto.dtype.lanes = 2, 32, 1
     errors = []
-    cb = SET_ERROR(lambda ctx, kind, msg: errors.append((kind, msg)))
+    cb = SET_ERROR(lambda ctx, kind, msg: errors.append((kind, msg.decode())))
     out = MTV_P()
-    for dev in (3, 13, 2):  # pinned, managed, CUDA: never mislabelled host memory
+    proto.device.device_type = 1  # the control: the same request on the CPU succeeds, with no error reported
+    assert API.allocator(ctypes.byref(proto), ctypes.byref(out), None, cb) == 0 and errors == []
+    m = out.contents
+    assert m.dl_tensor.device.device_type == 1 and m.dl_tensor.data and m.dl_tensor.shape[0] == 4
+    (ctypes.c_float * 4).from_address(m.dl_tensor.data)[3] = 1.5  # host memory: writable from here
+    m.deleter(out)
+    for dev, name in ((3, "cuda_host:0"), (13, "cuda_managed:0"), (2, "cuda:0")):  # never mislabelled host memory
         proto.device.device_type = dev
         assert API.allocator(ctypes.byref(proto), ctypes.byref(out), None, cb) == -1
-    assert len(errors) == 3 and all(k == b"BufferError" for k, _ in errors)
-
+        kind, msg = errors.pop()
+        assert kind == b"BufferError", (kind, msg)
+        assert msg.startswith(f"tensorwire exchange API: cannot allocate on {name} ("), msg
+    assert errors == []

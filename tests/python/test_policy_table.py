@@ -63,8 +63,9 @@ LIB.tw_tensor_from_blob.argtypes = [P, ctypes.c_int32, ctypes.POINTER(ctypes.c_i
                                     DLDataType, DLDevice, P, P, ctypes.POINTER(P)]
 LIB.tw_tensor_as_readonly.argtypes = [P, ctypes.POINTER(P)]
 LIB.tw_tensor_free.argtypes = [P]
-LIB.tw_export_options_init.argtypes = [ctypes.POINTER(ExportOptions)]
-LIB.tw_import_options_init.argtypes = [ctypes.POINTER(ImportOptions)]
+# The header's tw_*_options_init are inline wrappers passing sizeof: ctypes calls the exported *_init_sized.
+LIB.tw_export_options_init_sized.argtypes = [ctypes.POINTER(ExportOptions), ctypes.c_size_t]
+LIB.tw_import_options_init_sized.argtypes = [ctypes.POINTER(ImportOptions), ctypes.c_size_t]
 LIB.tw_tensor_export_dlpack.argtypes = [P, ctypes.POINTER(ExportOptions),
                                         ctypes.POINTER(ctypes.POINTER(DLManagedTensorVersioned)),
                                         ctypes.POINTER(ctypes.c_int)]
@@ -153,7 +154,7 @@ def c_export(view, copy, version, device, stream):
     h = c_tensor(view)
     try:
         o = ExportOptions()
-        LIB.tw_export_options_init(ctypes.byref(o))
+        LIB.tw_export_options_init_sized(ctypes.byref(o), ctypes.sizeof(o))
         o.copy = {None: 0, True: 1, False: 2}[copy]
         if device is not None:
             o.has_device, o.device = 1, DLDevice(*device)
@@ -224,7 +225,7 @@ def test_import_decisions_agree(source, copy, device):
     cap, p = numpy_capsule(view)
     assert ctypes.pythonapi.PyCapsule_SetName(cap, b"used_dltensor_versioned") == 0  # the C ABI owns it now
     o = ImportOptions()
-    LIB.tw_import_options_init(ctypes.byref(o))
+    LIB.tw_import_options_init_sized(ctypes.byref(o), ctypes.sizeof(o))
     o.copy = {None: 0, True: 1, False: 2}[copy]
     if device is not None:
         o.has_device, o.device = 1, DLDevice(*device)

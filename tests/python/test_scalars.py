@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import json
 import operator
 import os
 import pickle
+import re
+import sys
 import warnings
 
 import ml_dtypes
@@ -61,8 +64,17 @@ def test_errors_name_the_problem():
         operator.index(tw.asarray(np.array(True)))
     with pytest.raises(TypeError, match="complex"):
         float(tw.asarray(np.array(1j)))
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="len.. of a 0-d tensor"):
         len(tw.asarray(np.array(3.0)))
+
+
+def test_index_takes_every_integer_type_of_one_lane_and_nothing_else():
+    for a in (np.array(-3, np.int8), np.array([7], np.uint64), np.array(-2, ml_dtypes.int4),
+              np.array(3, ml_dtypes.uint4), np.array(-1, ml_dtypes.int2), np.array(2, ml_dtypes.uint2)):
+        assert operator.index(tw.asarray(a)) == a.item()
+    for t in (tw.asarray(np.array(True)), tw.asarray(np.array(1.0, np.float16)), tw.zeros((1,), "int8x4")):
+        with pytest.raises(TypeError, match=rf"^operator\.index\(\): only an integer tensor .* is {t.dtype}$"):
+            operator.index(t)
 
 
 def test_dtype_and_device_pickle():
@@ -83,6 +95,8 @@ def test_numpy_dtype_of_a_dtype():
         assert np.zeros(2, dtype=tw.int8).dtype == np.int8
     assert tw.float32 == np.float32 and tw.float32 == np.dtype("float32") and tw.float32 == torch.float32
     assert tw.float32 != np.float64 and tw.int64 != torch.int32
+    with pytest.raises(TypeError, match="^NumPy has no type for float32x4"):
+        tw.DType("float32x4").dtype
 
 
 def test_metadata_takes_numpy_scalars_and_0d_arrays_as_python_values():
@@ -146,15 +160,45 @@ def test_errors_name_python_functions_not_cpp_ones():
         assert "::" not in str(info.value)
 
 
-def test_equality_is_refused_with_a_pointer_to_numpy():
+class FakeCudaArray:
+    """__cuda_array_interface__ v3 claiming that host memory is on the GPU: tensorwire imports it without a GPU when
+    told the device, which is enough to test what must never read device memory (a regression that reads it shows
+    values instead of crashing)."""
+
+    def __init__(self, shape=(3,), typestr="<f4"):
+        self._host = np.ones(shape, np.dtype(typestr))
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "data": (self._host.ctypes.data, False),
+                                         "version": 3, "strides": None, "stream": None}
+
+
+def test_equality_with_a_tensor_an_array_or_a_number_is_refused_with_a_pointer_to_numpy():
     t = tw.asarray(np.arange(3.0))
     u = tw.asarray(np.arange(3.0))
-    for f in (lambda: t == u, lambda: t != u, lambda: t == t, lambda: t == 1.0):
-        with pytest.raises(TypeError, match=r"np\.array_equal"):
+    others = [u, t, 1, 1.0, 1j, True, np.float32(1), np.int64(1), np.bool_(True), np.arange(3.0), torch.arange(3.0),
+              memoryview(np.arange(3.0)), FakeCudaArray()]
+    reflected = [u, 1, 1.0, 1j, True, FakeCudaArray()]  # NumPy and PyTorch on the left convert the tensor themselves
+    checks = [f for o in others for f in (lambda o=o: t == o, lambda o=o: t != o)]
+    checks += [lambda o=o: o == t for o in reflected]
+    for f in checks:
+        with pytest.raises(TypeError, match=r"does not support == or != .*np\.array_equal"):
             f()
+    with pytest.raises(TypeError, match=r"with int .* a one-element tensor's value is t\.item\(\)"):
+        t == 1
+    with pytest.raises(TypeError, match=r"np\.array_equal"):
+        t in [u, t]  # list membership compares u == t before it reaches t itself
     assert np.array_equal(np.asarray(t), np.asarray(u))
     assert (np.asarray(t) == u).all()  # NumPy on the left converts the tensor, as for any array-like
-    assert t in [t] and {t: 1}[t] == 1 and len({t, u}) == 2  # identity hashing, as before
+    assert {t: 1}[t] == 1 and len({t, u}) == 2  # identity hashing, as before
+
+
+def test_equality_with_anything_else_compares_identity():
+    t = tw.asarray(np.arange(3.0))
+    assert (t == None) is False and (t != None) is True  # noqa: E711 - the operator itself is under test
+    assert (t == "x") is False and (t != "x") is True
+    assert (t == [0.0, 1.0, 2.0]) is False and (t == object()) is False
+    assert [None, t] == [None, t] and ["a", t] != ["b", t]
+    assert t in [None, "x", t] and t not in [None, "x"]
+    assert [t].index(t) == 0 and [None, t].count(t) == 1
 
 
 def test_repr_shows_values_like_numpy_and_never_raises():
@@ -167,6 +211,11 @@ def test_repr_shows_values_like_numpy_and_never_raises():
     assert "..." in big and "999999]" in big and len(big) < 300  # summarised
     assert repr(tw.asarray(np.array(2.5))).startswith("tensorwire.Tensor(2.5, shape=()")
     assert repr(tw.empty((3,), "int4")) == "tensorwire.Tensor(shape=(3,), dtype=int4, device=cpu)"  # packed: layout only
+    padded = tw.asarray(np.array([1, -2, 7], ml_dtypes.int4))  # ml_dtypes stores one element per byte
+    assert padded.subbyte_padded
+    assert repr(padded) == "tensorwire.Tensor([1, -2, 7], shape=(3,), dtype=int4, device=cpu)"
+    f4 = tw.asarray(np.array([[0.5, -6.0]], ml_dtypes.float4_e2m1fn))
+    assert repr(f4) == "tensorwire.Tensor([[0.5, -6]], shape=(1, 2), dtype=float4_e2m1fn, device=cpu)"
     name = f"t14r.{id(t)}"
     with tw.Subscriber(name) as sub, tw.Publisher(name) as pub:
         loan = pub.loan((2,), "float32")
@@ -175,6 +224,86 @@ def test_repr_shows_values_like_numpy_and_never_raises():
         got = sub.recv(timeout=10)
         assert "readonly=True" in repr(got)
         del got
+
+
+def test_repr_reads_plain_host_memory_only_and_says_why_not_otherwise():
+    cuda = tw.asarray(FakeCudaArray((2, 3)), device="cuda:0")
+    assert repr(cuda) == ("tensorwire.Tensor(shape=(2, 3), dtype=float32, device=cuda:0, values in device memory not "
+                          "shown)")
+    managed = tw.asarray(FakeCudaArray((4,)), device="cuda_managed:0")
+    assert managed.device.host_accessible  # the host could read it, but that could migrate pages off the GPU
+    assert repr(managed) == ("tensorwire.Tensor(shape=(4,), dtype=float32, device=cuda_managed:0, values not shown: "
+                             "managed memory may be resident on the device, and reading it from the host would migrate "
+                             "its pages)")
+
+
+def test_reloading_the_package_does_not_wrap_repr_twice():
+    import importlib
+
+    t = tw.asarray(np.arange(3.0))
+    want = "tensorwire.Tensor([0., 1., 2.], shape=(3,), dtype=float64, device=cpu)"
+    assert repr(t) == want
+    for _ in range(2):
+        importlib.reload(tw)
+        assert repr(t) == want
+
+
+def test_scalar_conversions_of_device_memory_name_the_operation_and_a_way_to_the_host():
+    t = tw.asarray(FakeCudaArray((1,)), device="cuda:0")
+    route = r"cuda:0, which the host cannot read.*torch\.from_dlpack\(t\)\.cpu\(\) or cupy\.asnumpy"
+    for f, name in ((float, "float()"), (int, "int()"), (bool, "bool()"), (complex, "complex()"),
+                    (tw.Tensor.item, "item()")):
+        with pytest.raises(TypeError, match=rf"^{re.escape(name)}: the tensor is on {route}"):
+            f(t)
+    i = tw.asarray(FakeCudaArray((), "<i8"), device="cuda:0")
+    with pytest.raises(TypeError, match=rf"^operator\.index\(\): the tensor is on {route}"):
+        operator.index(i)
+
+
+def test_one_element_of_a_packed_sub_byte_tensor_converts():
+    # two int4 per byte, element 0 in the low nibble (DLPack's bit order): bytes 0x21 0xF3 hold 1, 2, 3, -1
+    packed = tw.asarray(np.array([0x21, 0xF3], np.uint8))._from_bytes("int4", (4,), False)
+    assert not packed.subbyte_padded
+    with pytest.raises(BufferError, match="packed int4"):
+        np.asarray(packed)
+    assert [packed[i].item() for i in (0, 2)] == [1, 3]  # a view starts on a byte boundary: even indices only
+    assert int(packed.reshape(2, 2)[1, 0]) == 3 and operator.index(packed[2]) == 3 and float(packed[0]) == 1.0
+    last = tw.asarray(np.array([0xF3], np.uint8))._from_bytes("int4", (1,), False)  # the high nibble is padding
+    assert last.item() == 3 and type(last.item()) is int
+    assert tw.asarray(np.array([0x0F], np.uint8))._from_bytes("int4", (1,), False).item() == -1  # sign-extended
+    assert tw.asarray(np.array([0x0F], np.uint8))._from_bytes("uint4", (1,), False).item() == 15
+    assert tw.asarray(np.array([0xF7], np.uint8))._from_bytes("float4_e2m1fn", (1,), False).item() == 6.0
+    assert tw.asarray(np.array([0x3F], np.uint8))._from_bytes("int2", (1,), False).item() == -1
+    with pytest.raises(ValueError, match=r"^item\(\): only a tensor of one element .* \(4,\)"):
+        packed.item()
+    vector = tw.zeros((1,), "float32x4")  # what cannot be converted says which operation was asked for
+    for f, name in ((tw.Tensor.item, "item()"), (float, "float()"), (bool, "bool()")):
+        with pytest.raises(BufferError, match=rf"^{re.escape(name)}: NumPy has no vector type for float32x4"):
+            f(vector)
+
+
+def test_metadata_takes_int_and_str_enum_members_as_their_values():
+    import enum
+
+    class Level(enum.IntEnum):
+        HIGH = 3
+
+    class Mode(str, enum.Enum):
+        FAST = "fast"
+
+    class Perm(enum.IntFlag):
+        R = 4
+
+    class Plain(enum.Flag):
+        X = 1
+
+    t = tw.asarray(np.zeros(1))
+    t.metadata.update({"level": Level.HIGH, "mode": Mode.FAST, "perm": Perm.R})
+    got = dict(t.metadata)
+    assert got == {"level": 3, "mode": "fast", "perm": 4}
+    assert [type(got[k]) for k in ("level", "mode", "perm")] == [int, str, int]  # stored as the plain value
+    with pytest.raises(TypeError, match=r"enum member \(<Plain\.X: 1>\).* \.value or \.name"):
+        t.metadata["plain"] = Plain.X
 
 
 def _cli(*args, timeout=120):
@@ -195,8 +324,8 @@ def test_doctor_reports_this_machine():
     assert d["dependencies"]["numpy"] == np.__version__
     assert d["dependencies"]["torch"] == torch.__version__.split("+")[0] or d["dependencies"]["torch"] == torch.__version__
     assert d["memfd"]["ok"] is True and d["memfd"]["seals"] is True
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    assert d["limits"]["RLIMIT_NOFILE"] == {"soft": soft, "hard": hard}
+    shown = [("unlimited" if n == resource.RLIM_INFINITY else n) for n in resource.getrlimit(resource.RLIMIT_NOFILE)]
+    assert d["limits"]["RLIMIT_NOFILE"] == {"soft": shown[0], "hard": shown[1]}
     with open("/proc/sys/vm/max_map_count") as f:
         assert d["limits"]["vm.max_map_count"] == int(f.read())
     assert isinstance(d["cuda"]["driver"], str) and d["cuda"]["available"] == (d["cuda"]["driver"] == "ok")
@@ -208,12 +337,106 @@ def test_doctor_reports_this_machine():
 def test_help_lists_the_modes_and_bench_defaults_to_quick():
     h = _cli("--help")
     assert h.returncode == 0
-    for mode in ("demo", "bench", "doctor", "version", "--full"):
-        assert mode in h.stdout
+    # argparse's own list of subcommands, not the description (which names them too): whitespace-normalised, since
+    # argparse wraps to the terminal's width
+    section = " ".join(h.stdout.split("positional arguments:")[1].split("options:")[0].split())
+    assert section.startswith("{demo,bench,doctor,version} demo "), section
+    assert "bench inter-process transfer benchmark; quick by default, --full for every size doctor" in section
+    assert section.endswith("version print versions"), section
     b = _cli("bench", "--help")
     assert b.returncode == 0 and "--full" in b.stdout and "quick" in b.stdout
     both = _cli("bench", "--quick", "--full")
     assert both.returncode != 0 and "exclude each other" in both.stderr
+
+
+def test_bench_without_its_module_says_so_instead_of_a_traceback(monkeypatch, capsys):
+    from tensorwire.__main__ import main
+
+    monkeypatch.setitem(sys.modules, "tensorwire._bench_ipc", None)  # the next import of it raises ImportError
+    for argv in (["bench"], ["bench", "--full"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("tensorwire bench is unavailable: ") and "tensorwire._bench_ipc" in err, err
+
+
+@pytest.fixture
+def doctor_with(monkeypatch):
+    """The doctor's report with some /proc and /sys files missing or holding garbage, and a chosen RLIMIT_NOFILE."""
+    import errno
+    import resource
+
+    from tensorwire import _doctor
+
+    def configure(files: dict[str, str | None], nofile=None):
+        real = _doctor._read
+
+        def fake_read(path):
+            if path not in files:
+                return real(path)
+            if files[path] is None:
+                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+            return files[path]
+
+        monkeypatch.setattr(_doctor, "_read", fake_read)
+        if nofile is not None:
+            monkeypatch.setattr(resource, "getrlimit", lambda which: nofile)
+        d = _doctor.collect()
+        return d, _doctor.render(d), json.loads(json.dumps(d))
+
+    return configure
+
+
+def test_doctor_says_unlimited_for_an_infinite_fd_limit_and_warns_only_when_low(doctor_with):
+    import resource
+
+    inf = resource.RLIM_INFINITY
+    d, text, j = doctor_with({}, nofile=(inf, inf))
+    assert j["limits"]["RLIMIT_NOFILE"] == {"soft": "unlimited", "hard": "unlimited"}
+    line = next(line for line in text.splitlines() if line.startswith("RLIMIT_NOFILE:"))
+    assert line == "RLIMIT_NOFILE:   soft unlimited, hard unlimited"
+    _, text, _ = doctor_with({}, nofile=(1024, inf))
+    line = next(line for line in text.splitlines() if line.startswith("RLIMIT_NOFILE:"))
+    assert line.startswith("RLIMIT_NOFILE:   soft 1024, hard unlimited  (low: ") and "ulimit -n" in line
+
+
+def test_doctor_gives_the_reason_for_every_missing_or_unreadable_setting(doctor_with):
+    missing = "No such file or directory"
+    files = {
+        "/proc/sys/vm/max_map_count": "lots\n",
+        "/proc/sys/vm/overcommit_memory": None,
+        "/sys/fs/cgroup/memory.max": None,
+        "/proc/meminfo": None,
+        "/sys/kernel/mm/transparent_hugepage/enabled": None,
+        "/sys/kernel/mm/transparent_hugepage/shmem_enabled": "never",
+    }
+    d, text, j = doctor_with(files)  # nothing raises
+    lim, hp = j["limits"], j["huge_pages"]
+    assert lim["vm.max_map_count"] is None
+    assert lim["why"]["vm.max_map_count"] == "not available: /proc/sys/vm/max_map_count holds 'lots\\n', not an integer"
+    for key, path in (("vm.overcommit_memory", "/proc/sys/vm/overcommit_memory"),
+                      ("cgroup memory.max", "/sys/fs/cgroup/memory.max"), ("MemAvailable_bytes", "/proc/meminfo")):
+        assert lim[key] is None and lim["why"][key] == f"not available: {path}: {missing}"
+    assert hp["shmem_transparent"] == "never" and "shmem_transparent" not in hp["why"]
+    assert hp["why"]["transparent"] == f"not available: /sys/kernel/mm/transparent_hugepage/enabled: {missing}"
+    for key in ("HugePages_Total", "HugePages_Free", "Hugepagesize_bytes"):
+        assert hp[key] is None and hp["why"][key] == f"not available: /proc/meminfo: {missing}"
+    assert "None" not in text, text
+    assert "vm.max_map_count: not available: /proc/sys/vm/max_map_count holds 'lots\\n', not an integer" in text
+    assert (f"overcommit:      vm.overcommit_memory=not available: /proc/sys/vm/overcommit_memory: {missing}; "
+            f"cgroup memory.max=not available: /sys/fs/cgroup/memory.max: {missing}; "
+            f"available not available: /proc/meminfo: {missing}") in text
+    assert (f"huge pages:      THP not available: /sys/kernel/mm/transparent_hugepage/enabled: {missing}; "
+            f"shmem THP never; reserved not available: /proc/meminfo: {missing}") in text
+
+
+def test_doctor_names_a_meminfo_field_that_is_absent(doctor_with):
+    d, text, j = doctor_with({"/proc/meminfo": "MemTotal: 1024 kB\nHugePages_Total: garbage\nHugePages_Free: 0\n"
+                                               "Hugepagesize: 2048 kB"})
+    assert j["limits"]["why"]["MemAvailable_bytes"] == "not available: /proc/meminfo has no MemAvailable line"
+    assert j["huge_pages"]["why"]["HugePages_Total"] == "not available: /proc/meminfo has no HugePages_Total line"
+    assert j["huge_pages"]["HugePages_Free"] == 0 and j["huge_pages"]["Hugepagesize_bytes"] == 2048 * 1024
+    assert "available not available: /proc/meminfo has no MemAvailable line" in text
+    assert "reserved not available: /proc/meminfo has no HugePages_Total line" in text
 
 
 def test_public_functions_and_methods_have_docstrings_with_signatures():
