@@ -19,12 +19,20 @@ hence ``Publisher.send``, pickling a ``tw.Tensor``) the description travels in t
 
     {"type": "torchvision.tv_tensors._bounding_boxes.BoundingBoxes",   # the registered name
      "attrs": {"format": "XYXY", "canvas_size": [480, 640], "clamping_mode": "soft"},
-     "registered": True}
+     "registered": True,
+     "shape": [3, 4],                   # a view of another shape converts to a plain tensor
+     "unencoded": ["source"]}           # only when some attribute could not travel (below)
 
 ``to_torch`` rebuilds only registered types (``register_subclass``): a peer's message never makes tensorwire import
 or construct anything else. An unknown type arrives as a plain ``torch.Tensor``, and the tensorwire tensor keeps
-the description in ``t.metadata[METADATA_KEY]``. An unregistered sender's attributes that are not JSON-like are
-sent as their ``repr`` and listed under ``"unencoded"``.
+the description in ``t.metadata[METADATA_KEY]``.
+
+Describing never makes ``tw.asarray`` fail. An attribute that cannot travel (not JSON-like; one a TVTensor's codec
+does not know; past the first 16 KiB of encoded attributes; or every attribute, when a registered
+``encode`` raises) is sent as its ``repr`` (cut to 200 characters), its name listed under ``"unencoded"``; for a
+registered type a warning names it and the remedy (``register_subclass(cls, encode=..., decode=...)``). A receiver
+never passes those placeholders to ``decode``: the instance is rebuilt without them, or, when ``decode`` needs one,
+``to_torch`` raises a ValueError naming the type and the attribute.
 """
 
 from __future__ import annotations
@@ -64,6 +72,7 @@ __all__ = [
 ]
 
 METADATA_KEY = "tensorwire.torch"
+_MAX_ATTRS_BYTES = 16 * 1024  # a description's encoded attributes: the rest travel as "unencoded" (see the module doc)
 
 # ---- the registry -------------------------------------------------------------------------------------------------
 
@@ -74,6 +83,9 @@ class _Codec:
     name: str
     encode: Callable[[torch.Tensor], dict]
     decode: Callable[[torch.Tensor, dict], torch.Tensor]
+    # True when encode returns the attributes it knows and the instance's other __dict__ entries are to be listed
+    # under "unencoded" (TVTensors); a user's encode may rename attributes, so nothing is inferred for it.
+    lists_others: bool = False
 
 
 _lock = threading.RLock()
@@ -116,8 +128,10 @@ def register_subclass(
         if f is not None and not callable(f):
             raise TypeError(f"register_subclass: {what} must be callable, not {type(f).__name__}")
     n = _type_name(cls) if name is None else name
-    if not isinstance(n, str) or not n:
-        raise TypeError("register_subclass: name must be a non-empty str")
+    if not isinstance(n, str):
+        raise TypeError(f"register_subclass: name must be a str, not {type(n).__name__}")
+    if not n:
+        raise ValueError(f"register_subclass: the name of {cls.__qualname__} must be a non-empty str")
     codec = _Codec(cls, n, encode or _encode_dict, decode or functools.partial(_decode_dict, cls))
     with _lock:
         other = _by_name.get(n)
@@ -135,7 +149,9 @@ def unregister_subclass(cls: type) -> None:
     """Forget cls (KeyError when it is not registered)."""
     with _lock:
         _ensure_builtins()
-        codec = _by_cls.pop(cls)
+        codec = _by_cls.pop(cls, None)
+        if codec is None:
+            raise KeyError(f"unregister_subclass: {cls!r} is not registered")
         _by_name.pop(codec.name, None)
 
 
@@ -164,28 +180,56 @@ _MAX_DEPTH = 32
 _MAX_REPR = 200  # an unencodable attribute travels as its repr, cut to this many characters
 
 
-def _json_like(v: Any, depth: int = 0) -> bool:
-    if type(v) is int:
-        return -(2**63) <= v < 2**63
-    if v is None or type(v) in (bool, float, str, bytes):
-        return True
-    if depth >= _MAX_DEPTH:
-        return False
-    if isinstance(v, (list, tuple)):
-        return all(_json_like(x, depth + 1) for x in v)
-    if isinstance(v, dict):
-        return all(isinstance(k, str) and _json_like(x, depth + 1) for k, x in v.items())
-    return False
+def _wire_size(v: Any, limit: float = float("inf"), depth: int = 0) -> int | None:
+    """The bytes v takes in tensorwire's metadata encoding (a tag, 8-byte scalars, 4-byte lengths), or None when it
+    is not JSON-like (or is a str that is not valid UTF-8, which the encoding refuses). Stops counting, returning a
+    number above limit, once limit is passed."""
+    t = type(v)
+    if v is None or t is bool:
+        return 1
+    if t is int:
+        return 9 if -(2**63) <= v < 2**63 else None
+    if t is float:
+        return 9
+    if t is str:
+        try:
+            return 5 + len(v.encode("utf-8"))
+        except UnicodeEncodeError:  # a lone surrogate
+            return None
+    if t is bytes:
+        return 5 + len(v)
+    if depth >= _MAX_DEPTH or not isinstance(v, (list, tuple, dict)):
+        return None
+    n = 5
+    pairs = v.items() if isinstance(v, dict) else ((None, x) for x in v)
+    for k, x in pairs:
+        if k is not None:
+            ks = _key_size(k)
+            if ks is None:
+                return None
+            n += ks
+        m = _wire_size(x, limit - n, depth + 1)
+        if m is None:
+            return None
+        n += m
+        if n > limit:
+            return n
+    return n
+
+
+def _key_size(k: Any) -> int | None:
+    """A dict key's bytes in the encoding (a 4-byte length and UTF-8, no tag), or None when it cannot be one."""
+    if not isinstance(k, str):
+        return None
+    try:
+        return 4 + len(k.encode("utf-8"))
+    except UnicodeEncodeError:
+        return None
 
 
 def _encode_dict(x: torch.Tensor) -> dict:
-    attrs, bad = _dict_attrs(x)
-    if bad:
-        raise TypeError(
-            f"cannot encode {_type_name(type(x))}: attribute(s) {', '.join(bad)} are not JSON-like; register the "
-            f"class with an encode= that converts them"
-        )
-    return attrs
+    """The default encode: the instance's __dict__ (describe lists what cannot travel under "unencoded")."""
+    return {k: v for k, v in (getattr(x, "__dict__", None) or {}).items() if isinstance(k, str)}
 
 
 def _decode_dict(cls: type, plain: torch.Tensor, attrs: dict) -> torch.Tensor:
@@ -200,49 +244,108 @@ def _decode_dict(cls: type, plain: torch.Tensor, attrs: dict) -> torch.Tensor:
     return y
 
 
-def _dict_attrs(x: torch.Tensor) -> tuple[dict, list[str]]:
-    d = getattr(x, "__dict__", None) or {}
+def _short_repr(v: Any) -> str:
+    try:
+        r = repr(v)
+    except Exception as e:  # a broken __repr__ must not break a send
+        r = f"<unrepresentable: {type(e).__name__}>"
+    if len(r) > _MAX_REPR:
+        r = r[: _MAX_REPR - 3] + "..."
+    return r.encode("utf-8", "backslashreplace").decode("utf-8")  # a repr may hold lone surrogates
+
+
+def _fit(items: list[tuple[Any, Any]], forced: dict[str, str]) -> tuple[dict, dict[str, str]]:
+    """Splits (name, value) pairs into the attributes that travel encoded (JSON-like, within _MAX_ATTRS_BYTES) and
+    the unencoded ones, name -> why; an unencoded attribute travels as its repr while the budget lasts."""
     attrs: dict = {}
-    bad: list[str] = []
-    for k, v in d.items():
-        if not isinstance(k, str):
-            continue
+    why: dict[str, str] = {}
+    rest: list[tuple[str, Any, int]] = []
+    used = 5
+    for k, v in items:
+        ks = _key_size(k)
+        if ks is None:
+            continue  # no name to list it under
         if isinstance(v, enum.Enum):
             v = v.name
-        if _json_like(v):
-            attrs[k] = v
+        if k in forced:
+            why[k] = forced[k]
+            rest.append((k, v, ks))
+            continue
+        size = _wire_size(v, _MAX_ATTRS_BYTES - used)
+        if size is None:
+            why[k] = "not JSON-like"
+        elif used + size + ks > _MAX_ATTRS_BYTES:
+            why[k] = f"past the {_MAX_ATTRS_BYTES // 1024} KiB a description's attributes may take"
         else:
-            bad.append(k)
-    return attrs, bad
+            attrs[k] = v
+            used += size + ks
+            continue
+        rest.append((k, v, ks))
+    for k, v, ks in rest:
+        r = _short_repr(v)
+        size = 5 + len(r.encode("utf-8")) + ks
+        if used + size <= _MAX_ATTRS_BYTES:  # else only the name travels
+            attrs[k] = r
+            used += size
+    return attrs, why
 
 
 def describe(x: torch.Tensor) -> dict | None:
     """The description of x's subclass that tensorwire's transports carry (see the module doc), or None for a plain
     torch.Tensor or a torch.nn.Parameter. It records x's shape: a view of a different shape (which carries a copy of
-    the metadata) converts back to a plain tensor, never to a subclass instance of the wrong shape."""
+    the metadata) converts back to a plain tensor, never to a subclass instance of the wrong shape. It never raises
+    for an attribute: what cannot travel is listed under "unencoded" (with a warning for a registered type)."""
     cls = type(x)
     if cls is torch.Tensor or not isinstance(x, torch.Tensor) or issubclass(cls, torch.nn.Parameter):
         return None
+    d = {k: v for k, v in (getattr(x, "__dict__", None) or {}).items() if isinstance(k, str)}
     codec = _lookup_cls(cls)
-    if codec is not None:
-        attrs = codec.encode(x)
-        if not isinstance(attrs, dict) or not _json_like(attrs):
-            raise TypeError(
-                f"the encode function registered for {codec.name} returned {type(attrs).__name__} that is not a "
-                f"dict of JSON-like values (None, bool, int, float, str, bytes, lists and str-keyed dicts)"
+    if codec is None:
+        attrs, why = _fit(list(d.items()), {})
+        desc: dict = {"type": _type_name(cls), "attrs": attrs, "registered": False, "shape": list(x.shape)}
+    else:
+        forced: dict[str, str] = {}
+        failed = ""
+        try:
+            enc = codec.encode(x)
+            if not isinstance(enc, dict):
+                raise TypeError(f"it returned {type(enc).__name__}, not a dict")
+            items = list(enc.items())
+            if codec.lists_others:
+                forced = {k: "not carried by its codec" for k in d if k not in enc}
+                items += [(k, d[k]) for k in forced]
+        except Exception as e:  # the user's encode: its failure must not fail the send
+            failed = f"its encode function failed: {type(e).__name__}: {e}"
+            items = list(d.items())
+            forced = {k: failed for k in d}
+        attrs, why = _fit(items, forced)
+        desc = {"type": codec.name, "attrs": attrs, "registered": True, "shape": list(x.shape)}
+        if why or failed:
+            reasons = failed or "; ".join(f"{k}: {w}" for k, w in why.items())
+            warnings.warn(
+                f"tensorwire.torch: {codec.name}: attribute(s) {', '.join(sorted(why)) or '(none)'} cannot travel in "
+                f"the tensor's metadata ({reasons}); they are sent as their repr, listed under \"unencoded\", and a "
+                f"receiver rebuilds the instance without them. To carry them, register_subclass({cls.__name__}, "
+                f"encode=..., decode=...) with an encode that returns them as small JSON-like values.",
+                stacklevel=2,
             )
-        return {"type": codec.name, "attrs": attrs, "registered": True, "shape": list(x.shape)}
-    attrs, bad = _dict_attrs(x)
-    desc: dict = {"type": _type_name(cls), "attrs": attrs, "registered": False, "shape": list(x.shape)}
-    if bad:
-        for k in bad:
-            try:
-                r = repr(x.__dict__[k])
-            except Exception as e:  # a broken __repr__ must not break a send
-                r = f"<unrepresentable: {type(e).__name__}>"
-            attrs[k] = r if len(r) <= _MAX_REPR else r[: _MAX_REPR - 3] + "..."
-        desc["unencoded"] = sorted(bad)
+    if why:
+        desc["unencoded"] = sorted(why)
     return desc
+
+
+def _describe_for_transport(x: torch.Tensor) -> dict | None:
+    """The hook tw.asarray calls for a torch.Tensor subclass instance: describe(x), and never an exception (tw.asarray
+    must not fail because a description did)."""
+    try:
+        return describe(x)
+    except Exception as e:
+        warnings.warn(
+            f"tensorwire.torch: describing a {_type_name(type(x))} failed ({type(e).__name__}: {e}); it travels as a "
+            f"plain tensor. register_subclass({type(x).__name__}, encode=..., decode=...) to control what travels.",
+            stacklevel=2,
+        )
+        return None
 
 
 # ---- in-process state: class + attributes, no encoding -------------------------------------------------------------
@@ -307,22 +410,24 @@ def _ensure_builtins() -> None:
         for cls_name in ("Image", "Video", "Mask", "BoundingBoxes", "KeyPoints"):
             cls = getattr(tv, cls_name, None)
             if isinstance(cls, type) and cls not in _by_cls:
-                codec = _Codec(cls, _type_name(cls), _tv_encode, functools.partial(_tv_decode, tv, cls))
+                codec = _Codec(cls, _type_name(cls), _tv_encode, functools.partial(_tv_decode, tv, cls), True)
                 _by_cls[cls] = codec
                 _by_name.setdefault(codec.name, codec)
         _builtins_done = True
 
 
+_TV_ATTRS = ("format", "canvas_size", "clamping_mode")  # what _tv_decode validates; nothing else travels
+
+
 def _tv_encode(x: torch.Tensor) -> dict:
+    """The TVTensor attributes _tv_decode knows, as JSON-like values where they are the expected kinds (describe
+    lists the rest, and any that is not JSON-like, under "unencoded")."""
+    d = getattr(x, "__dict__", None) or {}
     out: dict = {}
-    for k, v in (getattr(x, "__dict__", None) or {}).items():
-        if isinstance(v, enum.Enum):
-            v = v.name
-        elif isinstance(v, tuple):
-            v = list(v)
-        if not _json_like(v):
-            raise TypeError(f"cannot encode {type(x).__name__}.{k} = {v!r}")
-        out[k] = v
+    for k in _TV_ATTRS:
+        if k in d:
+            v = d[k]
+            out[k] = v.name if isinstance(v, enum.Enum) else list(v) if isinstance(v, tuple) else v
     return out
 
 
@@ -434,14 +539,37 @@ def _to_torch_one(t: Any, copy: bool | None) -> torch.Tensor:
     if shape_ok and isinstance(desc.get("type"), str):
         codec = _lookup_name(desc["type"])
         if codec is not None:
+            attrs, unencoded = _received_attrs(desc)
             try:
-                y = codec.decode(x, desc.get("attrs", {}))
+                y = codec.decode(x, attrs)
             except Exception as e:
-                raise ValueError(f"to_torch: rebuilding a {desc['type']} from the tensor's metadata failed: {e}") from e
+                why = f"the attribute {e.args[0]!r} is missing" if isinstance(e, KeyError) and e.args else str(e)
+                if unencoded:
+                    why += (
+                        f" (the sender could not encode {', '.join(unencoded)}: listed under \"unencoded\", they are "
+                        f"not passed to decode)"
+                    )
+                what = f"to_torch: rebuilding a {desc['type']} from the tensor's metadata failed"
+                raise ValueError(f"{what}: {why}") from e
             if not isinstance(y, codec.cls):
                 raise TypeError(f"to_torch: the decode function of {codec.name} returned {type(y).__name__}")
             return y
     return x
+
+
+def _received_attrs(desc: Any) -> tuple[Any, list[str]]:
+    """A description's attributes for decode, without the "unencoded" placeholders (reprs, not values)."""
+    attrs = desc.get("attrs", {})
+    unencoded = desc.get("unencoded", [])
+    if not isinstance(unencoded, (list, tuple)) or not all(isinstance(n, str) for n in unencoded):
+        raise ValueError(
+            f"to_torch: the description of a {desc['type']} is malformed: \"unencoded\" must be a list of attribute "
+            f"names, not {_short_repr(unencoded)}"
+        )
+    if isinstance(attrs, dict) and unencoded:
+        skip = set(unencoded)
+        attrs = {k: v for k, v in attrs.items() if k not in skip}
+    return attrs, list(unencoded)
 
 
 def to_torch(t: Any, *, copy: bool | None = None) -> Any:
@@ -467,7 +595,7 @@ def from_torch(x: Any, *, copy: bool | None = None) -> Any:
 
     def one(v: torch.Tensor) -> Any:
         if v.requires_grad:
-            desc = describe(v)
+            desc = _describe_for_transport(v)
             t = asarray(_plain(v).detach(), copy=copy)
             if desc is not None:
                 t.metadata[METADATA_KEY] = desc
@@ -497,19 +625,26 @@ def _pin_tensor(x: torch.Tensor) -> torch.Tensor:
     if x.device.type != "cpu" or x.layout != torch.strided or x.is_pinned():
         return x
     cls, state = _state(x)
-    plain = _plain(x)
-    tw_pin = getattr(_ext.Tensor, "pin", None)  # tensorwire's pinned pool (the CUDA issue); else PyTorch's
-    if tw_pin is not None and not plain.requires_grad:
-        pinned = torch.from_dlpack(tw_pin(asarray(plain)))
-    else:
-        pinned = plain.pin_memory()
-    return _rewrap(pinned, cls, state)
+    return _rewrap(_plain(x).pin_memory(), cls, state)
+
+
+def _has_pin_memory(v: Any) -> bool:
+    """A custom batch type that pins itself (torch's documented extension point: a pin_memory() method), which pin
+    calls instead of walking into it. Containers are walked, as torch's pin_memory walks them."""
+    if isinstance(v, (type, str, bytes, bytearray, collections.abc.Mapping, tuple, list)):
+        return False
+    return callable(getattr(v, "pin_memory", None))
+
+
+def _pin_leaf(v: Any) -> Any:
+    return _pin_tensor(v) if isinstance(v, torch.Tensor) else v.pin_memory()
 
 
 def pin(obj: Any) -> Any:
     """Every CPU tensor in obj (a tensor, or nested dicts / lists / tuples / namedtuples / dataclasses) copied to
-    pinned memory, keeping subclasses and their attributes. Without an accelerator it does what PyTorch's DataLoader
-    does: warns once and returns obj unchanged."""
+    pinned memory by PyTorch's pin_memory(), keeping subclasses and their attributes; an object with a pin_memory()
+    method of its own (a custom batch type, as torch's DataLoader documents) is replaced by what that returns. Without
+    an accelerator it does what PyTorch's DataLoader does: warns once and returns obj unchanged (calling nothing)."""
     global _pin_warned
     if not _accelerator():
         if not _pin_warned:
@@ -520,7 +655,7 @@ def pin(obj: Any) -> Any:
                 stacklevel=2,
             )
         return obj
-    return _tree_map(obj, _pin_tensor, lambda v: isinstance(v, torch.Tensor))
+    return _tree_map(obj, _pin_leaf, lambda v: isinstance(v, torch.Tensor) or _has_pin_memory(v))
 
 
 # ---- collation -----------------------------------------------------------------------------------------------------
@@ -554,13 +689,33 @@ def collate(batch: Any) -> Any:
 # ---- contiguous inputs ---------------------------------------------------------------------------------------------
 
 
+# The dtypes that go torch -> tensorwire -> torch through DLPack. Others (float8 and float4, which this torch's
+# from_dlpack cannot take back; bit and quantized types, which DLPack cannot carry) stay with PyTorch.
+_DLPACK_DTYPES = frozenset(
+    getattr(torch, n)
+    for n in (
+        "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
+        "float16", "bfloat16", "float32", "float64", "complex32", "complex64", "complex128",
+    )
+    if isinstance(getattr(torch, n, None), torch.dtype)
+)
+
+
+def _dlpack_carries(x: torch.Tensor) -> bool:
+    """True when x (a CPU tensor) can go to tensorwire and back through DLPack: a strided layout, a dtype both
+    sides know, not nested (strided-layout nested tensors have no single shape)."""
+    return x.layout == torch.strided and x.dtype in _DLPACK_DTYPES and not x.is_nested
+
+
 def _engine_contiguous(x: torch.Tensor) -> torch.Tensor:
-    if x.device.type != "cpu" or x.layout != torch.strided:
+    if x.device.type != "cpu":
         return x.contiguous()  # CUDA: PyTorch's kernel until tensorwire's device kernels land (the CUDA issue)
+    if not _dlpack_carries(x):
+        return x.contiguous()  # a layout or dtype DLPack cannot carry: PyTorch does it
     try:
         t = asarray(x)
-    except Exception:
-        return x.contiguous()  # a dtype or state DLPack cannot carry: PyTorch does it
+    except BufferError:
+        return x.contiguous()  # the producer refused the export (state DLPack cannot describe): PyTorch does it
     return torch.from_dlpack(t.copy())
 
 
@@ -576,7 +731,10 @@ class _Contiguous(torch.autograd.Function):
 
 def contiguous(x: torch.Tensor) -> torch.Tensor:
     """x made C-contiguous by tensorwire's copy engine (x itself when it already is); differentiable, and a subclass
-    keeps its type and attributes."""
+    keeps its type and attributes. CUDA tensors, and dtypes or layouts DLPack cannot carry (float8, quantized,
+    sparse, nested), are copied by PyTorch's x.contiguous()."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"contiguous: expects a torch.Tensor, got {type(x).__module__}.{type(x).__qualname__}")
     if x.is_contiguous():
         return x
     cls = type(x)
@@ -596,7 +754,8 @@ def contiguous_inputs(fn: Callable | None = None, *, mutates: tuple[str, ...] | 
 
     A non-contiguous argument is replaced by a copy, so an op that writes into an argument must name it:
     ``@contiguous_inputs(mutates=("out",))`` copies such an argument back into the caller's tensor after the call
-    (and refuses one whose elements overlap, such as an expanded tensor, which cannot be written element-wise).
+    (and refuses one whose elements overlap, such as an expanded tensor, which cannot be written element-wise). For
+    an op taking ``**kwargs``, a name in mutates may be a keyword it receives there.
     """
     if fn is None:
         return lambda f: contiguous_inputs(f, mutates=mutates)
@@ -613,7 +772,8 @@ def contiguous_inputs(fn: Callable | None = None, *, mutates: tuple[str, ...] | 
     if mutated:
         if sig is None:
             sig = inspect.signature(fn)
-        unknown = [m for m in mutated if m not in sig.parameters]
+        var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values())
+        unknown = [m for m in mutated if m not in sig.parameters and not var_kw]
         if unknown:
             raise ValueError(f"contiguous_inputs: {fn.__name__} has no parameter(s) {', '.join(unknown)}")
 
@@ -624,24 +784,35 @@ def contiguous_inputs(fn: Callable | None = None, *, mutates: tuple[str, ...] | 
             return type(a)(fix(v) for v in a)
         return a
 
+    def overlaps(t: torch.Tensor) -> bool:
+        return any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape))
+
+    def prepare(name: str, value: Any, written: bool, back: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+        fixed = fix(value)
+        if fixed is not value and written:
+            pairs = zip(value, fixed) if isinstance(value, (list, tuple)) else [(value, fixed)]
+            for orig, new in pairs:
+                if new is orig:
+                    continue
+                if overlaps(orig):
+                    raise ValueError(
+                        f"{fn.__name__}: argument {name!r} is written, and its elements overlap (a stride-0, "
+                        f"expanded tensor of strides {orig.stride()}): nothing can be written into it element-wise"
+                    )
+                back.append((orig, new))
+        return fixed
+
     def call_mutating(args: tuple, kwargs: dict) -> Any:
         assert sig is not None
         bound = sig.bind(*args, **kwargs)
         back: list[tuple[Tensor, Tensor]] = []
         for name, value in list(bound.arguments.items()):
-            fixed = fix(value)
-            if fixed is not value and name in mutated:
-                pairs = zip(value, fixed) if isinstance(value, (list, tuple)) else [(value, fixed)]
-                for orig, new in pairs:
-                    if new is orig:
-                        continue
-                    if any(st == 0 and n > 1 for st, n in zip(orig.stride(), orig.shape)):
-                        raise ValueError(
-                            f"{fn.__name__}: argument {name!r} is written, and its elements overlap (a stride-0, "
-                            f"expanded tensor of strides {orig.stride()}): nothing can be written into it element-wise"
-                        )
-                    back.append((orig, new))
-            bound.arguments[name] = fixed
+            if sig.parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
+                # **kwargs: each keyword is an argument of its own, written when mutates names it (or **kwargs)
+                every = name in mutated
+                bound.arguments[name] = {k: prepare(k, v, every or k in mutated, back) for k, v in value.items()}
+            else:
+                bound.arguments[name] = prepare(name, value, name in mutated, back)
         result = fn(*bound.args, **bound.kwargs)
         with torch.no_grad():
             for orig, new in back:
@@ -674,5 +845,5 @@ def contiguous_inputs(fn: Callable | None = None, *, mutates: tuple[str, ...] | 
 
 from ._dataloader import DataLoader  # noqa: E402  (uses the helpers above)
 
-_ext._set_subclass_hook(describe)
+_ext._set_subclass_hook(_describe_for_transport)
 _ensure_builtins()

@@ -6,12 +6,14 @@ from __future__ import annotations
 import collections
 import dataclasses
 import gc
+import inspect
 import os
 import pickle
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import warnings
 
 import numpy as np
@@ -22,6 +24,7 @@ from hypothesis import strategies as st
 
 import tensorwire as tw
 import tensorwire.torch as twt
+from tensorwire import _dataloader as twdl  # (imported by tensorwire.torch: import that first)
 
 tv_tensors = pytest.importorskip("torchvision.tv_tensors")
 
@@ -104,6 +107,11 @@ def test_register_subclass_validates_its_arguments():
         twt.register_subclass(torch.Tensor)
     with pytest.raises(TypeError, match="encode must be callable"):
         twt.register_subclass(Scaled, encode=42)
+    with pytest.raises(ValueError, match="name of Scaled must be a non-empty str"):
+        twt.register_subclass(Scaled, name="")
+    with pytest.raises(TypeError, match="name must be a str, not int"):
+        twt.register_subclass(Scaled, name=3)
+    assert Scaled not in twt.registered_subclasses().values()  # neither attempt registered it
 
     class Other(torch.Tensor):
         pass
@@ -116,7 +124,7 @@ def test_register_subclass_validates_its_arguments():
         assert "tests.taken" not in twt.registered_subclasses()
     finally:
         twt.unregister_subclass(Other)
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match=r"unregister_subclass: <class '.*Other'> is not registered"):
         twt.unregister_subclass(Other)
 
 
@@ -133,16 +141,59 @@ def test_describe():
     assert d["attrs"]["bad"].startswith("<object object")
 
 
-def test_an_encode_that_returns_non_json_is_a_clear_error():
+class Tagged(torch.Tensor):
+    """A user's subclass registered with the default codec (its __dict__)."""
+
+
+def tagged(**attrs):
+    x = torch.arange(3.0).as_subclass(Tagged)
+    x.__dict__.update(attrs)
+    return x
+
+
+@pytest.fixture
+def tagged_registered():
+    twt.register_subclass(Tagged, name="tests.Tagged")
+    yield
+    twt.unregister_subclass(Tagged)
+
+
+def test_an_encode_that_cannot_encode_degrades_and_never_fails_a_send():
     class Bad(torch.Tensor):
         pass
 
-    twt.register_subclass(Bad, encode=lambda x: {"f": object()})
+    x = torch.zeros(2).as_subclass(Bad)
+    x.scale = 0.5
+    codecs = [lambda x: {"f": object(), "ok": 1}, lambda x: 42, lambda x: 1 / 0]
+    expect = [
+        ({"f": "<object object", "ok": 1}, ["f"], r"attribute\(s\) f cannot travel.*f: not JSON-like"),
+        ({"scale": "0.5"}, ["scale"], r"attribute\(s\) scale .*encode function failed: TypeError: it returned int"),
+        ({"scale": "0.5"}, ["scale"], r"attribute\(s\) scale .*encode function failed: ZeroDivisionError"),
+    ]
     try:
-        with pytest.raises(TypeError, match="not a dict of JSON-like values"):
-            tw.asarray(torch.zeros(2).as_subclass(Bad))
+        for encode, (attrs, unencoded, msg) in zip(codecs, expect):
+            twt.register_subclass(Bad, encode=encode, name="tests.Bad")
+            # the warning names the attribute and the remedy
+            with pytest.warns(UserWarning, match=msg + r".*register_subclass\(Bad, encode=\.\.\., decode=\.\.\.\)"):
+                t = tw.asarray(x)
+            assert t.data_ptr == x.data_ptr()
+            d = t.metadata[twt.METADATA_KEY]
+            assert d["unencoded"] == unencoded and d["registered"] is True
+            assert {k: v[:14] if isinstance(v, str) else v for k, v in d["attrs"].items()} == attrs
     finally:
         twt.unregister_subclass(Bad)
+
+
+def test_a_failing_description_never_fails_tw_asarray(monkeypatch):
+    def broken(x):
+        raise RuntimeError("describe broke")
+
+    monkeypatch.setattr(twt, "describe", broken)
+    u = units([1.0, 2.0])
+    with pytest.warns(UserWarning, match=r"describing a .*Units failed \(RuntimeError: describe broke\); it travels "
+                                         r"as a plain tensor\. register_subclass\(Units, encode="):
+        t = tw.asarray(u)
+    assert twt.METADATA_KEY not in t.metadata and t.data_ptr == u.data_ptr()
 
 
 # ---- conversions ---------------------------------------------------------------------------------------------------
@@ -196,6 +247,68 @@ def test_unregistered_subclass_arrives_plain_with_its_description():
     }
 
 
+def test_a_tvtensor_with_attributes_its_codec_does_not_know_crosses_a_publisher(monkeypatch):
+    monkeypatch.setattr(twt, "_readonly_warned", True)
+    b = boxes(canvas=(5, 6))
+    b.note = "hi"  # JSON-like, but not a BoundingBoxes attribute: _tv_decode would refuse it
+    b.src = object()  # not JSON-like at all
+    name = topic("extra")
+    with tw.Subscriber(name) as sub, tw.Publisher(name) as pub:
+        with pytest.warns(UserWarning, match=r"BoundingBoxes: attribute\(s\) note, src cannot travel.*"
+                                             r"register_subclass\(BoundingBoxes, encode="):
+            pub.send(b)
+        t = sub.recv(timeout=10)
+        d = t.metadata[twt.METADATA_KEY]
+        assert d["unencoded"] == ["note", "src"] and d["attrs"]["note"] == "'hi'"
+        assert d["attrs"]["src"].startswith("<object object")
+        y = twt.to_torch(t)
+        assert type(y) is tv_tensors.BoundingBoxes and y.format.name == "XYXY" and y.canvas_size == (5, 6)
+        assert "note" not in y.__dict__ and "src" not in y.__dict__
+        assert y.data_ptr() == t.data_ptr and torch.equal(plain(y), plain(b))
+        del y, t
+
+
+def test_unencoded_placeholders_never_reach_decode(tagged_registered, scaled_registered):
+    with pytest.warns(UserWarning, match=r"tests\.Tagged: attribute\(s\) bad "):
+        t = tw.asarray(tagged(ok=1, bad=object()))
+    assert t.metadata[twt.METADATA_KEY]["attrs"]["bad"].startswith("<object")  # the repr travels ...
+    y = twt.to_torch(t)
+    assert type(y) is Tagged and y.ok == 1 and "bad" not in y.__dict__  # ... but is not an attribute
+    # a decode that needs an attribute the sender could not encode: an error naming the type and the attribute
+    with pytest.warns(UserWarning, match=r"tests\.Scaled: attribute\(s\) scale "):
+        t = tw.asarray(scaled([1.0], object()))
+    with pytest.raises(ValueError, match=r"rebuilding a tests\.Scaled .* the attribute 'scale' is missing \(the "
+                                         r"sender could not encode scale"):
+        twt.to_torch(t)
+    b = boxes()
+    b.canvas_size = object()
+    with pytest.warns(UserWarning, match="canvas_size: not JSON-like"):
+        t = tw.asarray(b)
+    with pytest.raises(ValueError, match=r"BoundingBoxes: the message lacks canvas_size \(the sender could not "
+                                         r"encode canvas_size"):
+        twt.to_torch(t)
+    t.metadata[twt.METADATA_KEY] = {"type": "tests.Tagged", "attrs": {"ok": 1}, "unencoded": "ok"}
+    with pytest.raises(ValueError, match=r"description of a tests\.Tagged is malformed: \"unencoded\" must be a list"):
+        twt.to_torch(t)
+
+
+def test_a_large_attribute_travels_unencoded_instead_of_failing_the_send(scaled_registered):
+    u = units([1.0, 2.0], unit="m", blob="x" * 100_000, ints=list(range(5000)), mid="y" * 8000)
+    name = topic("big")
+    with tw.Subscriber(name) as sub, tw.Publisher(name) as pub:  # 64 KiB of metadata at most
+        pub.send(u)
+        t = sub.recv(timeout=10)
+        d = t.metadata[twt.METADATA_KEY]
+        assert d["unencoded"] == ["blob", "ints"]
+        assert d["attrs"]["unit"] == "m" and d["attrs"]["mid"] == "y" * 8000  # what fits travels encoded
+        assert d["attrs"]["blob"] == "'" + "x" * 196 + "..."  # the rest as a cut repr
+        assert twt._wire_size(d["attrs"]) <= 16 * 1024
+        assert torch.equal(twt.to_torch(t, copy=True), plain(u))
+        del t
+    with pytest.warns(UserWarning, match=r"tests\.Scaled: attribute\(s\) scale .*past the 16 KiB"):
+        assert twt.describe(scaled([1.0], "z" * 20_000))["unencoded"] == ["scale"]
+
+
 def test_to_torch_of_a_received_tensor_shares_it_and_warns_once(monkeypatch):
     monkeypatch.setattr(twt, "_readonly_warned", False)
     name = topic("ro")
@@ -228,16 +341,56 @@ def test_to_torch_copies_negative_strides_or_refuses():
         twt.to_torch(a, copy="yes")
 
 
-def test_to_torch_of_a_received_dict_message_and_nested_from_torch():
+def test_to_torch_of_a_received_dict_message_and_nested_from_torch(monkeypatch):
+    monkeypatch.setattr(twt, "_readonly_warned", True)
     b, img = boxes(), tv_samples()[0]
     ts = twt.from_torch({"boxes": b, "img": img, "more": [b]})
     assert isinstance(ts["boxes"], tw.Tensor) and isinstance(ts["more"][0], tw.Tensor)
+    assert ts["boxes"].data_ptr == b.data_ptr() and ts["img"].data_ptr == img.data_ptr()
     back = twt.to_torch(ts)
     assert_same_tv(back["boxes"], b)
     assert_same_tv(back["img"], img)
     assert_same_tv(back["more"][0], b)
+    assert back["boxes"].data_ptr() == back["more"][0].data_ptr() == b.data_ptr()  # zero-copy both ways
+    assert back["img"].data_ptr() == img.data_ptr()
     with pytest.raises(TypeError, match="from_torch"):
         twt.from_torch(42)
+    # a received dict message: each tensor shares the message's memory
+    name = topic("dict")
+    with tw.Subscriber(name) as sub, tw.Publisher(name) as pub:
+        pub.send({"boxes": b, "img": img})
+        msg = sub.recv(timeout=10)
+        got = twt.to_torch(msg)
+        assert_same_tv(got["boxes"], b)
+        assert_same_tv(got["img"], img)
+        assert got["boxes"].data_ptr() == msg["boxes"].data_ptr and got["img"].data_ptr() == msg["img"].data_ptr
+        del got, msg
+
+
+def test_a_received_tensor_outlives_its_message_subscriber_and_publisher(monkeypatch):
+    monkeypatch.setattr(twt, "_readonly_warned", True)
+    name = topic("life")
+    b = boxes(4, canvas=(9, 9))
+    expected = plain(b).clone()
+    sub, pub = tw.Subscriber(name), tw.Publisher(name, depth=2)
+    pub.send(b)
+    t = sub.recv(timeout=10)
+    y = twt.to_torch(t)
+    ptr = y.data_ptr()
+    assert ptr == t.data_ptr
+    del t
+    gc.collect()
+    # the publisher reuses a pool buffer once its last reader lets go: y must still hold this one
+    for i in range(6):
+        pub.send(torch.full((4, 4), float(i)))
+        sub.recv(timeout=10)
+    assert torch.equal(plain(y), expected)
+    sub.close()
+    pub.close()
+    gc.collect()
+    assert type(y) is tv_tensors.BoundingBoxes and y.canvas_size == (9, 9)
+    assert y.data_ptr() == ptr and torch.equal(plain(y), expected)  # still mapped, still the sent values
+    assert torch.equal(plain(y.clone()), expected)
 
 
 def test_from_torch_detaches_a_tensor_that_requires_grad():
@@ -331,10 +484,16 @@ RECEIVER = textwrap.dedent(
 )
 
 
-def run_receiver(topic_name: str, mode: str, n: int, send):
+def receiver_env(*extra: str) -> dict:
     env = dict(os.environ)
     pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(tw.__file__)))
-    env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [q for q in env.get("PYTHONPATH", "").split(os.pathsep) if q])
+    paths = [pkg_root, *extra] + [q for q in env.get("PYTHONPATH", "").split(os.pathsep) if q]
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    return env
+
+
+def run_receiver(topic_name: str, mode: str, n: int, send, extra_path: tuple[str, ...] = ()):
+    env = receiver_env(*extra_path)
     p = subprocess.Popen(
         [sys.executable, "-c", RECEIVER, topic_name, mode, str(n)],
         stdout=subprocess.PIPE,
@@ -371,20 +530,30 @@ def test_a_tvtensor_crosses_a_publisher_as_itself():
     assert got[1]["type"].endswith("Mask") and got[1]["values"] == [True, False]
 
 
-def test_unregistered_and_unknown_types_arrive_plain_and_nothing_is_imported():
-    # A message naming a module whose import would run code: the receiver neither imports nor constructs it.
+def test_unregistered_and_unknown_types_arrive_plain_and_nothing_is_imported(tmp_path):
+    # A message naming a module whose import would run code, importable where the receiver runs: the receiver
+    # neither imports nor constructs it.
+    marker = tmp_path / "imported"
+    (tmp_path / "tests_evil_module.py").write_text(
+        f"open({str(marker)!r}, 'w').write('imported')\nclass Evil:\n    pass\n"
+    )
     evil = tw.asarray(np.arange(3, dtype=np.float32))
     evil.metadata[twt.METADATA_KEY] = {"type": "tests_evil_module.Evil", "attrs": {"x": 1}, "registered": True}
     u = units([4.0, 5.0], unit="N")
     b = boxes()
     # The receiver never imported torchvision: TVTensors are not registered there, so they arrive plain too.
-    got = run_receiver(topic("unk"), "plain", 3, lambda pub: (pub.send(evil), pub.send(u), pub.send(b)))
+    got = run_receiver(topic("unk"), "plain", 3, lambda pub: (pub.send(evil), pub.send(u), pub.send(b)),
+                       extra_path=(str(tmp_path),))
     assert [g["type"] for g in got] == ["torch.Tensor"] * 3
     assert got[0]["desc"]["type"] == "tests_evil_module.Evil" and got[0]["modules"] == []
     assert got[1]["desc"] == {"type": f"{__name__}.Units", "attrs": {"unit": "N"}, "registered": False, "shape": [2]}
     assert got[1]["values"] == [4.0, 5.0]
     assert got[2]["desc"]["attrs"]["format"] == "XYXY" and "torchvision" not in got[2]["modules"]
-    assert not os.path.exists(os.path.join(HERE, "tests_evil_module.py"))  # (and so nothing could run)
+    assert not marker.exists()
+    # the check can fail: with the same environment, importing the module leaves the marker
+    subprocess.run([sys.executable, "-c", "import tests_evil_module"], env=receiver_env(str(tmp_path)), cwd=HERE,
+                   check=True, timeout=60)
+    assert marker.read_text() == "imported"
 
 
 # ---- pin -----------------------------------------------------------------------------------------------------------
@@ -431,6 +600,37 @@ def test_pin_keeps_types_and_attributes_on_a_gpu():
     c = p["sample"].boxes.cuda(non_blocking=True)
     torch.cuda.synchronize()
     assert torch.equal(plain(c).cpu(), plain(batch["sample"].boxes))
+
+
+class CustomBatch:
+    """A user's batch type that pins itself (torch's documented extension point)."""
+
+    def __init__(self, x: torch.Tensor, pinned: bool = False) -> None:
+        self.x, self.pinned = x, pinned
+
+    def pin_memory(self) -> "CustomBatch":
+        pin_calls.append(self)
+        return CustomBatch(self.x, pinned=True)
+
+
+pin_calls: list = []
+
+
+def test_pin_calls_a_custom_batch_types_pin_memory(monkeypatch):
+    # No GPU needed: pretend there is an accelerator and record what would be pinned.
+    monkeypatch.setattr(twt, "_accelerator", lambda: True)
+    monkeypatch.setattr(twt, "_pin_tensor", lambda t: ("pinned", t))
+    pin_calls.clear()
+    cb, t = CustomBatch(torch.zeros(2)), torch.ones(3)
+    out = twt.pin({"batch": cb, "t": t, "cls": CustomBatch, "name": "x", "pair": Pair(cb, 1)})
+    assert type(out["batch"]) is CustomBatch and out["batch"].pinned and out["batch"].x is cb.x
+    assert type(out["pair"]) is Pair and out["pair"].a.pinned
+    assert pin_calls == [cb, cb] and out["t"][0] == "pinned" and out["t"][1] is t
+    assert out["cls"] is CustomBatch and out["name"] == "x"  # a class is not an instance to pin
+    # no accelerator: nothing is pinned, nothing is called
+    monkeypatch.setattr(twt, "_accelerator", lambda: False)
+    monkeypatch.setattr(twt, "_pin_warned", True)
+    assert twt.pin({"batch": cb})["batch"] is cb and len(pin_calls) == 2
 
 
 def test_in_process_paths_keep_attributes_no_codec_could_encode():
@@ -644,12 +844,17 @@ def test_dataloader_persistent_workers_survive_an_epoch_left_early():
     loader = twt.DataLoader(ds, batch_size=2, num_workers=2, persistent_workers=True, prefetch_factor=4)
     it = iter(loader)
     check_batch(next(it), ds)  # then leave: torch discards the prefetched batches when the next epoch starts
+    tr = twdl._transports[it._tw_token]
     for _ in range(2):
         labels = []
         for b in loader:
             check_batch(b, ds)
             labels += b["label"].tolist()
         assert labels == list(range(40))
+        assert loader._iterator is it
+        # The discarded batches' tensors reached the main process (each worker sends in order, and its later batches
+        # were taken): they were dropped, not kept until the iterator dies.
+        assert tr.pending() == 0
     del it, loader
 
 
@@ -707,16 +912,103 @@ def test_dataloader_takes_torch_arguments_and_a_custom_collate():
     assert type(s["boxes"]) is tv_tensors.BoundingBoxes and s["label"] == 0
 
 
+class Names(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 7
+
+    def __getitem__(self, i: int):
+        return {"name": f"s{i}", "n": i}
+
+
+def test_dataloader_batches_with_no_tensor_to_send(monkeypatch):
+    monkeypatch.setattr(twdl, "_RECV_TIMEOUT", 20.0)  # (a regression would wait for this, then raise)
+    ds = Names()
+    names = list(twt.DataLoader(ds, batch_size=3, num_workers=1, collate_fn=lambda s: [x["name"] for x in s]))
+    assert names == [["s0", "s1", "s2"], ["s3", "s4", "s5"], ["s6"]]
+    samples = list(twt.DataLoader(ds, batch_size=None, num_workers=1))  # an int stays an int: no tensor at all
+    assert samples == [ds[i] for i in range(7)]
+
+
+def test_a_failure_on_a_drain_thread_is_raised_where_the_batch_is_taken(monkeypatch):
+    def broken(t):
+        raise OSError("injected drain failure")
+
+    monkeypatch.setattr(twdl, "_own_copy", broken)  # called by the main process's drain thread only
+    monkeypatch.setattr(twdl, "_RECV_TIMEOUT", 20.0)
+    with pytest.raises(RuntimeError, match="receiving from worker 0 failed: OSError: injected drain failure") as e:
+        list(twt.DataLoader(Detection(8), batch_size=4, num_workers=1))
+    assert isinstance(e.value.__cause__, OSError) and "did not arrive" not in str(e.value)
+
+
+class Layouts(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int):
+        x = torch.arange(2 * 3 * 4 * 5, dtype=torch.float32).reshape(2, 3, 4, 5) + i
+        f8 = torch.full((3,), float(i + 1)).to(torch.float8_e4m3fn)
+        return {"cl": x.to(memory_format=torch.channels_last), "t": x[0, 0].T, "f8": f8}
+
+
+def test_dataloader_keeps_a_channels_last_layout_and_leaves_float8_to_torch():
+    ds = Layouts()
+    out = list(twt.DataLoader(ds, batch_size=None, num_workers=1))
+    for i, s in enumerate(out):
+        ref = ds[i]
+        assert s["cl"].stride() == ref["cl"].stride() == (60, 1, 15, 3) and torch.equal(s["cl"], ref["cl"])
+        assert s["cl"].is_contiguous(memory_format=torch.channels_last)
+        assert s["t"].stride() == ref["t"].stride() == (1, 5) and torch.equal(s["t"], ref["t"])
+        # float8 cannot come back from DLPack in this torch: the worker leaves it to torch's pickling
+        assert s["f8"].dtype == torch.float8_e4m3fn
+        assert torch.equal(s["f8"].view(torch.uint8), ref["f8"].view(torch.uint8))
+
+
+def test_dataloader_refuses_a_stray_subscriber_and_starts_no_thread_before_the_fork(monkeypatch):
+    at_fork: list = []
+    recording = [True]
+
+    def record():
+        if recording:
+            at_fork.append(sorted(t.name for t in threading.enumerate()))
+
+    os.register_at_fork(before=record)  # (cannot be unregistered: it stops recording when the test ends)
+    closing_at_shutdown = []
+    base = torch.utils.data.dataloader._MultiProcessingDataLoaderIter
+    real_shutdown = base._shutdown_workers
+
+    def shutdown(self):
+        tr = twdl._transports.get(self._tw_token)
+        closing_at_shutdown.append(tr is not None and tr.closing)
+        return real_shutdown(self)
+
+    monkeypatch.setattr(base, "_shutdown_workers", shutdown)
+    try:
+        ds = Detection(12)
+        it = iter(twt.DataLoader(ds, batch_size=2, num_workers=1, multiprocessing_context="fork"))
+        check_batch(next(it), ds)
+        # the worker's publisher exists (it sent this batch) and serves the main process: a stray subscriber to
+        # its predictable topic is refused, so it can never block the worker's sends
+        with pytest.raises(ValueError, match="max_subscribers"):
+            tw.Subscriber(twdl._topic(it._tw_token, 0))
+        rest = list(it)
+        assert [b["label"].tolist() for b in rest] == [[2, 3], [4, 5], [6, 7], [8, 9], [10, 11]]
+    finally:
+        recording.clear()
+    assert at_fork and not any(n.startswith("tensorwire-dataloader") for names in at_fork for n in names)
+    assert closing_at_shutdown == [True]  # take() raises before torch joins its pin thread
+
+
 # ---- contiguous_inputs ---------------------------------------------------------------------------------------------
 
 
 def test_contiguous_inputs_is_free_for_contiguous_tensors():
     seen = []
 
-    @twt.contiguous_inputs
-    def op(x, w, *, b=None):
+    def impl(x, w, *, b=None):
         seen.append((x, w, b))
         return x
+
+    op = twt.contiguous_inputs(impl)
 
     x, w, b = torch.randn(3, 4), torch.randn(4), torch.randn(4)
     op(x, w, b=b)
@@ -726,7 +1018,7 @@ def test_contiguous_inputs_is_free_for_contiguous_tensors():
     assert sx.is_contiguous() and torch.equal(sx, x.T)
     assert isinstance(sw, list) and sw[0] is w and sw[1].is_contiguous() and torch.equal(sw[1], w[::2])
     assert sb.is_contiguous() and torch.equal(sb, b.expand(2, 4))
-    assert op.__name__ == "op" and op.__wrapped__ is not None
+    assert op.__name__ == "impl" and op.__wrapped__ is impl and inspect.signature(op) == inspect.signature(impl)
 
 
 def test_contiguous_inputs_copies_written_arguments_back():
@@ -739,11 +1031,76 @@ def test_contiguous_inputs_copies_written_arguments_back():
     out = torch.zeros(3, 2).T  # a transposed destination
     fill(x, out)
     assert torch.equal(out, x * 2)
-    fill(x, out=torch.zeros(2, 6)[:, ::2])  # keyword, strided
+    base = torch.full((2, 6), -1.0)
+    fill(x, out=base[:, ::2])  # keyword, strided
+    assert torch.equal(base[:, ::2], x * 2) and bool((base[:, 1::2] == -1).all())  # written back, in place only
     with pytest.raises(ValueError, match="overlap"):
         fill(x, torch.zeros(1, 3).expand(2, 3))
     with pytest.raises(ValueError, match="no parameter"):
         twt.contiguous_inputs(mutates=("nope",))(lambda x: x)
+
+
+def test_contiguous_inputs_fixes_and_writes_back_tensors_passed_in_kwargs():
+    @twt.contiguous_inputs(mutates=("out",))
+    def fill(x, **kw):
+        assert x.is_contiguous() and all(v.is_contiguous() for v in kw.values()), [v.stride() for v in kw.values()]
+        kw["out"].copy_(x * kw["scale"])
+        kw["scale"].zero_()  # not named in mutates: the caller's tensor is not written
+
+    x = torch.arange(6.0).reshape(2, 3)
+    base = torch.full((2, 6), -1.0)
+    scale = torch.full((3, 2), 2.0).T
+    fill(x, out=base[:, ::2], scale=scale)
+    assert torch.equal(base[:, ::2], x * 2) and bool((base[:, 1::2] == -1).all())
+    assert bool((scale == 2).all())
+    with pytest.raises(ValueError, match="'out' is written, and its elements overlap"):
+        fill(x, out=torch.zeros(1, 3).expand(2, 3), scale=scale)
+
+    @twt.contiguous_inputs(mutates=("kw",))  # **kwargs named: every keyword is written back
+    def fill_all(**kw):
+        for v in kw.values():
+            assert v.is_contiguous()
+            v.fill_(7.0)
+
+    a, b = torch.zeros(3, 2).T, torch.zeros(2, 6)[:, ::3]
+    fill_all(a=a, b=b)
+    assert bool((a == 7).all()) and bool((b == 7).all())
+
+
+def test_contiguous_refuses_what_is_not_a_tensor_and_copies_with_tensorwires_engine(monkeypatch):
+    with pytest.raises(TypeError, match=r"contiguous: expects a torch\.Tensor, got numpy\.ndarray"):
+        twt.contiguous(np.zeros((3, 2)).T)
+    real = twt.asarray
+    copies = []
+
+    class Spy:
+        def __init__(self, t):
+            self.t = t
+
+        def copy(self, *a, **k):
+            c = self.t.copy(*a, **k)
+            copies.append(c)
+            return c
+
+    monkeypatch.setattr(twt, "asarray", lambda x, *a, **k: Spy(real(x, *a, **k)))
+    x = torch.randn(4, 3).T
+    y = twt.contiguous(x)
+    assert y.is_contiguous() and torch.equal(y, x)
+    assert len(copies) == 1 and y.data_ptr() == copies[0].data_ptr  # y is the memory tensorwire's engine wrote
+    # a dtype DLPack cannot carry back is PyTorch's to copy, without asking tensorwire
+    f8 = torch.randn(4, 3).to(torch.float8_e4m3fn).T
+    c = twt.contiguous(f8)
+    assert c.is_contiguous() and c.dtype == f8.dtype
+    assert torch.equal(c.view(torch.uint8), f8.contiguous().view(torch.uint8))
+    assert len(copies) == 1
+
+    # an engine failure is raised, never hidden behind a silent fallback
+    def broken(x, *a, **k):
+        raise RuntimeError("engine broke")
+
+    monkeypatch.setattr(twt, "asarray", broken)
+    with pytest.raises(RuntimeError, match="engine broke"):
+        twt.contiguous(x)
 
 
 def test_contiguous_keeps_subclasses():
