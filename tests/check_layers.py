@@ -15,10 +15,11 @@ DEPS = {
     "copy": {"core"},
     "interop": {"core", "copy"},
     "os": {"core"},
-    "ipc": {"core", "copy", "os"},
+    "net": {"core", "copy", "os"},
+    "ipc": {"core", "copy", "os", "net"},
     "cuda": {"core"},
-    "capi": {"core", "copy", "interop", "os", "ipc", "cuda", "umbrella"},
-    "umbrella": {"core", "copy", "interop", "os", "ipc", "cuda"},
+    "capi": {"core", "copy", "interop", "os", "net", "ipc", "cuda", "umbrella"},
+    "umbrella": {"core", "copy", "interop", "os", "net", "ipc", "cuda"},
 }
 HEADER_LAYER = {
     "buffer.hpp": "core", "device.hpp": "core", "device_runtime.hpp": "core", "dlpack.h": "core",

@@ -37,12 +37,19 @@ class Buffer {
   void mark_escaped() const noexcept { escaped_.store(true, std::memory_order_relaxed); }
   bool escaped() const noexcept { return escaped_.load(std::memory_order_relaxed); }
 
+  /// How this memory arrived, when a transport made it: "shm" (a publisher's loan, no copy), "shm-copy", "ucx"
+  /// (across machines, layout kept), "ucx-packed" (across machines, packed by the sender); nullptr otherwise.
+  const char* transport() const noexcept { return transport_; }
+  /// Sets transport(); `t` must be a string with static storage (a literal).
+  void set_transport(const char* t) noexcept { transport_ = t; }
+
  private:
   void* base_;
   size_t size_;
   Device device_;
   std::shared_ptr<const void> owner_;
   mutable std::atomic<bool> escaped_{false};
+  const char* transport_ = nullptr;
 };
 
 /// The buffer cache: large host blocks (>= 32 MiB) whose last tensor died are kept mapped, up to `limit` bytes in

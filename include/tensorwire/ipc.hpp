@@ -40,7 +40,7 @@ namespace tw {
 
 /// What send() and loan() do when a subscriber's ring is full or the buffer pool is exhausted.
 enum class OnFull : uint8_t {
-  block,        ///< Wait until the subscriber makes room (a dead subscriber is dropped, never waited for).
+  block = 0,    ///< Wait until the subscriber makes room (a dead subscriber is dropped, never waited for).
   drop_oldest,  ///< Drop the subscriber's oldest unread message (counted in dropped()) and enqueue the new one.
   raise,        ///< Throw WouldBlockError; no subscriber receives the message.
 };
@@ -101,17 +101,43 @@ struct PublisherOptions {
   bool protect_sent_loans = true;
   /// Accept subscribers of other users (the default accepts the publisher's own uid only).
   bool allow_other_users = false;
+
+  // -- across machines (UCX; see "Across machines" in the README) --
+  /// Also serve remote subscribers: "host:port" to listen on ("[v6]:port"; port 0 picks a free one, see
+  /// Publisher::address). A missing host (":7447" or "7447") binds to loopback only. Empty: shared memory only.
+  std::string listen{};
+  /// A shared secret remote subscribers must prove (challenge-response; it never crosses the network). Required
+  /// for a listener other machines can reach, unless `insecure`. Data is never encrypted.
+  std::string token{};
+  /// Allow a non-loopback listener without a token (a network you trust).
+  bool insecure = false;
+  /// A remote subscriber silent this long is dropped (it pings every second while alive).
+  std::chrono::milliseconds keepalive{10000};
 };
 
 struct SubscriberOptions {
   /// Accept a publisher of another user (the default accepts the subscriber's own uid only).
   bool allow_other_users = false;
+
+  // -- across machines (UCX) --
+  /// Subscribe to a remote publisher at "host:port" (its PublisherOptions::listen) instead of shared memory.
+  /// The subscriber connects in the background and retries until a publisher listens there.
+  std::string connect{};
+  /// The publisher's token (see PublisherOptions::token). With a token the publisher must prove it too.
+  std::string token{};
+  /// A publisher silent this long (no message, no ping) is gone: the stream ends.
+  std::chrono::milliseconds keepalive{10000};
+  /// Largest message accepted from a remote publisher, in bytes (a larger one disconnects it).
+  uint64_t max_message_bytes = uint64_t{1} << 34;
 };
 
 namespace ipc_detail {
 class PublisherImpl;
 class SubscriberImpl;
 }  // namespace ipc_detail
+namespace net_detail {
+class Client;
+}  // namespace net_detail
 
 /// Topic names: 1 to 64 characters from [A-Za-z0-9_.:/-], not starting with '/'. Throws Error(invalid_argument)
 /// naming the problem.
@@ -180,6 +206,10 @@ class Publisher {
 
   /// True when `t` views one of this publisher's pool buffers (a loan): send() passes it with no copy.
   bool owns(const Tensor& t) const;
+  /// The address remote subscribers connect to ("host:port", the port resolved), or "" without `listen`.
+  std::string address() const;
+  /// Remote subscribers connected now (included in subscriber_count()).
+  size_t remote_subscriber_count() const;
 
  private:
   std::unique_ptr<ipc_detail::PublisherImpl> impl_;
@@ -233,6 +263,8 @@ class Subscriber {
   /// Disconnects and releases the channel; tensors already received stay valid. Idempotent.
   void close() noexcept;
   const std::string& name() const noexcept;
+  /// True for a subscriber of a remote publisher (SubscriberOptions::connect).
+  bool remote() const noexcept { return remote_ != nullptr; }
 
   /// Internal (bindings): like recv_message(timeout), but returns early (empty) when a wait is interrupted.
   std::optional<Received> recv_interruptible(std::chrono::nanoseconds timeout, bool& interrupted);
@@ -244,6 +276,7 @@ class Subscriber {
 
  private:
   std::unique_ptr<ipc_detail::SubscriberImpl> impl_;
+  std::unique_ptr<net_detail::Client> remote_;
 };
 
 }  // namespace tw

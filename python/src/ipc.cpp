@@ -3,6 +3,7 @@
 // for one releases it first; the receive fast path only try-locks), and no C++ wait ever takes the GIL back: long
 // waits run as C++ calls bounded to a slice, and between slices the binding checks for signals (Ctrl-C) with the
 // GIL. A timed-out slice of send() or loan() has done nothing, so retrying it is exact.
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
 #include <chrono>
@@ -16,6 +17,11 @@ namespace twpy {
 namespace {
 
 constexpr auto kSlice = std::chrono::milliseconds(100);
+
+std::chrono::milliseconds keepalive_from(double s) {
+  if (!(s >= 0.1 && s <= 86400.0)) throw nb::value_error("keepalive must be a number of seconds from 0.1 to 86400");
+  return std::chrono::milliseconds(static_cast<int64_t>(s * 1000.0));
+}
 
 tw::Dims shape_from(nb::handle h) {
   tw::Dims d;
@@ -256,7 +262,8 @@ void register_ipc(nb::module_& m) {
       .def("__init__",
            [](tw::Publisher* self, const std::string& name, size_t depth, const std::string& on_full,
               size_t max_metadata_bytes, size_t max_buffers, size_t pool_bytes, size_t max_subscribers,
-              bool protect_sent_loans) {
+              bool protect_sent_loans, std::optional<std::string> listen, std::optional<std::string> token,
+              bool insecure, double keepalive) {
              tw::PublisherOptions o;
              o.depth = depth;
              o.on_full = tw::on_full_from_string(on_full);
@@ -265,15 +272,23 @@ void register_ipc(nb::module_& m) {
              o.pool_bytes = pool_bytes;
              o.max_subscribers = max_subscribers;
              o.protect_sent_loans = protect_sent_loans;
+             o.listen = listen.value_or("");
+             o.token = token.value_or("");
+             if (token && token->empty()) throw nb::value_error("token must not be empty (omit it, or give a secret)");
+             o.insecure = insecure;
+             o.keepalive = keepalive_from(keepalive);
              nb::gil_scoped_release nogil;
              new (self) tw::Publisher(name, o);
            },
            "name"_a, nb::kw_only(), "depth"_a = 8, "on_full"_a = "block", "max_metadata_bytes"_a = 64 * 1024,
            "max_buffers"_a = 1024, "pool_bytes"_a = size_t{2} << 30, "max_subscribers"_a = 256,
-           "protect_sent_loans"_a = true,
+           "protect_sent_loans"_a = true, "listen"_a = nb::none(), "token"_a = nb::none(), "insecure"_a = false,
+           "keepalive"_a = 10.0,
            "Create the publisher of topic `name`: a shared-memory pool (up to pool_bytes and max_buffers) and, per "
            "subscriber, a ring of `depth` messages; on_full says what send does when a ring is full ('block', "
-           "'drop_oldest' or 'raise').")
+           "'drop_oldest' or 'raise'). listen='host:port' also serves subscribers on other machines over UCX "
+           "(no host: loopback only; a reachable address needs token='secret' or insecure=True; data is not "
+           "encrypted); keepalive: seconds of silence after which a remote subscriber is dropped.")
       .def("send",
            [](tw::Publisher& p, nb::handle obj, nb::handle metadata, nb::handle timeout) -> size_t {
              if (p.closed())
@@ -366,6 +381,16 @@ void register_ipc(nb::module_& m) {
         nb::gil_scoped_release nogil;
         return p.dropped();
       }, "Messages dropped under on_full='drop_oldest'.")
+      .def_prop_ro("address", [](const tw::Publisher& p) -> nb::object {
+        std::string a = p.address();  // fixed at construction: no lock taken
+        if (a.empty()) return nb::none();
+        return nb::str(a.c_str());
+      }, "The 'host:port' remote subscribers connect to (the port resolved when listen asked for 0), or None "
+         "without listen.")
+      .def_prop_ro("remote_subscribers", [](const tw::Publisher& p) {
+        nb::gil_scoped_release nogil;
+        return p.remote_subscriber_count();
+      }, "Remote subscribers connected now (included in subscribers).")
       .def_prop_ro("pool_buffers", [](const tw::Publisher& p) {
         nb::gil_scoped_release nogil;
         return p.pool_buffers();
@@ -378,12 +403,22 @@ void register_ipc(nb::module_& m) {
                              "The receiving end of a shared-memory topic: Subscriber(name). recv(timeout=None) "
                              "returns a read-only tw.Tensor (zero-copy), raising TimeoutError or EOFError at "
                              "end-of-stream; iterate until end-of-stream; fileno() for selectors and asyncio.")
-      .def("__init__", [](tw::Subscriber* self, const std::string& name) {
+      .def("__init__", [](tw::Subscriber* self, const std::string& name, std::optional<std::string> connect,
+                          std::optional<std::string> token, double keepalive, uint64_t max_message_bytes) {
+             tw::SubscriberOptions o;
+             o.connect = connect.value_or("");
+             o.token = token.value_or("");
+             if (token && token->empty()) throw nb::value_error("token must not be empty (omit it, or give a secret)");
+             o.keepalive = keepalive_from(keepalive);
+             o.max_message_bytes = max_message_bytes;
              nb::gil_scoped_release nogil;
-             new (self) tw::Subscriber(name);
-           }, "name"_a,
+             new (self) tw::Subscriber(name, o);
+           }, "name"_a, nb::kw_only(), "connect"_a = nb::none(), "token"_a = nb::none(), "keepalive"_a = 10.0,
+           "max_message_bytes"_a = uint64_t{1} << 34,
            "Subscribe to topic `name`; the publisher may start before or after, and each message sent while "
-           "connected arrives once.")
+           "connected arrives once. connect='host:port' subscribes to a publisher on another machine (its "
+           "listen=) over UCX, retrying until it is there; token= proves the shared secret (and checks the "
+           "publisher's proof); keepalive: seconds of publisher silence that end the stream.")
       .def("recv", &recv, "timeout"_a = nb::none(),
            "The next message as a read-only tensor. timeout=None waits (interruptible, GIL released); raises "
            "TimeoutError when the timeout passes and EOFError at end-of-stream.")

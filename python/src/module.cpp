@@ -597,6 +597,13 @@ NB_MODULE(_tensorwire, m) {
       .def_prop_ro("ndim", [](const tw::Tensor& t) { return t.ndim(); }, "Number of dimensions (0 for a scalar tensor).")
       .def_prop_ro("size", [](const tw::Tensor& t) { return t.numel(); }, "Number of elements.")
       .def_prop_ro("itemsize", [](const tw::Tensor& t) { return t.dtype().itemsize(); }, "Bytes per element.")
+      .def_prop_ro("transport", [](const tw::Tensor& t) -> nb::object {
+        const char* tr = t.defined() ? t.buffer().transport() : nullptr;
+        if (!tr) return nb::none();
+        return nb::str(tr);
+      }, "How a received tensor's memory arrived: 'shm' (shared memory, no copy), 'ucx' (from another machine, "
+         "layout kept), 'ucx-packed' (from another machine, packed dense by the sender); None when no transport "
+         "made it.")
       .def_prop_ro("readonly", [](const tw::Tensor& t) { return t.readonly(); }, "True when the memory must not be written (received messages, read-only producers, as_readonly()).")
       .def_prop_ro("data_ptr", [](const tw::Tensor& t) {
         t.buffer().mark_escaped();  // a raw address: whoever holds it can write without being counted

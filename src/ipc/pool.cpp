@@ -40,7 +40,21 @@ struct LoanRef {
   size_t slot;
 };
 
+// Owner of a transport's hold on a slot (Pool::hold).
+struct HoldRef {
+  HoldRef(std::shared_ptr<Pool> p, size_t s) : pool(std::move(p)), slot(s) {
+    pool->slot(slot).holds.fetch_add(1, std::memory_order_relaxed);
+  }
+  HoldRef(const HoldRef&) = delete;
+  HoldRef& operator=(const HoldRef&) = delete;
+  ~HoldRef() { pool->slot(slot).holds.fetch_sub(1, std::memory_order_release); }
+  std::shared_ptr<Pool> pool;
+  size_t slot;
+};
+
 }  // namespace
+
+std::shared_ptr<const void> Pool::hold(size_t i) { return std::make_shared<HoldRef>(shared_from_this(), i); }
 
 std::unique_ptr<SegmentSource> host_segment_source() { return std::make_unique<HostSegments>(); }
 
@@ -76,7 +90,8 @@ long Pool::find(const Buffer& b, size_t& off) const noexcept {
 
 bool Pool::is_free(size_t i, const std::function<bool(size_t)>& held) const {
   const Slot& s = slots_[i];
-  return s.segment_id && !s.reserved && s.loans.load(std::memory_order_acquire) == 0 && !held(i);
+  return s.segment_id && !s.reserved && s.loans.load(std::memory_order_acquire) == 0 &&
+         s.holds.load(std::memory_order_acquire) == 0 && !held(i);
 }
 
 std::optional<size_t> Pool::try_take(size_t nbytes, const std::function<bool(size_t)>& held,
@@ -146,7 +161,7 @@ void Pool::protect_sent(size_t i) noexcept {
 void Pool::release_unloaned() noexcept {
   for (size_t i = 0; i < end_; ++i) {
     Slot& s = slots_[i];
-    if (s.segment_id && s.loans.load(std::memory_order_acquire) == 0) {
+    if (s.segment_id && s.loans.load(std::memory_order_acquire) == 0 && s.holds.load(std::memory_order_acquire) == 0) {
       s.segment_id = 0;
       s.seg = Segment();
     }

@@ -52,6 +52,7 @@ class Pool : public std::enable_shared_from_this<Pool> {
     uint64_t segment_id = 0;        ///< 0: empty slot
     Segment seg;
     std::atomic<int32_t> loans{0};  ///< loaned tensors (and their views) alive in this process
+    std::atomic<int32_t> holds{0};  ///< transports still reading it (remote sends in flight)
     bool writable = true;           ///< false once a loan of it was sent and protected: read-only here
     bool reserved = false;          ///< packed by the send in progress, not yet pushed
     size_t size() const noexcept { return seg.map.size(); }
@@ -82,6 +83,8 @@ class Pool : public std::enable_shared_from_this<Pool> {
 
   /// A writable, C-contiguous tensor over slot i (a loan): the slot's loan count holds it until the last view goes.
   Tensor loan(size_t i, Layout layout);
+  /// Keeps slot i out of reuse (and mapped) while the returned object lives: a transport still reading it.
+  std::shared_ptr<const void> hold(size_t i);
   /// Makes slot i writable again here (before a loan or packing into it). Throws Error when the OS refuses.
   void make_writable(size_t i);
   /// Makes slot i read-only here (a sent loan someone could still write through).

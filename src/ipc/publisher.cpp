@@ -36,6 +36,7 @@
 #include "ipc/channel_internal.hpp"
 #include "ipc/fork_internal.hpp"
 #include "ipc/pool_internal.hpp"
+#include "net/net_internal.hpp"
 
 namespace tw {
 namespace ipc_detail {
@@ -100,6 +101,20 @@ class PublisherImpl {
     channel_proto_ = make_channel_header(opt_.depth, opt_.max_metadata_bytes, opt_.max_buffers,
                                          static_cast<uint32_t>(pid_));
     pool_ = std::make_shared<Pool>(host_segment_source(), opt_.max_buffers, opt_.pool_bytes, name_);
+    if (!opt_.listen.empty()) {
+      net_detail::ServerOptions so;
+      so.listen = opt_.listen;
+      so.token = opt_.token;
+      so.insecure = opt_.insecure;
+      so.depth = static_cast<uint32_t>(std::min<size_t>(opt_.depth, 1u << 20));
+      so.on_full = static_cast<net_detail::Policy>(opt_.on_full);
+      so.max_subscribers = opt_.max_subscribers;
+      so.keepalive = opt_.keepalive;
+      net_ = net_detail::Server::create(name_, std::move(so));
+    } else if (!opt_.token.empty() || opt_.insecure) {
+      throw Error(ErrorCode::invalid_argument, "Publisher('" + name_ + "'): token= and insecure= are for remote "
+                                               "subscribers (give listen= too)");
+    }
     listener_ = listen_abstract(publisher_address(name_));
     if (!listener_) throw name_in_use();
     wake_ = Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
@@ -138,6 +153,8 @@ class PublisherImpl {
     [[maybe_unused]] ssize_t r = ::write(wake_.get(), &one, sizeof one);
     if (monitor_ && monitor_->joinable()) monitor_->join();
     std::lock_guard send_lock(send_mu_);  // no send is half done past this point
+    // Remote subscribers get what is queued (bounded), then BYE; their holds on pool buffers go with the thread.
+    if (net_) net_->close();
     std::lock_guard lock(mu_);
     for (auto& s : subs_) s->bye();
     subs_.clear();
@@ -153,12 +170,15 @@ class PublisherImpl {
     reap();
     size_t n = 0;
     for (auto& s : subs_) n += s->active() ? 1u : 0u;
-    return n;
+    return n + remote_count();
   }
+
+  size_t remote_count() const { return net_ && !closed() ? net_->active() : 0; }
+  std::string address() const { return net_ ? net_->address() : std::string(); }
 
   uint64_t dropped() {
     std::lock_guard lock(mu_);
-    uint64_t n = dropped_gone_;
+    uint64_t n = dropped_gone_ + (net_ ? net_->dropped() : 0);
     for (auto& s : subs_) n += aref(s->ring.header().dropped).load(std::memory_order_relaxed);
     return n;
   }
@@ -260,6 +280,89 @@ class PublisherImpl {
     bool loan = false;
   };
 
+  // A strided view of a loan crosses to remote subscribers as the iov of its contiguous runs when they are at least
+  // this long (shorter runs cost UCX more per byte than packing them: bench/RESULTS.md, "Across machines").
+  static constexpr uint64_t kMinRunBytes = 2048;
+  static constexpr uint64_t kMaxRunsPerMessage = 1u << 16;
+
+  // The remote side of a message: each tensor's bytes where they already are (a pool buffer, held until every
+  // remote send of it completes), as its span or its runs; a loan view whose runs are too short is packed here,
+  // once, for all remote subscribers. Called with mu_ held (dropped around packing).
+  std::shared_ptr<net_detail::OutMessage> remote_message(std::vector<Part>& parts, const std::string* head,
+                                                         std::unique_lock<std::mutex>& lock) {
+    using namespace net_detail;
+    auto out = std::make_shared<OutMessage>();
+    WireMessage wm;
+    if (head) {
+      const Metadata st = decode_metadata(*head);
+      const std::string& kind = st.at("kind").as_string();
+      wm.kind = static_cast<uint8_t>(
+          1 + static_cast<int>(kind == "dict" ? Message::Kind::dict : kind == "tuple" ? Message::Kind::tuple
+                                                                                      : Message::Kind::list));
+      if (const Value* keys = st.find("keys"))
+        for (const Value& k : keys->items()) wm.keys.push_back(k.as_string());
+    }
+    std::vector<const char*> bases(parts.size());
+    uint64_t runs = 0;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      Part& p = parts[i];
+      const Pool::Slot& slot = pool_->slot(p.slot);
+      bases[i] = slot.data() + p.alloc_offset;
+      out->keep.push_back(pool_->hold(p.slot));
+      WireTensor w;
+      w.layout = p.layout;
+      w.metadata_bytes = p.meta;
+      const Layout& l = p.layout;
+      if (l.numel() == 0) {
+        w.layout.byte_offset = 0;
+        w.carry = Carry::span;
+      } else {
+        if (!p.loan) w.carry = p.t->is_contiguous() ? Carry::span : Carry::packed;
+        else if (!l.may_overlap() && l.byte_span().size() == l.nbytes()) w.carry = Carry::span;  // dense, any signs
+        else {
+          const RunStats rs = l.is_packed_subbyte() || l.has_broadcast() || l.has_negative_stride() || l.may_overlap()
+                                  ? RunStats{} : run_stats(l);
+          if (rs.bytes >= kMinRunBytes && runs + rs.count <= kMaxRunsPerMessage) {
+            w.carry = Carry::runs;
+            runs += rs.count;
+          } else {
+            w.carry = Carry::packed;
+          }
+        }
+        const ByteSpan sp = l.byte_span();
+        bases[i] += l.byte_offset + sp.begin;
+        w.layout.byte_offset = -sp.begin;
+        w.span_bytes = static_cast<uint64_t>(sp.size());
+      }
+      wm.tensors.push_back(std::move(w));
+    }
+    // Runs need the descriptor in UCX's header (the receiver places them before it has the data).
+    const bool fits = kNetHeaderBytes + encode_message(wm).size() <= net_->max_header();
+    for (size_t i = 0; i < parts.size(); ++i) {
+      WireTensor& w = wm.tensors[i];
+      if (w.carry == Carry::runs && !fits) w.carry = Carry::packed;
+      if (w.carry != Carry::packed || !parts[i].loan) continue;
+      // Pack the loan view for the remote side (local subscribers still get it with no copy).
+      const Tensor& t = *parts[i].t;
+      Layout dense{t.dtype(), t.shape(), Layout::contiguous_strides(t.shape()), 0, t.subbyte_padded()};
+      auto buf = Buffer::allocate(static_cast<size_t>(std::max<int64_t>(dense.nbytes(), 1)));
+      lock.unlock();
+      copy(t, Tensor::make(buf, dense, false));
+      lock.lock();
+      check_usable("send");
+      bases[i] = static_cast<const char*>(buf->base());
+      w.span_bytes = static_cast<uint64_t>(dense.nbytes());
+      w.layout = std::move(dense);
+      out->keep.push_back(std::move(buf));
+    }
+    out->descriptor = encode_message(wm);
+    for (size_t i = 0; i < parts.size(); ++i) {
+      out->payload_bytes += wire_bytes(wm.tensors[i]);
+      out->tensors.push_back(OutTensor{bases[i], std::move(wm.tensors[i])});
+    }
+    return out;
+  }
+
   // Slots taken by a send in progress (packed, not yet pushed) stay out of acquire_slot's reach until it ends.
   struct Reservation {
     PublisherImpl& p;
@@ -309,9 +412,10 @@ class PublisherImpl {
     std::unique_lock lock(mu_);
     check_usable("send");
     reap();
-    if (active_count() == 0) return 0;
+    if (active_count() == 0 && remote_count() == 0) return 0;
     // 1. Room in every ring first (nothing is packed twice when a wait is retried).
     wait_for_room(deadline, lock, cells);
+    const bool remote = remote_count() > 0;
     // 2. The buffers: loans as they are, anything else packed into pool buffers reserved until pushed.
     Reservation reserved{*this, {}};
     for (Part& p : parts) {
@@ -346,6 +450,9 @@ class PublisherImpl {
       lock.lock();
       check_usable("send");
     }
+    // 2b. What remote subscribers get: the same buffers, held until every remote send of them is done.
+    std::shared_ptr<net_detail::OutMessage> out;
+    if (remote) out = remote_message(parts, head, lock);
     // 3. Push to every live subscriber in one critical section. Rings only gain room while we hold send_mu_, and a
     //    subscriber that joined meanwhile has an empty ring.
     reap();
@@ -391,6 +498,10 @@ class PublisherImpl {
       if (wants_eventfd) sub.notify();
       ++delivered;
     }
+    if (out) {
+      out->sequence = seqno;
+      delivered += net_->enqueue(std::move(out));
+    }
     return delivered;
   }
 
@@ -403,6 +514,7 @@ class PublisherImpl {
     forked_ = true;
     closed_.store(true);
     subs_.clear();  // closes this process's copies of their sockets and eventfds
+    (void)net_.release();  // its thread is not in this process: never join or destroy it here
     listener_.reset();
     wake_.reset();
   }
@@ -555,8 +667,26 @@ class PublisherImpl {
         break;
       }
       if (!blocked) {
-        waiting_for_.clear();
-        return;
+        std::string who;
+        if (!net_ || net_->room(1, who)) {
+          waiting_for_.clear();
+          return;
+        }
+        // A remote subscriber has `depth` unread messages (its credit is spent).
+        if (opt_.on_full == OnFull::raise)
+          throw WouldBlockError("Publisher::send: " + who + " on '" + name_ + "' (on_full='raise')");
+        waiting_for_ = who;
+        if (deadline.expired()) {
+          waiting_for_.clear();
+          throw TimeoutError("Publisher::send on '" + name_ + "' timed out: " + who +
+                             "; nobody received this message. Use on_full='drop_oldest' to never wait for a slow "
+                             "subscriber");
+        }
+        lock.unlock();
+        backoff.pause(deadline);
+        lock.lock();
+        check_usable("send");
+        continue;
       }
       if (blocked->hung_up()) continue;
       waiting_for_ = "subscriber pid " + std::to_string(blocked->pid) + " has " +
@@ -772,6 +902,7 @@ class PublisherImpl {
   std::atomic<bool> closed_{false}, stop_{false};
   bool forked_ = false;
   std::unique_ptr<std::thread> monitor_;
+  std::unique_ptr<net_detail::Server> net_;  // remote subscribers (PublisherOptions::listen)
 };
 
 }  // namespace ipc_detail
@@ -821,5 +952,7 @@ size_t Publisher::subscriber_count() const { return get(impl_, "subscriber_count
 uint64_t Publisher::dropped() const { return get(impl_, "dropped").dropped(); }
 size_t Publisher::pool_buffers() const { return get(impl_, "pool_buffers").pool_buffers(); }
 bool Publisher::owns(const Tensor& t) const { return impl_ && impl_->owns(t); }
+std::string Publisher::address() const { return impl_ ? impl_->address() : std::string(); }
+size_t Publisher::remote_subscriber_count() const { return impl_ ? impl_->remote_count() : 0; }
 
 }  // namespace tw

@@ -21,6 +21,7 @@
 #include <unordered_map>
 
 #include "ipc/fork_internal.hpp"
+#include "net/net_internal.hpp"
 #include "ipc/ipc_internal.hpp"
 
 namespace tw {
@@ -500,6 +501,7 @@ class SubscriberImpl {
     char* base = seg->data() + m.alloc_offset;
     auto lease = std::make_shared<Lease>(chan_, std::move(seg), m.lease_slot);
     auto buf = std::make_shared<Buffer>(base, static_cast<size_t>(m.alloc_bytes), Device::cpu(), std::move(lease));
+    buf->set_transport("shm");
     Tensor t = Tensor::make(std::move(buf), std::move(m.layout), true);
     t.metadata() = std::move(m.metadata);
     return t;
@@ -611,13 +613,41 @@ std::chrono::steady_clock::time_point deadline_after(std::chrono::nanoseconds ti
 }
 }  // namespace
 
-Subscriber::Subscriber(std::string_view name, SubscriberOptions options)
-    : impl_(std::make_unique<ipc_detail::SubscriberImpl>(name, options)) {}
+Subscriber::Subscriber(std::string_view name, SubscriberOptions options) {
+  if (!options.connect.empty()) {
+    net_detail::ClientOptions o;
+    o.connect = options.connect;
+    o.token = options.token;
+    o.keepalive = options.keepalive;
+    o.limits.max_message_bytes = options.max_message_bytes;
+    validate_topic_name(name);
+    remote_ = net_detail::Client::create(std::string(name), std::move(o));
+    return;
+  }
+  if (!options.token.empty())
+    throw Error(ErrorCode::invalid_argument, "Subscriber('" + std::string(name) +
+                                                 "'): token= is for a remote publisher (give connect= too)");
+  impl_ = std::make_unique<ipc_detail::SubscriberImpl>(name, options);
+}
 Subscriber::~Subscriber() = default;
 Subscriber::Subscriber(Subscriber&&) noexcept = default;
 Subscriber& Subscriber::operator=(Subscriber&&) noexcept = default;
 
 namespace {
+std::optional<Subscriber::Received> received(std::optional<net_detail::Delivered> d) {
+  if (!d) return std::nullopt;
+  Subscriber::Received r;
+  r.single = d->single;
+  r.message.kind = static_cast<Message::Kind>(d->kind);
+  r.message.keys = std::move(d->keys);
+  r.message.tensors = std::move(d->tensors);
+  return r;
+}
+static_assert(static_cast<int>(Message::Kind::dict) == 2 && static_cast<int>(Message::Kind::tuple) == 1);
+static_assert(static_cast<int>(Subscriber::PollStatus::busy) == static_cast<int>(net_detail::PollResult::busy) &&
+              static_cast<int>(Subscriber::PollStatus::ended) == static_cast<int>(net_detail::PollResult::ended) &&
+              static_cast<int>(Subscriber::PollStatus::empty) == static_cast<int>(net_detail::PollResult::empty));
+
 std::optional<Tensor> single(std::optional<Subscriber::Received> r, const std::string& name) {
   if (!r) return std::nullopt;
   if (!r->single) {
@@ -633,33 +663,65 @@ std::optional<Tensor> single(std::optional<Subscriber::Received> r, const std::s
 }  // namespace
 
 std::optional<Tensor> Subscriber::recv(std::chrono::nanoseconds timeout) {
+  if (remote_) return single(received(remote_->recv(timeout)), name());
   bool interrupted;
   return single(get(impl_, "recv").recv(deadline_after(timeout), false, interrupted), name());
 }
 std::optional<Tensor> Subscriber::recv() {
+  if (remote_) {
+    for (;;) {
+      auto r = remote_->recv(std::chrono::hours(1));
+      if (r || remote_->ended()) return single(received(std::move(r)), name());
+    }
+  }
   bool interrupted;
   return single(get(impl_, "recv").recv(std::chrono::steady_clock::time_point::max(), false, interrupted), name());
 }
 std::optional<Subscriber::Received> Subscriber::recv_message(std::chrono::nanoseconds timeout) {
+  if (remote_) return received(remote_->recv(timeout));
   bool interrupted;
   return get(impl_, "recv").recv(deadline_after(timeout), false, interrupted);
 }
 std::optional<Subscriber::Received> Subscriber::recv_interruptible(std::chrono::nanoseconds timeout,
                                                                    bool& interrupted) {
+  if (remote_) {
+    interrupted = false;
+    return received(remote_->recv(timeout));
+  }
   return get(impl_, "recv").recv(deadline_after(timeout), true, interrupted);
 }
 std::optional<Subscriber::Received> Subscriber::poll_nowait(PollStatus& status) {
+  if (remote_) {
+    net_detail::PollResult r;
+    auto d = remote_->poll(r);
+    status = static_cast<PollStatus>(r);
+    return received(std::move(d));
+  }
   return get(impl_, "recv").poll_nowait(status);
 }
-bool Subscriber::closed() const noexcept { return !impl_ || impl_->closed(); }
-bool Subscriber::connected() const noexcept { return impl_ && impl_->connected(); }
-int Subscriber::fileno() { return get(impl_, "fileno").fileno(); }
-uint64_t Subscriber::dropped() const noexcept { return impl_ ? impl_->dropped() : 0; }
+bool Subscriber::closed() const noexcept {
+  if (remote_) return remote_->ended();
+  return !impl_ || impl_->closed();
+}
+bool Subscriber::connected() const noexcept {
+  if (remote_) return remote_->connected();
+  return impl_ && impl_->connected();
+}
+int Subscriber::fileno() {
+  if (remote_) return remote_->fileno();
+  return get(impl_, "fileno").fileno();
+}
+uint64_t Subscriber::dropped() const noexcept {
+  if (remote_) return remote_->dropped();
+  return impl_ ? impl_->dropped() : 0;
+}
 void Subscriber::close() noexcept {
+  if (remote_) remote_->close();
   if (impl_) impl_->close();
 }
 const std::string& Subscriber::name() const noexcept {
   static const std::string empty;
+  if (remote_) return remote_->name();
   return impl_ ? impl_->name() : empty;
 }
 

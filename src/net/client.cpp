@@ -1,0 +1,581 @@
+// client.cpp — the subscriber's remote side (net_internal.hpp): a thread owning a UCX worker and one endpoint.
+//
+// The thread connects (and retries every 200 ms until a publisher listens there), answers the token challenge,
+// then lands each DATA message in a buffer of its own — straight into place by UCX (rendezvous, an iov that puts
+// each run where the layout wants it) or copied out of UCX's eager buffer — and queues it in arrival order. recv()
+// takes from that queue under mu_ and gives credit back. Nothing UCX owns is ever handed to the user.
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "net/loop.hpp"
+#include "net/net_internal.hpp"
+#include "net/sha256.hpp"
+
+namespace tw::net_detail {
+
+sockaddr_storage resolve(const HostPort& hp, bool passive, const std::string& what);
+
+namespace {
+
+constexpr auto kRetryEvery = std::chrono::milliseconds(200);
+
+uint64_t align64(uint64_t n) { return (n + 63) & ~uint64_t{63}; }
+
+class ClientImpl;
+
+// One message on its way in.
+struct Landing {
+  ClientImpl* owner = nullptr;
+  uint64_t desc_bytes = 0;    // kDescInData: the descriptor's size at the front of the data
+  std::shared_ptr<Buffer> buffer;
+  WireMessage msg;
+  uint64_t data_offset = 0;   // where the first tensor's region starts (after a descriptor carried in the data)
+  bool desc_in_data = false;  // the descriptor is decoded once the data is in
+  bool ready = false;
+  std::string error;          // the receive failed
+  std::vector<ucp_dt_iov_t> iov;
+};
+
+class ClientImpl final : public Client {
+ public:
+  ClientImpl(std::string topic, ClientOptions o) : topic_(std::move(topic)), opt_(std::move(o)) {
+    hp_ = parse_host_port(opt_.connect, "connect");
+    if (opt_.keepalive < std::chrono::milliseconds(100))
+      throw Error(ErrorCode::invalid_argument, "keepalive must be at least 0.1 s");
+    addr_ = resolve(hp_, false, "connect='" + opt_.connect + "'");
+    loop_ = std::make_unique<Loop>();
+    ucp_am_handler_param_t hp{};
+    hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    hp.id = kAmToSubscriber;
+    hp.cb = &ClientImpl::on_am;
+    hp.arg = this;
+    const ucs_status_t st = ucx().set_am_recv_handler(loop_->worker(), &hp);
+    if (st != UCS_OK) throw Error(ErrorCode::unsupported, "tensorwire net: " + ucx_status(st));
+    event_ = os::Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!event_) os::throw_errno("eventfd");
+    thread_ = std::thread([this] { run(); });
+  }
+
+  ~ClientImpl() override { close(); }
+
+  const std::string& name() const noexcept override { return topic_; }
+
+  std::optional<Delivered> recv(std::chrono::nanoseconds timeout) override {
+    std::unique_lock lock(mu_);
+    const auto until = Clock::now() + std::min(timeout, std::chrono::nanoseconds(std::chrono::hours(24 * 365)));
+    cv_.wait_until(lock, until, [&] { return !queue_.empty() || ended_ || closed_; });
+    return take(lock);
+  }
+
+  std::optional<Delivered> poll(PollResult& status) override {
+    std::unique_lock lock(mu_, std::try_to_lock);
+    if (!lock.owns_lock()) {
+      status = PollResult::busy;
+      return std::nullopt;
+    }
+    auto r = take(lock);
+    status = r ? PollResult::message
+               : (ended_ || closed_) ? PollResult::ended : PollResult::empty;
+    return r;
+  }
+
+  bool ended() const noexcept override {
+    std::lock_guard lock(mu_);
+    return closed_ || (ended_ && queue_.empty());
+  }
+  bool connected() const noexcept override { return connected_.load(std::memory_order_acquire); }
+  int fileno() override { return event_.get(); }
+  uint64_t dropped() const noexcept override { return dropped_.load(std::memory_order_relaxed); }
+
+  void close() noexcept override {
+    {
+      std::lock_guard lock(mu_);
+      if (closed_ && !thread_.joinable()) return;
+      closed_ = true;
+      queue_.clear();
+      signal_locked();
+    }
+    cv_.notify_all();
+    stop_.store(true);
+    if (loop_) loop_->wake();
+    if (thread_.joinable()) thread_.join();
+    loop_.reset();
+  }
+
+ private:
+  friend struct Landing;
+  enum class State { idle, connecting, auth_sent, active, ended };
+
+  // Under mu_: the next queued message; credit for it; the fatal error once the queue is empty.
+  std::optional<Delivered> take(std::unique_lock<std::mutex>&) {
+    if (!queue_.empty()) {
+      Delivered r = std::move(queue_.front());
+      queue_.pop_front();
+      if (on_full_ != Policy::drop_oldest) {
+        credits_.fetch_add(1, std::memory_order_relaxed);
+        loop_->wake();
+      }
+      if (queue_.empty() && !ended_ && !closed_) {
+        uint64_t v;
+        [[maybe_unused]] ssize_t n = ::read(event_.get(), &v, sizeof v);
+      }
+      return r;
+    }
+    if (!fatal_.empty() && !closed_) throw Error(fatal_code_, fatal_);
+    return std::nullopt;
+  }
+
+  void signal_locked() {
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(event_.get(), &one, sizeof one);
+  }
+
+  void end_stream(const std::string& fatal = {}, ErrorCode code = ErrorCode::invalid_argument) {
+    {
+      std::lock_guard lock(mu_);
+      if (!fatal.empty() && fatal_.empty()) {
+        fatal_ = fatal;
+        fatal_code_ = code;
+      }
+      ended_ = true;
+      signal_locked();
+    }
+    connected_.store(false, std::memory_order_release);
+    cv_.notify_all();
+    state_ = State::ended;
+  }
+
+  std::string who() const { return "tensorwire.Subscriber('" + topic_ + "', connect='" + opt_.connect + "')"; }
+
+  // ---- UCX callbacks ----------------------------------------------------------------------------------------------
+
+  static void on_ep_error(void* arg, ucp_ep_h, ucs_status_t st) {
+    auto* self = static_cast<ClientImpl*>(arg);
+    self->ep_failed_ = true;
+    self->ep_error_ = ucx_status(st);
+  }
+
+  static ucs_status_t on_am(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                            const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<ClientImpl*>(arg);
+    if (self->state_ == State::ended || self->ep_failed_) return UCS_OK;
+    try {
+      const auto bytes = std::span<const uint8_t>(static_cast<const uint8_t*>(header), header_length);
+      const NetHeader h = decode_header(bytes);
+      self->last_heard_ = Clock::now();
+      if (h.type == NetType::data) {
+        self->on_data(h, bytes.subspan(kNetHeaderBytes), data, length, param);
+        return UCS_OK;
+      }
+      if (length != 0) throw Error(ErrorCode::invalid_argument, "a control message with data");
+      if (h.body_bytes != header_length - kNetHeaderBytes)
+        throw Error(ErrorCode::invalid_argument, "body size disagrees with the header");
+      self->on_control(h, bytes.subspan(kNetHeaderBytes));
+    } catch (const Error& e) {
+      self->violation(e.what(), e.code() == ErrorCode::version_mismatch ? e.code() : ErrorCode::invalid_argument);
+    } catch (const std::exception& e) {
+      self->violation(e.what(), ErrorCode::internal);
+    }
+    return UCS_OK;
+  }
+
+  void violation(const std::string& what, ErrorCode code) {
+    end_stream(who() + ": the publisher broke the protocol and was disconnected: " + what, code);
+  }
+
+  void on_control(const NetHeader& h, std::span<const uint8_t> body) {
+    switch (h.type) {
+      case NetType::hello: {
+        if (state_ != State::connecting) throw Error(ErrorCode::invalid_argument, "a second HELLO");
+        const Hello hello = decode_hello(body);
+        if (!opt_.token.empty() && !hello.token_required) {
+          end_stream(who() + ": a token was given, but the publisher there does not use one; it cannot prove who "
+                             "it is, so nothing is received from it (drop token=, or give the publisher the token)");
+          return;
+        }
+        if (opt_.token.empty() && hello.token_required) {
+          end_stream(who() + ": the publisher requires a token; give token=... (the same secret as the publisher's)");
+          return;
+        }
+        publisher_nonce_ = hello.nonce;
+        random_bytes(nonce_);
+        Auth a;
+        a.topic = topic_;
+        a.nonce = nonce_;
+        if (!opt_.token.empty()) {
+          a.has_proof = true;
+          a.proof = client_proof(opt_.token, topic_, publisher_nonce_, nonce_);
+        }
+        send_control(NetType::auth, encode_auth(a));
+        state_ = State::auth_sent;
+        return;
+      }
+      case NetType::welcome: {
+        if (state_ != State::auth_sent) throw Error(ErrorCode::invalid_argument, "WELCOME out of turn");
+        const Welcome w = decode_welcome(body);
+        if (!opt_.token.empty()) {
+          const Proof want = publisher_proof(opt_.token, topic_, publisher_nonce_, nonce_);
+          if (!w.has_proof || !equal_constant_time(want, w.proof)) {
+            end_stream(who() + ": the publisher could not prove it knows the token; disconnected");
+            return;
+          }
+        }
+        depth_ = w.depth;
+        {
+          std::lock_guard lock(mu_);
+          on_full_ = w.on_full;
+        }
+        state_ = State::active;
+        connected_.store(true, std::memory_order_release);
+        return;
+      }
+      case NetType::refused: {
+        const std::string why = decode_refused(body);
+        end_stream(who() + ": the publisher refused this subscriber: " + why);
+        return;
+      }
+      case NetType::ping:
+        return;
+      case NetType::bye:
+        if (state_ != State::active) throw Error(ErrorCode::invalid_argument, "BYE before WELCOME");
+        bye_ = true;
+        return;
+      default:
+        throw Error(ErrorCode::invalid_argument, "unexpected message type " + std::to_string(static_cast<int>(h.type)));
+    }
+  }
+
+  void on_data(const NetHeader& h, std::span<const uint8_t> body, void* data, size_t length,
+               const ucp_am_recv_param_t* param) {
+    if (state_ != State::active || bye_) throw Error(ErrorCode::invalid_argument, "DATA out of turn");
+    if (length != h.payload_bytes) throw Error(ErrorCode::invalid_argument, "data size disagrees with the header");
+    if (h.payload_bytes > opt_.limits.max_message_bytes)
+      throw Error(ErrorCode::invalid_argument, "a message of " + std::to_string(h.payload_bytes) + " bytes (at most " +
+                                                   std::to_string(opt_.limits.max_message_bytes) + ")");
+    // Credit: the publisher may have `depth` messages unread here (block, raise) or in flight (drop_oldest).
+    {
+      std::lock_guard lock(mu_);
+      const size_t held = landing_.size() + (on_full_ == Policy::drop_oldest ? 0 : queue_.size());
+      if (held >= depth_) throw Error(ErrorCode::invalid_argument, "more messages than its credit allows");
+    }
+    const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    auto l = std::make_unique<Landing>();
+    l->owner = this;
+    if (h.flags & kDescInData) {
+      if (!body.empty()) throw Error(ErrorCode::invalid_argument, "a descriptor in both header and data");
+      if (h.body_bytes > h.payload_bytes) throw Error(ErrorCode::invalid_argument, "descriptor larger than the data");
+      l->desc_in_data = true;
+      l->data_offset = align64(h.body_bytes);
+      l->buffer = Buffer::allocate(std::max<size_t>(static_cast<size_t>(h.payload_bytes), 1), 64);
+      l->desc_bytes = h.body_bytes;
+      l->iov.push_back(ucp_dt_iov_t{l->buffer->base(), static_cast<size_t>(h.payload_bytes)});
+    } else {
+      if (h.body_bytes != body.size()) throw Error(ErrorCode::invalid_argument, "body size disagrees with the header");
+      l->msg = decode_message(body, opt_.limits);
+      uint64_t total = 0, wire = 0;
+      for (const WireTensor& t : l->msg.tensors) {
+        total += align64(t.span_bytes);
+        wire += wire_bytes(t);
+      }
+      if (wire != h.payload_bytes)
+        throw Error(ErrorCode::invalid_argument, "the descriptor accounts for " + std::to_string(wire) +
+                                                     " bytes of data, the message has " + std::to_string(h.payload_bytes));
+      l->buffer = Buffer::allocate(std::max<size_t>(static_cast<size_t>(total), 1), 64);
+      char* base = static_cast<char*>(l->buffer->base());
+      uint64_t region = 0;
+      for (const WireTensor& t : l->msg.tensors) {
+        if (t.carry == Carry::runs) {
+          for_each_run(t.layout, [&](uint64_t off, uint64_t n) {
+            l->iov.push_back(ucp_dt_iov_t{base + region + off, static_cast<size_t>(n)});
+          });
+        } else if (t.span_bytes) {
+          l->iov.push_back(ucp_dt_iov_t{base + region, static_cast<size_t>(t.span_bytes)});
+        }
+        region += align64(t.span_bytes);
+      }
+    }
+    Landing* lp = l.get();
+    landing_.push_back(std::move(l));
+    if (!rndv) {
+      const char* src = static_cast<const char*>(data);
+      for (const ucp_dt_iov_t& e : lp->iov) {
+        std::memcpy(e.buffer, src, e.length);
+        src += e.length;
+      }
+      complete(lp, UCS_OK);
+      return;
+    }
+    ucp_request_param_t rp{};
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    rp.cb.recv_am = &ClientImpl::recv_done;
+    rp.user_data = lp;
+    const void* buf = nullptr;
+    size_t count = 0;
+    if (lp->iov.size() == 1) {
+      buf = lp->iov[0].buffer;
+      count = lp->iov[0].length;
+    } else if (lp->iov.size() > 1) {
+      rp.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+      rp.datatype = ucp_dt_make_iov();
+      buf = lp->iov.data();
+      count = lp->iov.size();
+    }
+    ++receiving_;
+    ucs_status_t st;
+    const ucs_status_ptr_t r = ucx().am_recv_data_nbx(loop_->worker(), data, const_cast<void*>(buf), count, &rp);
+    if (done_now(r, st)) {
+      --receiving_;
+      complete(lp, st);
+    }
+  }
+
+  static void recv_done(void* request, ucs_status_t st, size_t, void* user) {
+    auto* lp = static_cast<Landing*>(user);
+    --lp->owner->receiving_;
+    lp->owner->complete(lp, st);
+    if (request) ucx().request_free(request);
+  }
+
+  void complete(Landing* lp, ucs_status_t st) {
+    if (st != UCS_OK) {
+      lp->error = "receiving a message failed: " + ucx_status(st);
+    } else if (lp->desc_in_data) {
+      try {
+        const uint64_t n = lp->desc_bytes;
+        const auto* b = static_cast<const uint8_t*>(lp->buffer->base());
+        lp->msg = decode_message({b, static_cast<size_t>(n)}, opt_.limits);
+        uint64_t need = lp->data_offset;
+        for (const WireTensor& t : lp->msg.tensors) {
+          if (t.carry == Carry::runs) throw Error(ErrorCode::invalid_argument, "runs with the descriptor in the data");
+          need += align64(t.span_bytes);
+        }
+        if (need > lp->buffer->size() + 63 || need < lp->buffer->size())
+          throw Error(ErrorCode::invalid_argument, "the descriptor disagrees with the data's size");
+        uint64_t region = lp->data_offset;
+        for (const WireTensor& t : lp->msg.tensors) {
+          if (region + t.span_bytes > lp->buffer->size())
+            throw Error(ErrorCode::invalid_argument, "a tensor beyond the data");
+          region += align64(t.span_bytes);
+        }
+      } catch (const Error& e) {
+        lp->error = e.what();
+      }
+    }
+    lp->ready = true;
+    deliver();
+  }
+
+  // Moves landed messages, in arrival order, to the user's queue.
+  void deliver() {
+    while (!landing_.empty() && landing_.front()->ready) {
+      std::unique_ptr<Landing> l = std::move(landing_.front());
+      landing_.pop_front();
+      if (!l->error.empty()) {
+        violation(l->error, ErrorCode::invalid_argument);
+        return;
+      }
+      Delivered r;
+      r.single = l->msg.kind == 0;
+      r.kind = r.single ? uint8_t{0} : static_cast<uint8_t>(l->msg.kind - 1);
+      r.keys = std::move(l->msg.keys);
+      uint64_t region = l->data_offset;
+      char* base = static_cast<char*>(l->buffer->base());
+      for (WireTensor& t : l->msg.tensors) {
+        // Each tensor its own Buffer (its region), all owning the landed allocation.
+        auto b = std::make_shared<Buffer>(base + region, static_cast<size_t>(t.span_bytes), Device::cpu(),
+                                          std::shared_ptr<const void>(l->buffer, l->buffer.get()));
+        b->set_transport(t.carry == Carry::packed ? "ucx-packed" : "ucx");
+        Tensor x = Tensor::make(std::move(b), std::move(t.layout), true);
+        if (!t.metadata.empty()) x.metadata() = std::move(t.metadata);
+        r.tensors.push_back(std::move(x));
+        region += align64(t.span_bytes);
+      }
+      {
+        std::lock_guard lock(mu_);
+        if (closed_) return;
+        queue_.push_back(std::move(r));
+        if (on_full_ == Policy::drop_oldest) {
+          credits_.fetch_add(1, std::memory_order_relaxed);
+          while (queue_.size() > depth_) {
+            queue_.pop_front();
+            dropped_.fetch_add(1, std::memory_order_relaxed);
+          }
+        }
+        signal_locked();
+      }
+      cv_.notify_one();
+    }
+  }
+
+  // ---- sending (the thread) ---------------------------------------------------------------------------------------
+
+  struct SendCtx {
+    std::vector<uint8_t> header;
+  };
+
+  static void send_done(void* request, ucs_status_t, void* user) {
+    delete static_cast<SendCtx*>(user);
+    if (request) ucx().request_free(request);
+  }
+
+  void send_control(NetType type, const std::string& body, uint64_t seq = 0) {
+    if (!ep_) return;
+    auto* ctx = new SendCtx;
+    NetHeader h;
+    h.type = type;
+    h.sequence = seq;
+    h.body_bytes = static_cast<uint32_t>(body.size());
+    ctx->header.resize(kNetHeaderBytes + body.size());
+    encode_header(h, ctx->header.data());
+    std::memcpy(ctx->header.data() + kNetHeaderBytes, body.data(), body.size());
+    ucp_request_param_t rp{};
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    rp.cb.send = &ClientImpl::send_done;
+    rp.user_data = ctx;
+    rp.flags = UCP_AM_SEND_FLAG_REPLY;  // the publisher tells its subscribers apart by the reply endpoint
+    last_sent_ = Clock::now();
+    ucs_status_t st;
+    const ucs_status_ptr_t r =
+        ucx().am_send_nbx(ep_, kAmToPublisher, ctx->header.data(), ctx->header.size(), nullptr, 0, &rp);
+    if (done_now(r, st)) delete ctx;
+  }
+
+  // ---- the thread -------------------------------------------------------------------------------------------------
+
+  void connect() {
+    ucp_ep_params_t p{};
+    p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                   UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+    p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr_);
+    p.sockaddr.addrlen = addr_.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+    p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    p.err_handler.cb = &ClientImpl::on_ep_error;
+    p.err_handler.arg = this;
+    ep_failed_ = false;
+    const ucs_status_t st = ucx().ep_create(loop_->worker(), &p, &ep_);
+    if (st != UCS_OK) {
+      ep_ = nullptr;
+      last_error_ = ucx_status(st);
+      return;
+    }
+    state_ = State::connecting;
+    since_ = last_heard_ = last_sent_ = Clock::now();
+  }
+
+  void close_ep(bool force) {
+    if (!ep_) return;
+    ucp_request_param_t rp{};
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    rp.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    const ucs_status_ptr_t r = ucx().ep_close_nbx(ep_, &rp);
+    ep_ = nullptr;
+    if (r && !UCS_PTR_IS_ERR(r)) {
+      const auto until = Clock::now() + std::chrono::seconds(2);
+      while (ucx().request_check_status(r) == UCS_INPROGRESS && Clock::now() < until) loop_->run_once(1);
+      ucx().request_free(r);
+    }
+  }
+
+  void run() {
+    Clock::time_point next_try{};
+    while (!stop_.load()) {
+      loop_->run_once(0);
+      const auto now = Clock::now();
+      if (state_ == State::idle && now >= next_try) {
+        connect();
+        next_try = now + kRetryEvery;
+      }
+      if (ep_failed_ && ep_) {
+        if (state_ == State::active) {
+          // Lost after it was up: what landed whole was delivered already, received tensors stay valid, and the
+          // stream ends.
+          abandon_landing();
+          end_stream();
+        } else if (state_ != State::ended) {
+          last_error_ = ep_error_;
+          close_ep(true);
+          state_ = State::idle;  // not there yet (or it went during the handshake): try again
+        } else {
+          close_ep(true);
+        }
+      }
+      if ((state_ == State::connecting || state_ == State::auth_sent) && now - since_ > kHandshakeTimeout) {
+        last_error_ = "no answer to the handshake within 5 s";
+        close_ep(true);
+        state_ = State::idle;
+      }
+      if (state_ == State::active) {
+        if (const uint32_t n = credits_.exchange(0, std::memory_order_relaxed)) send_control(NetType::credit, {}, n);
+        if (bye_ && landing_.empty()) {
+          close_ep(false);
+          end_stream();
+        } else if (now - last_heard_ > opt_.keepalive) {
+          abandon_landing();
+          end_stream();  // the publisher went silent: its machine or the link is gone
+        } else if (now - last_sent_ >= kPingEvery) {
+          send_control(NetType::ping, {});
+        }
+      }
+      if (state_ == State::ended && ep_) close_ep(true);
+      loop_->run_once(50);
+    }
+    abandon_landing();
+  }
+
+  // Closes the endpoint (UCX then fails the receives in flight) and drops the messages still landing. A receive
+  // UCX never completes keeps its Landing: leaked, never freed under UCX's feet.
+  void abandon_landing() {
+    close_ep(true);
+    const auto until = Clock::now() + std::chrono::seconds(2);
+    while (receiving_ > 0 && Clock::now() < until) loop_->run_once(1);
+    if (receiving_ > 0)
+      for (auto& l : landing_) (void)l.release();
+    landing_.clear();
+  }
+
+  std::string topic_;
+  ClientOptions opt_;
+  HostPort hp_;
+  sockaddr_storage addr_{};
+  std::unique_ptr<Loop> loop_;
+  os::Fd event_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  // -- the thread only --
+  ucp_ep_h ep_ = nullptr;
+  bool ep_failed_ = false;
+  std::string ep_error_, last_error_;
+  State state_ = State::idle;
+  Nonce nonce_{}, publisher_nonce_{};
+  uint32_t depth_ = 1;
+  bool bye_ = false;
+  Clock::time_point since_{}, last_heard_{}, last_sent_{};
+  std::deque<std::unique_ptr<Landing>> landing_;
+  size_t receiving_ = 0;
+  std::atomic<uint32_t> credits_{0};
+  std::atomic<bool> connected_{false};
+  std::atomic<uint64_t> dropped_{0};
+  // -- under mu_ --
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Delivered> queue_;
+  Policy on_full_ = Policy::block;
+  bool ended_ = false, closed_ = false;
+  std::string fatal_;
+  ErrorCode fatal_code_ = ErrorCode::invalid_argument;
+};
+
+}  // namespace
+
+std::unique_ptr<Client> Client::create(std::string topic, ClientOptions options) {
+  return std::make_unique<ClientImpl>(std::move(topic), std::move(options));
+}
+
+}  // namespace tw::net_detail

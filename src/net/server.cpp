@@ -1,0 +1,602 @@
+// server.cpp — the publisher's remote side (net_internal.hpp): a thread owning a UCX worker and listener.
+//
+// Threads: the publisher's send() only touches the queues, under mu_, and wakes the thread; every UCX call is made
+// by the thread. A remote subscriber is a Peer: handshake, then active; dead once UCX reports its endpoint failed,
+// it broke the protocol or it went silent past the keepalive. A dead peer's queued messages are released at once
+// (and with them their hold on pool buffers), so it never stalls the publisher or the other subscribers.
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <atomic>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "net/loop.hpp"
+#include "net/net_internal.hpp"
+#include "net/sha256.hpp"
+
+namespace tw::net_detail {
+
+namespace {
+
+constexpr size_t kMaxHandshakes = 64;  // connections not yet authenticated, at once
+constexpr auto kCloseDrain = std::chrono::milliseconds(5000);
+const uint8_t kZeros[64] = {};
+
+std::string sockaddr_str(const sockaddr_storage& ss) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  uint16_t port = 0;
+  if (ss.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
+    ::inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+    port = ntohs(a->sin_port);
+    return std::string(host) + ":" + std::to_string(port);
+  }
+  if (ss.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
+    ::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+    port = ntohs(a->sin6_port);
+    std::string r = "[";
+    r += host;
+    r += "]:";
+    r += std::to_string(port);
+    return r;
+  }
+  return "?";
+}
+
+bool is_loopback(const sockaddr_storage& ss) {
+  if (ss.ss_family == AF_INET)
+    return (ntohl(reinterpret_cast<const sockaddr_in*>(&ss)->sin_addr.s_addr) >> 24) == 127;
+  if (ss.ss_family == AF_INET6) return IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_addr);
+  return false;
+}
+
+}  // namespace
+
+/// Resolves a listen or connect address (numeric or a name); a missing host is 127.0.0.1.
+sockaddr_storage resolve(const HostPort& hp, bool passive, const std::string& what) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = passive ? AI_PASSIVE : 0;
+  addrinfo* res = nullptr;
+  const std::string host = hp.host.empty() ? "127.0.0.1" : hp.host;
+  const int rc = ::getaddrinfo(host.c_str(), std::to_string(hp.port).c_str(), &hints, &res);
+  if (rc != 0 || !res)
+    throw Error(ErrorCode::invalid_argument, what + ": cannot resolve host '" + host + "': " + ::gai_strerror(rc));
+  sockaddr_storage ss{};
+  std::memcpy(&ss, res->ai_addr, std::min<size_t>(res->ai_addrlen, sizeof ss));
+  ::freeaddrinfo(res);
+  return ss;
+}
+
+namespace {
+
+class ServerImpl final : public Server {
+ public:
+  ServerImpl(std::string topic, ServerOptions o) : topic_(std::move(topic)), opt_(std::move(o)) {
+    const HostPort hp = parse_host_port(opt_.listen, "listen");
+    const sockaddr_storage ss = resolve(hp, true, "listen='" + opt_.listen + "'");
+    if (!is_loopback(ss) && opt_.token.empty() && !opt_.insecure)
+      throw Error(ErrorCode::invalid_argument,
+                  "listen='" + opt_.listen + "' accepts subscribers from other machines: give token=... (a shared "
+                  "secret every subscriber must prove; it never crosses the network) or, on a network you trust, "
+                  "insecure=True. Data is never encrypted either way");
+    if (opt_.depth < 1) throw Error(ErrorCode::invalid_argument, "depth must be at least 1");
+    loop_ = std::make_unique<Loop>();
+    max_header_ = loop_->max_am_header();
+    const UcxApi& api = ucx();
+    ucp_am_handler_param_t hp2{};
+    hp2.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    hp2.id = kAmToPublisher;
+    hp2.cb = &ServerImpl::on_am;
+    hp2.arg = this;
+    ucs_status_t st = api.set_am_recv_handler(loop_->worker(), &hp2);
+    if (st != UCS_OK) throw Error(ErrorCode::unsupported, "tensorwire net: " + ucx_status(st));
+    ucp_listener_params_t lp{};
+    lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+    lp.sockaddr.addr = reinterpret_cast<const sockaddr*>(&ss);
+    lp.sockaddr.addrlen = ss.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+    lp.conn_handler.cb = &ServerImpl::on_conn;
+    lp.conn_handler.arg = this;
+    st = api.listener_create(loop_->worker(), &lp, &listener_);
+    if (st != UCS_OK)
+      throw Error(st == UCS_ERR_BUSY ? ErrorCode::invalid_argument : ErrorCode::unsupported,
+                  "tensorwire.Publisher('" + topic_ + "'): cannot listen on '" + opt_.listen + "': " + ucx_status(st) +
+                      (st == UCS_ERR_BUSY ? " (the address is in use)" : ""));
+    ucp_listener_attr_t la{};
+    la.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+    address_ = api.listener_query(listener_, &la) == UCS_OK ? sockaddr_str(la.sockaddr) : opt_.listen;
+    thread_ = std::thread([this] { run(); });
+  }
+
+  ~ServerImpl() override { close(); }
+
+  std::string address() const override { return address_; }
+  size_t max_header() const override { return max_header_; }
+
+  size_t active() const override {
+    std::lock_guard lock(mu_);
+    size_t n = 0;
+    for (auto& [id, p] : peers_) n += p->state == State::active ? 1u : 0u;
+    return n;
+  }
+
+  bool room(size_t n, std::string& who) override {
+    if (opt_.on_full == Policy::drop_oldest) return true;
+    std::lock_guard lock(mu_);
+    for (auto& [id, p] : peers_) {
+      if (p->state != State::active) continue;
+      if (p->pending.size() + p->unacked + n > opt_.depth) {
+        who = "a remote subscriber (" + p->where + ") has " + std::to_string(p->pending.size() + p->unacked) +
+              " unread messages of depth " + std::to_string(opt_.depth);
+        return false;
+      }
+    }
+    return true;
+  }
+
+  size_t enqueue(std::shared_ptr<OutMessage> m) override {
+    size_t n = 0;
+    {
+      std::lock_guard lock(mu_);
+      if (closing_) return 0;
+      for (auto& [id, p] : peers_) {
+        if (p->state != State::active) continue;
+        if (opt_.on_full == Policy::drop_oldest && p->pending.size() >= opt_.depth) {
+          p->pending.pop_front();
+          ++p->dropped;
+          ++dropped_;
+        }
+        p->pending.push_back(m);
+        ++n;
+      }
+    }
+    if (n) loop_->wake();
+    return n;
+  }
+
+  uint64_t dropped() const override { return dropped_.load(std::memory_order_relaxed); }
+
+  void close() noexcept override {
+    {
+      std::lock_guard lock(mu_);
+      if (closing_ && !thread_.joinable()) return;
+      closing_ = true;
+    }
+    if (loop_) loop_->wake();
+    if (thread_.joinable()) thread_.join();
+    loop_.reset();  // the worker goes once its thread is done with it
+  }
+
+ private:
+  enum class State { hello_sent, active, closing, dead };
+
+  struct Peer {
+    uint64_t id = 0;
+    ucp_ep_h ep = nullptr;
+    std::string where;
+    std::atomic<State> state{State::hello_sent};
+    Nonce nonce{};
+    Clock::time_point since{}, last_heard{}, last_sent{};
+    // -- under mu_ (send() reads and appends) --
+    std::deque<std::shared_ptr<OutMessage>> pending;
+    uint32_t unacked = 0;  // posted, not yet credited back
+    uint64_t dropped = 0;
+    // -- thread only --
+    size_t requests = 0;  // UCX sends in flight
+    bool bye_sent = false;
+    void* close_req = nullptr;
+    bool closed = false;
+    std::string why;  // why it went (diagnostics)
+  };
+
+  struct SendCtx {
+    ServerImpl* self;
+    std::shared_ptr<Peer> peer;
+    std::shared_ptr<OutMessage> msg;
+    std::vector<uint8_t> header;
+    std::vector<ucp_dt_iov_t> iov;
+  };
+
+  // ---- UCX callbacks (on the thread, inside progress) ----------------------------------------------------------
+
+  static void on_conn(ucp_conn_request_h req, void* arg) {
+    auto* self = static_cast<ServerImpl*>(arg);
+    const UcxApi& api = ucx();
+    size_t handshakes = 0, total = 0;
+    {
+      std::lock_guard lock(self->mu_);
+      for (auto& [id, p] : self->peers_) {
+        handshakes += p->state == State::hello_sent ? 1u : 0u;
+        ++total;
+      }
+      if (self->closing_ || handshakes >= kMaxHandshakes || total >= self->opt_.max_subscribers + kMaxHandshakes) {
+        api.listener_reject(self->listener_, req);
+        return;
+      }
+    }
+    auto peer = std::make_shared<Peer>();
+    peer->id = ++self->next_id_;
+    ucp_conn_request_attr_t ca{};
+    ca.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
+    peer->where = api.conn_request_query(req, &ca) == UCS_OK ? sockaddr_str(ca.client_address) : "?";
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.conn_request = req;
+    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = &ServerImpl::on_ep_error;
+    ep.err_handler.arg = peer.get();
+    if (api.ep_create(self->loop_->worker(), &ep, &peer->ep) != UCS_OK) return;
+    peer->since = peer->last_heard = peer->last_sent = Clock::now();
+    try {
+      random_bytes(peer->nonce);
+    } catch (const Error&) {
+      peer->state = State::dead;
+    }
+    {
+      std::lock_guard lock(self->mu_);
+      self->peers_[peer->id] = peer;
+      self->by_ep_[peer->ep] = peer->id;
+    }
+    if (peer->state == State::dead) return;
+    Hello h;
+    h.nonce = peer->nonce;
+    h.token_required = !self->opt_.token.empty();
+    self->send_control(peer, NetType::hello, encode_hello(h));
+  }
+
+  static void on_ep_error(void* arg, ucp_ep_h, ucs_status_t st) {
+    auto* p = static_cast<Peer*>(arg);
+    if (p->state != State::dead) {
+      p->why = "connection lost: " + ucx_status(st);
+      p->state = State::dead;
+    }
+  }
+
+  static ucs_status_t on_am(void* arg, const void* header, size_t header_length, void*, size_t length,
+                            const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<ServerImpl*>(arg);
+    std::shared_ptr<Peer> peer;
+    {
+      std::lock_guard lock(self->mu_);
+      if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return UCS_OK;  // not one of ours
+      auto it = self->by_ep_.find(param->reply_ep);
+      if (it == self->by_ep_.end()) return UCS_OK;
+      auto pit = self->peers_.find(it->second);
+      if (pit == self->peers_.end()) return UCS_OK;
+      peer = pit->second;
+    }
+    if (peer->state == State::dead) return UCS_OK;
+    try {
+      if (length != 0) throw Error(ErrorCode::invalid_argument, "a subscriber sent data");
+      const auto bytes = std::span<const uint8_t>(static_cast<const uint8_t*>(header), header_length);
+      const NetHeader h = decode_header(bytes);
+      if (h.body_bytes != header_length - kNetHeaderBytes)
+        throw Error(ErrorCode::invalid_argument, "body size disagrees with the header");
+      self->on_message(peer, h, bytes.subspan(kNetHeaderBytes));
+    } catch (const std::exception& e) {
+      self->drop(peer, std::string("protocol violation: ") + e.what());
+    }
+    return UCS_OK;
+  }
+
+  void on_message(const std::shared_ptr<Peer>& p, const NetHeader& h, std::span<const uint8_t> body) {
+    p->last_heard = Clock::now();
+    switch (h.type) {
+      case NetType::auth: {
+        if (p->state != State::hello_sent) throw Error(ErrorCode::invalid_argument, "a second AUTH");
+        const Auth a = decode_auth(body);
+        std::string refuse;
+        if (a.topic != topic_) {
+          refuse = "this publisher serves topic '" + topic_ + "', not '" + a.topic + "'";
+        } else if (!opt_.token.empty()) {
+          const Proof want = client_proof(opt_.token, topic_, p->nonce, a.nonce);
+          if (!a.has_proof)
+            refuse = "the publisher of '" + topic_ + "' requires a token (give token=... to the Subscriber)";
+          else if (!equal_constant_time(want, a.proof))
+            refuse = "wrong token for the publisher of '" + topic_ + "'";
+        }
+        if (refuse.empty()) {
+          std::lock_guard lock(mu_);
+          size_t n = 0;
+          for (auto& [id, q] : peers_) n += q->state == State::active ? 1u : 0u;
+          if (n >= opt_.max_subscribers)
+            refuse = "the publisher of '" + topic_ + "' serves " + std::to_string(n) +
+                     " subscribers already (max_subscribers)";
+        }
+        if (!refuse.empty()) {
+          send_control(p, NetType::refused, encode_refused(refuse));
+          p->why = refuse;
+          p->state = State::closing;  // hang up once the refusal is out
+          return;
+        }
+        Welcome w;
+        w.depth = opt_.depth;
+        w.on_full = opt_.on_full;
+        if (!opt_.token.empty()) {
+          w.has_proof = true;
+          w.proof = publisher_proof(opt_.token, topic_, p->nonce, a.nonce);
+        }
+        send_control(p, NetType::welcome, encode_welcome(w));
+        std::lock_guard lock(mu_);
+        p->state = State::active;
+        return;
+      }
+      case NetType::credit: {
+        if (p->state != State::active) throw Error(ErrorCode::invalid_argument, "CREDIT before WELCOME");
+        std::lock_guard lock(mu_);
+        if (h.sequence > p->unacked)
+          throw Error(ErrorCode::invalid_argument, "credit for " + std::to_string(h.sequence) + " messages, " +
+                                                       std::to_string(p->unacked) + " were sent");
+        p->unacked -= static_cast<uint32_t>(h.sequence);
+        return;
+      }
+      case NetType::ping:
+        return;
+      default:
+        throw Error(ErrorCode::invalid_argument, "unexpected message type " + std::to_string(static_cast<int>(h.type)));
+    }
+  }
+
+  static void send_done(void* request, ucs_status_t st, void* user) {
+    auto* ctx = static_cast<SendCtx*>(user);
+    ctx->self->finish_send(ctx, st);
+    if (request) ucx().request_free(request);
+  }
+
+  void finish_send(SendCtx* ctx, ucs_status_t st) {
+    Peer& p = *ctx->peer;
+    --p.requests;
+    if (st != UCS_OK && st != UCS_ERR_CANCELED && p.state != State::dead) {
+      p.why = "send failed: " + ucx_status(st);
+      p.state = State::dead;
+    }
+    delete ctx;
+  }
+
+  // ---- sending ----------------------------------------------------------------------------------------------------
+
+  void post(SendCtx* ctx, const void* buffer, size_t count, bool iov) {
+    Peer& p = *ctx->peer;
+    ucp_request_param_t rp{};
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    rp.cb.send = &ServerImpl::send_done;
+    rp.user_data = ctx;
+    rp.flags = 0;
+    if (iov) {
+      rp.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+      rp.datatype = ucp_dt_make_iov();
+    }
+    ++p.requests;
+    p.last_sent = Clock::now();
+    ucs_status_t st;
+    const ucs_status_ptr_t r = ucx().am_send_nbx(p.ep, kAmToSubscriber, ctx->header.data(), ctx->header.size(),
+                                                 buffer, count, &rp);
+    if (done_now(r, st)) finish_send(ctx, st);
+  }
+
+  void send_control(const std::shared_ptr<Peer>& p, NetType type, const std::string& body, uint64_t seq = 0) {
+    auto* ctx = new SendCtx{this, p, nullptr, {}, {}};
+    NetHeader h;
+    h.type = type;
+    h.sequence = seq;
+    h.body_bytes = static_cast<uint32_t>(body.size());
+    ctx->header.resize(kNetHeaderBytes + body.size());
+    encode_header(h, ctx->header.data());
+    std::memcpy(ctx->header.data() + kNetHeaderBytes, body.data(), body.size());
+    post(ctx, nullptr, 0, false);
+  }
+
+  void send_data(const std::shared_ptr<Peer>& p, std::shared_ptr<OutMessage> m) {
+    auto* ctx = new SendCtx{this, p, std::move(m), {}, {}};
+    const OutMessage& msg = *ctx->msg;
+    NetHeader h;
+    h.type = NetType::data;
+    h.sequence = msg.sequence;
+    h.body_bytes = static_cast<uint32_t>(msg.descriptor.size());
+    const bool in_header = kNetHeaderBytes + msg.descriptor.size() <= max_header_;
+    auto& iov = ctx->iov;
+    const auto add = [&iov](const void* ptr, size_t n) {
+      if (n == 0) return;
+      iov.push_back(ucp_dt_iov_t{const_cast<void*>(ptr), n});
+    };
+    uint64_t payload = 0;
+    if (in_header) {
+      ctx->header.resize(kNetHeaderBytes + msg.descriptor.size());
+      std::memcpy(ctx->header.data() + kNetHeaderBytes, msg.descriptor.data(), msg.descriptor.size());
+      for (const OutTensor& t : msg.tensors) {
+        if (t.wire.carry == Carry::runs) {
+          for_each_run(t.wire.layout, [&](uint64_t off, uint64_t n) { add(t.span_begin + off, n); });
+        } else {
+          add(t.span_begin, t.wire.span_bytes);
+        }
+        payload += wire_bytes(t.wire);
+      }
+    } else {
+      // Too large for UCX's header: the descriptor leads the data, each part padded to 64 bytes, so the receiver
+      // can land everything in one buffer before it reads the descriptor.
+      h.flags = kDescInData;
+      ctx->header.resize(kNetHeaderBytes);
+      const auto pad = [&](uint64_t n) {
+        const uint64_t r = (64 - n % 64) % 64;
+        add(kZeros, r);
+        payload += r;
+      };
+      add(msg.descriptor.data(), msg.descriptor.size());
+      payload += msg.descriptor.size();
+      pad(msg.descriptor.size());
+      for (const OutTensor& t : msg.tensors) {
+        add(t.span_begin, t.wire.span_bytes);
+        payload += t.wire.span_bytes;
+        pad(t.wire.span_bytes);
+      }
+    }
+    h.payload_bytes = payload;
+    encode_header(h, ctx->header.data());
+    if (iov.size() == 1) {
+      const ucp_dt_iov_t one = iov[0];
+      post(ctx, one.buffer, one.length, false);
+    } else if (iov.empty()) {
+      post(ctx, nullptr, 0, false);
+    } else {
+      post(ctx, iov.data(), iov.size(), true);
+    }
+  }
+
+  void drop(const std::shared_ptr<Peer>& p, const std::string& why) {
+    if (p->state == State::dead) return;
+    p->why = why;
+    p->state = State::dead;
+  }
+
+  // ---- the thread -------------------------------------------------------------------------------------------------
+
+  void run() {
+    Clock::time_point close_by{};
+    bool closing = false;
+    for (;;) {
+      loop_->run_once(0);
+      const auto now = Clock::now();
+      {
+        std::lock_guard lock(mu_);
+        if (closing_ && !closing) {
+          closing = true;
+          close_by = now + kCloseDrain;
+        }
+      }
+      if (closing && listener_) {
+        ucx().listener_destroy(listener_);
+        listener_ = nullptr;
+      }
+      std::vector<std::shared_ptr<Peer>> peers;
+      {
+        std::lock_guard lock(mu_);
+        for (auto& [id, p] : peers_) peers.push_back(p);
+      }
+      for (auto& p : peers) service(p, now, closing, closing && now >= close_by);
+      // Forget peers whose endpoint is closed and whose sends all completed.
+      bool any_left = false;
+      {
+        std::lock_guard lock(mu_);
+        for (auto it = peers_.begin(); it != peers_.end();) {
+          Peer& p = *it->second;
+          if (p.closed && p.requests == 0) {
+            by_ep_.erase(p.ep);
+            it = peers_.erase(it);
+          } else {
+            ++it;
+          }
+        }
+        any_left = !peers_.empty();
+      }
+      if (closing && !any_left) break;
+      if (closing && now >= close_by + std::chrono::seconds(2)) break;  // UCX did not complete: give up waiting
+      loop_->run_once(closing ? 10 : 100);
+    }
+    // Release whatever is left (a peer UCX never finished with: its contexts are leaked, not freed under UCX).
+    std::lock_guard lock(mu_);
+    for (auto& [id, p] : peers_) p->pending.clear();
+    peers_.clear();
+    by_ep_.clear();
+    if (listener_) ucx().listener_destroy(listener_);
+    listener_ = nullptr;
+  }
+
+  void service(const std::shared_ptr<Peer>& p, Clock::time_point now, bool closing, bool force) {
+    const UcxApi& api = ucx();
+    if (p->closed) return;
+    if (p->state == State::hello_sent && now - p->since > kHandshakeTimeout) drop(p, "no AUTH within the handshake timeout");
+    if ((p->state == State::active || p->state == State::hello_sent) && now - p->last_heard > opt_.keepalive)
+      drop(p, "silent for longer than the keepalive");
+    if (force && p->state != State::dead) drop(p, "the publisher closed before it could deliver everything");
+    if (p->state == State::active) {
+      // Post what credits allow.
+      for (;;) {
+        std::shared_ptr<OutMessage> m;
+        {
+          std::lock_guard lock(mu_);
+          if (p->pending.empty() || p->unacked >= opt_.depth) break;
+          m = std::move(p->pending.front());
+          p->pending.pop_front();
+          ++p->unacked;
+        }
+        send_data(p, std::move(m));
+        if (p->state != State::active) break;
+      }
+      if (closing && p->state == State::active) {
+        bool drained;
+        {
+          std::lock_guard lock(mu_);
+          drained = p->pending.empty();
+        }
+        if (drained && !p->bye_sent) {
+          send_control(p, NetType::bye, std::string());
+          p->bye_sent = true;
+        }
+        if (p->bye_sent && p->requests == 0) p->state = State::closing;
+      } else if (now - p->last_sent >= kPingEvery) {
+        send_control(p, NetType::ping, std::string());
+      }
+    }
+    if (p->state == State::hello_sent && closing) drop(p, "the publisher closed");
+    if (p->state == State::closing && p->requests == 0 && !p->close_req) close_ep(p, false);
+    if (p->state == State::dead && !p->close_req) {
+      {
+        std::lock_guard lock(mu_);
+        p->pending.clear();  // releases the messages (and their pool buffers) at once
+        p->unacked = 0;
+      }
+      close_ep(p, true);
+    }
+    if (p->close_req && p->close_req != reinterpret_cast<void*>(1)) {
+      if (api.request_check_status(p->close_req) != UCS_INPROGRESS) {
+        api.request_free(p->close_req);
+        p->close_req = reinterpret_cast<void*>(1);
+        p->closed = true;
+      }
+    }
+  }
+
+  void close_ep(const std::shared_ptr<Peer>& p, bool force) {
+    ucp_request_param_t rp{};
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    rp.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    const ucs_status_ptr_t r = ucx().ep_close_nbx(p->ep, &rp);
+    if (r == nullptr || UCS_PTR_IS_ERR(r)) {
+      p->close_req = reinterpret_cast<void*>(1);
+      p->closed = true;
+    } else {
+      p->close_req = r;
+    }
+  }
+
+  std::string topic_;
+  ServerOptions opt_;
+  std::string address_;
+  size_t max_header_ = 0;
+  std::unique_ptr<Loop> loop_;
+  ucp_listener_h listener_ = nullptr;
+  std::thread thread_;
+  mutable std::mutex mu_;
+  bool closing_ = false;
+  std::map<uint64_t, std::shared_ptr<Peer>> peers_;
+  std::map<ucp_ep_h, uint64_t> by_ep_;
+  uint64_t next_id_ = 0;
+  std::atomic<uint64_t> dropped_{0};
+};
+
+}  // namespace
+
+std::unique_ptr<Server> Server::create(std::string topic, ServerOptions options) {
+  return std::make_unique<ServerImpl>(std::move(topic), std::move(options));
+}
+
+}  // namespace tw::net_detail

@@ -1,0 +1,132 @@
+// ucx.cpp — loads UCX at run time (ucx.hpp).
+#include "net/ucx.hpp"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <mutex>
+
+#include "net/net_internal.hpp"
+#include "tensorwire/error.hpp"
+
+namespace tw::net_detail {
+
+namespace {
+
+struct Loaded {
+  UcxApi api{};
+  std::string error;  // why not, when not
+};
+
+const Loaded& loaded() {
+  static const Loaded l = [] {
+    Loaded r;
+    void* h = ::dlopen("libucp.so.0", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+      const char* e = ::dlerror();
+      r.error = std::string("UCX is not installed (") + (e ? e : "libucp.so.0 not found") +
+                "); install it (Debian/Ubuntu: apt-get install libucx0)";
+      return r;
+    }
+    bool ok = true;
+    const auto sym = [&](auto& fn, const char* name) {
+      void* p = ::dlsym(h, name);
+      if (!p && ok) {
+        ok = false;
+        r.error = std::string("the installed UCX lacks ") + name + " (tensorwire needs UCX 1.12 or newer)";
+      }
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
+    };
+    UcxApi& a = r.api;
+    sym(a.config_read, "ucp_config_read");
+    sym(a.config_release, "ucp_config_release");
+    sym(a.init_version, "ucp_init_version");
+    sym(a.get_version, "ucp_get_version");
+    sym(a.worker_create, "ucp_worker_create");
+    sym(a.worker_destroy, "ucp_worker_destroy");
+    sym(a.worker_query, "ucp_worker_query");
+    sym(a.worker_progress, "ucp_worker_progress");
+    sym(a.worker_get_efd, "ucp_worker_get_efd");
+    sym(a.worker_arm, "ucp_worker_arm");
+    sym(a.listener_create, "ucp_listener_create");
+    sym(a.listener_destroy, "ucp_listener_destroy");
+    sym(a.listener_query, "ucp_listener_query");
+    sym(a.listener_reject, "ucp_listener_reject");
+    sym(a.conn_request_query, "ucp_conn_request_query");
+    sym(a.ep_create, "ucp_ep_create");
+    sym(a.ep_close_nbx, "ucp_ep_close_nbx");
+    sym(a.set_am_recv_handler, "ucp_worker_set_am_recv_handler");
+    sym(a.am_send_nbx, "ucp_am_send_nbx");
+    sym(a.am_recv_data_nbx, "ucp_am_recv_data_nbx");
+    sym(a.am_data_release, "ucp_am_data_release");
+    sym(a.request_check_status, "ucp_request_check_status");
+    sym(a.request_free, "ucp_request_free");
+    sym(a.request_cancel, "ucp_request_cancel");
+    sym(a.status_string, "ucs_status_string");
+    if (ok) {
+      unsigned major = 0, minor = 0, release = 0;
+      a.get_version(&major, &minor, &release);
+      if (major != UCP_API_MAJOR || minor < 12) {
+        ok = false;
+        r.error = "the installed UCX is version " + std::to_string(major) + "." + std::to_string(minor) +
+                  "; tensorwire needs 1.12 or newer";
+      }
+    }
+    if (!ok) r.api = UcxApi{};
+    return r;
+  }();
+  return l;
+}
+
+}  // namespace
+
+std::string ucx_unavailable_reason() {
+  const Loaded& l = loaded();
+  if (!l.error.empty()) return l.error;
+  try {
+    (void)ucx_context();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+const UcxApi& ucx() {
+  const Loaded& l = loaded();
+  if (!l.error.empty()) throw Error(ErrorCode::unsupported, "tensorwire net: " + l.error);
+  return l.api;
+}
+
+std::string ucx_status(ucs_status_t s) {
+  const Loaded& l = loaded();
+  std::string name = l.error.empty() ? l.api.status_string(s) : "UCX status";
+  return name + " (" + std::to_string(static_cast<int>(s)) + ")";
+}
+
+ucp_context_h ucx_context() {
+  static std::mutex mu;
+  static ucp_context_h ctx = nullptr;
+  static pid_t owner = 0;
+  const UcxApi& api = ucx();
+  std::lock_guard lock(mu);
+  if (ctx && owner == ::getpid()) return ctx;
+  // (A context inherited over fork() is abandoned, never cleaned up: its resources belong to the parent.)
+  ucp_config_t* config = nullptr;
+  ucs_status_t st = api.config_read(nullptr, nullptr, &config);
+  if (st != UCS_OK) throw Error(ErrorCode::unsupported, "tensorwire net: reading UCX's configuration failed: " + ucx_status(st));
+  ucp_params_t p{};
+  p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+  p.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+  p.mt_workers_shared = 1;
+  ucp_context_h c = nullptr;
+  st = api.init_version(UCP_API_MAJOR, UCP_API_MINOR, &p, config, &c);
+  api.config_release(config);
+  if (st != UCS_OK)
+    throw Error(ErrorCode::unsupported, "tensorwire net: UCX failed to initialise: " + ucx_status(st) +
+                                            " (check the UCX_* environment variables, e.g. UCX_TLS)");
+  ctx = c;
+  owner = ::getpid();
+  return ctx;
+}
+
+}  // namespace tw::net_detail

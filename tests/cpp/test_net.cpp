@@ -1,0 +1,506 @@
+// The UCX transport: its wire format and decoders (hostile input), the runs of a layout, addresses, the token
+// proofs, and publish/subscribe over loopback UCX from C++ (skipped with the reason where UCX cannot run).
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "net/net_internal.hpp"
+#include "tensorwire/copy.hpp"
+#include "tensorwire/ipc.hpp"
+#include "tw_test_util.hpp"
+
+using namespace tw;
+using namespace tw::net_detail;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::span<const uint8_t> bytes(const std::string& s) { return {reinterpret_cast<const uint8_t*>(s.data()), s.size()}; }
+
+Layout layout(DType dt, Shape shape, Strides strides, int64_t off = 0) {
+  Layout l{dt, std::move(shape), std::move(strides), off, false};
+  l.validate();
+  return l;
+}
+
+WireTensor wire(Layout l, Carry c) {
+  WireTensor t;
+  const ByteSpan sp = l.byte_span();
+  t.layout = l;
+  t.layout.byte_offset = -sp.begin;
+  t.span_bytes = static_cast<uint64_t>(sp.size());
+  t.carry = c;
+  return t;
+}
+
+TEST(NetWire, HeaderRoundTripsAndRejectsGarbage) {
+  NetHeader h;
+  h.type = NetType::data;
+  h.flags = kDescInData;
+  h.sequence = 0x1122334455667788ull;
+  h.body_bytes = 77;
+  h.payload_bytes = 1ull << 40;
+  uint8_t b[kNetHeaderBytes];
+  encode_header(h, b);
+  const NetHeader d = decode_header(b);
+  EXPECT_EQ(d.type, NetType::data);
+  EXPECT_EQ(d.flags, kDescInData);
+  EXPECT_EQ(d.sequence, h.sequence);
+  EXPECT_EQ(d.body_bytes, 77u);
+  EXPECT_EQ(d.payload_bytes, h.payload_bytes);
+
+  EXPECT_THROW(decode_header(std::span<const uint8_t>(b, 31)), Error);
+  uint8_t m[kNetHeaderBytes];
+  std::memcpy(m, b, sizeof m);
+  m[0] ^= 1;  // magic
+  EXPECT_THROW(decode_header(m), Error);
+  std::memcpy(m, b, sizeof m);
+  m[4] = 9;  // version
+  try {
+    decode_header(m);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::version_mismatch);
+    EXPECT_NE(std::string(e.what()).find("version 9"), std::string::npos);
+  }
+  std::memcpy(m, b, sizeof m);
+  m[6] = 99;  // type
+  EXPECT_THROW(decode_header(m), Error);
+  NetHeader ping;
+  ping.type = NetType::ping;
+  ping.payload_bytes = 5;  // a control message never has data
+  encode_header(ping, m);
+  EXPECT_THROW(decode_header(m), Error);
+  ping.payload_bytes = 0;
+  ping.flags = kDescInData;  // flags belong to DATA only
+  encode_header(ping, m);
+  EXPECT_THROW(decode_header(m), Error);
+}
+
+TEST(NetWire, HandshakeMessagesRoundTrip) {
+  Hello h;
+  h.nonce[0] = 7;
+  h.nonce[31] = 9;
+  h.token_required = true;
+  const Hello h2 = decode_hello(bytes(encode_hello(h)));
+  EXPECT_EQ(h2.nonce, h.nonce);
+  EXPECT_TRUE(h2.token_required);
+
+  Auth a;
+  a.topic = "lidar";
+  a.nonce[3] = 1;
+  a.has_proof = true;
+  a.proof[5] = 42;
+  const Auth a2 = decode_auth(bytes(encode_auth(a)));
+  EXPECT_EQ(a2.topic, "lidar");
+  EXPECT_EQ(a2.nonce, a.nonce);
+  EXPECT_TRUE(a2.has_proof);
+  EXPECT_EQ(a2.proof, a.proof);
+  std::string cut = encode_auth(a);
+  cut.pop_back();
+  EXPECT_THROW(decode_auth(bytes(cut)), Error);
+  EXPECT_THROW(decode_auth(bytes(encode_auth(a) + "x")), Error);  // trailing bytes
+
+  Welcome w;
+  w.depth = 8;
+  w.on_full = Policy::drop_oldest;
+  const Welcome w2 = decode_welcome(bytes(encode_welcome(w)));
+  EXPECT_EQ(w2.depth, 8u);
+  EXPECT_EQ(w2.on_full, Policy::drop_oldest);
+  EXPECT_FALSE(w2.has_proof);
+  w.depth = 0;
+  EXPECT_THROW(decode_welcome(bytes(encode_welcome(w))), Error);
+
+  EXPECT_EQ(decode_refused(bytes(encode_refused("wrong token"))), "wrong token");
+  const std::string longer(2000, 'x');
+  EXPECT_EQ(decode_refused(bytes(encode_refused(longer))).size(), kMaxReasonBytes);
+  // A cut never splits a UTF-8 character.
+  std::string accents;
+  for (int i = 0; i < 400; ++i) accents += "\xc3\xa9";
+  EXPECT_NO_THROW(decode_refused(bytes(encode_refused(accents))));
+}
+
+TEST(NetWire, ProofsDependOnEveryInputAndNeverContainTheToken) {
+  Nonce p{}, s{};
+  p[0] = 1;
+  s[0] = 2;
+  const Proof base = client_proof("secret", "t", p, s);
+  EXPECT_NE(base, client_proof("secret2", "t", p, s));
+  EXPECT_NE(base, client_proof("secret", "u", p, s));
+  EXPECT_NE(base, client_proof("secret", "t", s, p));
+  EXPECT_NE(base, publisher_proof("secret", "t", p, s));  // the two directions never coincide
+  EXPECT_EQ(base, client_proof("secret", "t", p, s));
+  Auth a;
+  a.topic = "t";
+  a.has_proof = true;
+  a.proof = base;
+  EXPECT_EQ(encode_auth(a).find("secret"), std::string::npos);
+}
+
+TEST(NetWire, MessagesRoundTripEveryCarry) {
+  WireMessage m;
+  m.kind = 3;  // dict
+  m.keys = {"image", "boxes"};
+  WireTensor a = wire(layout(DType::float32(), {4, 6}, {6, 1}), Carry::span);
+  a.metadata.set("ts", 1.5);
+  a.metadata_bytes = encode_metadata(a.metadata);
+  WireTensor b = wire(layout(DType::uint8(), {8, 1024}, {2048, 1}), Carry::runs);
+  m.tensors = {a, b};
+  const WireMessage d = decode_message(bytes(encode_message(m)), Limits{});
+  ASSERT_EQ(d.tensors.size(), 2u);
+  EXPECT_EQ(d.kind, 3);
+  EXPECT_EQ(d.keys, m.keys);
+  EXPECT_EQ(d.tensors[0].layout.shape, (Shape{4, 6}));
+  EXPECT_EQ(d.tensors[0].metadata.at("ts").as_float(), 1.5);
+  EXPECT_EQ(d.tensors[1].carry, Carry::runs);
+  EXPECT_EQ(d.tensors[1].layout.strides, (Strides{2048, 1}));
+  EXPECT_EQ(wire_bytes(d.tensors[1]), 8u * 1024u);
+  // Negative strides travel as a span with element 0 at its end.
+  WireTensor n = wire(layout(DType::int16(), {5}, {-1}, 8), Carry::span);
+  EXPECT_EQ(n.layout.byte_offset, 8);
+  EXPECT_EQ(n.span_bytes, 10u);
+  WireMessage one;
+  one.tensors = {n};
+  EXPECT_EQ(decode_message(bytes(encode_message(one)), Limits{}).tensors[0].layout.byte_offset, 8);
+}
+
+TEST(NetWire, DecoderRefusesWhatCouldHurtTheReceiver) {
+  const auto encoded = [](WireTensor t, uint8_t kind = 0) {
+    WireMessage m;
+    m.kind = kind;
+    m.tensors = {std::move(t)};
+    return encode_message(m);
+  };
+  const auto refuses = [](const std::string& s, const char* what, Limits lim = {}) {
+    try {
+      decode_message(bytes(s), lim);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  WireTensor ok = wire(layout(DType::float32(), {4, 6}, {6, 1}), Carry::span);
+  WireTensor t = ok;
+  t.span_bytes = 1000;  // a span larger than the tensor reaches
+  refuses(encoded(t), "spanning");
+  t = ok;
+  t.layout.byte_offset = 8;  // elements beyond the span
+  refuses(encoded(t), "spanning");
+  t = ok;
+  t.span_bytes = 1u << 30;
+  refuses(encoded(t), "at most", Limits{.max_message_bytes = 1u << 20});
+  t = wire(layout(DType::float32(), {4, 3}, {6, 2}), Carry::packed);  // "packed" but strided
+  refuses(encoded(t), "packed");
+  t = wire(layout(DType::float32(), {4, 3}, {0, 1}), Carry::runs);  // runs of a broadcast
+  refuses(encoded(t), "runs");
+  t = wire(layout(DType::uint8(), {1 << 12, 4096}, {8192, 1}), Carry::runs);
+  refuses(encoded(t), "runs", Limits{.max_runs = 100});
+}
+
+TEST(NetWire, DecoderRefusesMalformedStructure) {
+  WireMessage m;
+  m.tensors = {wire(layout(DType::float32(), {2}, {1}), Carry::span)};
+  std::string s = encode_message(m);
+  EXPECT_NO_THROW(decode_message(bytes(s), Limits{}));
+  for (size_t cut = 0; cut < s.size(); ++cut)  // every truncation is refused, never read past
+    EXPECT_THROW(decode_message(bytes(s.substr(0, cut)), Limits{}), Error) << cut;
+  m.kind = 3;  // a dict without keys
+  EXPECT_THROW(decode_message(bytes(encode_message(m)), Limits{}), Error);
+  m.keys = {"a"};
+  m.tensors.push_back(m.tensors[0]);
+  m.keys.push_back("a");  // twice
+  EXPECT_THROW(decode_message(bytes(encode_message(m)), Limits{}), Error);
+  m.keys[1] = "\xff";  // not UTF-8
+  EXPECT_THROW(decode_message(bytes(encode_message(m)), Limits{}), Error);
+  m.keys[1] = "b";
+  EXPECT_NO_THROW(decode_message(bytes(encode_message(m)), Limits{}));
+  EXPECT_THROW(decode_message(bytes(encode_message(m)), Limits{.max_tensors = 1}), Error);
+}
+
+TEST(NetRuns, RunsCoverExactlyTheElements) {
+  std::mt19937 rng(12345);
+  for (int iter = 0; iter < 300; ++iter) {
+    // A random non-overlapping, non-negative view of a dense block: pick shape, permute, slice with steps.
+    const size_t nd = 1 + rng() % 4;
+    Shape base(std::vector<int64_t>(nd, 0));
+    for (size_t i = 0; i < nd; ++i) base[i] = 1 + static_cast<int64_t>(rng() % 6);
+    Strides st = Layout::contiguous_strides(base);
+    Shape shape = base;
+    int64_t off = 0;
+    for (size_t i = 0; i < nd; ++i) {
+      const int64_t step = 1 + static_cast<int64_t>(rng() % 3);
+      const int64_t start = static_cast<int64_t>(rng() % static_cast<uint64_t>(base[i]));
+      shape[i] = (base[i] - start + step - 1) / step;
+      off += start * st[i];
+      st[i] *= step;
+    }
+    Layout l = layout(DType::int32(), shape, st, off * 4);
+    const ByteSpan sp = l.byte_span();
+    Layout rel = l;
+    rel.byte_offset = -sp.begin;
+    // Mark the bytes the elements occupy, by brute force, and by the runs.
+    std::vector<int> want(static_cast<size_t>(sp.size()), 0), got(want.size(), 0);
+    std::vector<int64_t> idx(nd, 0);
+    for (int64_t e = 0; e < l.numel(); ++e) {
+      int64_t o = rel.byte_offset;
+      for (size_t i = 0; i < nd; ++i) o += idx[i] * st[i] * 4;
+      for (int k = 0; k < 4; ++k) want[static_cast<size_t>(o + k)] += 1;
+      for (size_t i = nd; i-- > 0;) {
+        if (++idx[i] < shape[i]) break;
+        idx[i] = 0;
+      }
+    }
+    const RunStats rs = run_stats(rel);
+    uint64_t count = 0, last = 0;
+    bool ordered = true;
+    for_each_run(rel, [&](uint64_t o, uint64_t n) {
+      EXPECT_EQ(n, rs.bytes);
+      if (count && o < last) ordered = false;
+      last = o;
+      ++count;
+      for (uint64_t k = 0; k < n; ++k) got[static_cast<size_t>(o + k)] += 1;
+    });
+    EXPECT_EQ(count, rs.count);
+    EXPECT_TRUE(ordered);
+    ASSERT_EQ(got, want) << "shape " << shape.str() << " strides " << st.str();
+  }
+}
+
+TEST(NetAddress, ParsesTheFormsAndNamesTheProblem) {
+  EXPECT_EQ(parse_host_port("10.0.0.1:7447", "listen").host, "10.0.0.1");
+  EXPECT_EQ(parse_host_port("10.0.0.1:7447", "listen").port, 7447);
+  EXPECT_EQ(parse_host_port(":7447", "listen").host, "");
+  EXPECT_EQ(parse_host_port("7447", "listen").port, 7447);
+  EXPECT_EQ(parse_host_port("[::1]:80", "connect").host, "::1");
+  EXPECT_EQ(parse_host_port("localhost:0", "listen").port, 0);
+  for (const char* badaddr : {"", "host:", "host:99999", "host:7x", "::1:80", "[::1]80", "[::1"}) {
+    try {
+      parse_host_port(badaddr, "listen");
+      ADD_FAILURE() << badaddr;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("listen="), std::string::npos) << e.what();
+    }
+  }
+}
+
+// ---- publish/subscribe over loopback UCX --------------------------------------------------------------------------
+
+std::string topic(const char* what) { return std::string("twnet-") + what + "-" + std::to_string(::getpid()); }
+
+#define SKIP_WITHOUT_UCX()                                                    \
+  do {                                                                        \
+    const std::string why = ucx_unavailable_reason();                         \
+    if (!why.empty()) GTEST_SKIP() << "UCX cannot run here: " << why;         \
+  } while (0)
+
+bool wait_for(const std::function<bool()>& f, std::chrono::milliseconds limit = 10s) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (!f()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
+}
+
+std::vector<uint8_t> elements(const Tensor& t) {  // the values, C order, bytes
+  Tensor c = t.contiguous();
+  const auto* p = static_cast<const uint8_t*>(c.data_ptr());
+  return std::vector<uint8_t>(p, p + c.nbytes());
+}
+
+TEST(NetPubSub, EveryLayoutArrivesBitExactWithItsMetadata) {
+  SKIP_WITHOUT_UCX();
+  const std::string name = topic("layouts");
+  Publisher pub(name, PublisherOptions{.depth = 4, .listen = "127.0.0.1:0"});
+  ASSERT_FALSE(pub.address().empty());
+  Subscriber sub(name, SubscriberOptions{.connect = pub.address()});
+  ASSERT_TRUE(wait_for([&] { return pub.subscriber_count() == 1; }));
+  EXPECT_EQ(pub.remote_subscriber_count(), 1u);
+  std::mt19937 rng(7);
+  Tensor base = Tensor::empty({6, 8, 10}, DType::float64());
+  auto* d = base.data<double>();
+  for (int64_t i = 0; i < base.numel(); ++i) d[i] = std::uniform_real_distribution<double>(-1, 1)(rng);
+  const std::vector<Tensor> views = {
+      base,
+      base.transpose(0, 2),                        // dense, permuted
+      base.slice(1, 1, 7, 2),                      // strided
+      base.slice(2, std::nullopt, std::nullopt, -1),  // negative stride
+      base.select(0, 3).expand({4, 8, 10}),        // broadcast
+      base.slice(0, 2, 2),                         // empty
+  };
+  for (size_t i = 0; i < views.size(); ++i) {
+    Metadata extra;
+    extra.set("i", static_cast<int64_t>(i));
+    ASSERT_EQ(pub.send(views[i], extra, 5s), 1u) << i;
+    auto r = sub.recv(5s);
+    ASSERT_TRUE(r) << i;
+    EXPECT_EQ(r->shape(), views[i].shape()) << i;
+    EXPECT_EQ(r->dtype(), views[i].dtype());
+    EXPECT_TRUE(r->readonly());
+    EXPECT_EQ(elements(*r), elements(views[i])) << i;
+    EXPECT_EQ(r->metadata().at("i").as_int(), static_cast<int64_t>(i));
+    ASSERT_NE(r->buffer().transport(), nullptr);
+    const std::string tr = r->buffer().transport();
+    EXPECT_EQ(tr, views[i].is_contiguous() ? "ucx" : "ucx-packed") << i;  // not a loan: packed like shm
+  }
+  pub.close();
+  EXPECT_FALSE(sub.recv(5s));
+  EXPECT_TRUE(sub.closed());
+}
+
+TEST(NetPubSub, LoanViewsKeepTheirLayoutAcrossTheWire) {
+  SKIP_WITHOUT_UCX();
+  const std::string name = topic("loans");
+  Publisher pub(name, PublisherOptions{.depth = 4, .listen = "127.0.0.1:0"});
+  Subscriber sub(name, SubscriberOptions{.connect = pub.address()});
+  ASSERT_TRUE(wait_for([&] { return pub.subscriber_count() == 1; }));
+  const auto fill = [](Tensor& t) {
+    auto* p = static_cast<uint8_t*>(t.data_ptr());
+    for (int64_t i = 0; i < t.nbytes(); ++i) p[i] = static_cast<uint8_t>(i * 7 + 3);
+  };
+  struct Case {
+    const char* what;
+    std::function<Tensor(const Tensor&)> view;
+    const char* transport;
+  };
+  const std::vector<Case> cases = {
+      {"every other row of 4 KiB rows: runs", [](const Tensor& t) { return t.slice(0, std::nullopt, std::nullopt, 2); }, "ucx"},
+      {"a column block: runs", [](const Tensor& t) { return t.slice(1, 1024, 3072); }, "ucx"},
+      {"reversed rows: dense span", [](const Tensor& t) { return t.slice(0, std::nullopt, std::nullopt, -1); }, "ucx"},
+      {"every other column: packed", [](const Tensor& t) { return t.slice(1, std::nullopt, std::nullopt, 2); }, "ucx-packed"},
+  };
+  for (const Case& c : cases) {
+    Tensor loan = pub.loan({32, 4096}, DType::uint8());
+    fill(loan);
+    const std::vector<uint8_t> want = elements(c.view(loan));
+    Tensor v = c.view(loan);
+    loan = Tensor();
+    ASSERT_EQ(pub.send(std::move(v), {}, 5s), 1u) << c.what;
+    auto r = sub.recv(5s);
+    ASSERT_TRUE(r) << c.what;
+    EXPECT_EQ(elements(*r), want) << c.what;
+    EXPECT_EQ(std::string(r->buffer().transport()), c.transport) << c.what;
+    if (std::string(c.transport) == "ucx") {
+      EXPECT_EQ(r->strides(), c.view(Tensor::empty({32, 4096}, DType::uint8())).strides()) << c.what;
+    }
+  }
+}
+
+TEST(NetPubSub, LocalAndRemoteSubscribersGetTheSameMessagesInOrder) {
+  SKIP_WITHOUT_UCX();
+  const std::string name = topic("fanout");
+  Publisher pub(name, PublisherOptions{.depth = 4, .listen = "127.0.0.1:0"});
+  Subscriber local(name);
+  Subscriber r1(name, SubscriberOptions{.connect = pub.address()});
+  Subscriber r2(name, SubscriberOptions{.connect = pub.address()});
+  ASSERT_TRUE(wait_for([&] { return pub.subscriber_count() == 3; }));
+  std::thread reader([&] {
+    for (int i = 0; i < 50; ++i) {
+      for (Subscriber* s : {&local, &r1, &r2}) {
+        auto t = s->recv(10s);
+        ASSERT_TRUE(t);
+        EXPECT_EQ(t->data<const int64_t>()[0], i);
+      }
+    }
+  });
+  for (int64_t i = 0; i < 50; ++i) {
+    std::vector<int64_t> v(100, i);
+    EXPECT_EQ(pub.send(Tensor::copy_of(std::span<const int64_t>(v), {100}), {}, 10s), 3u);
+  }
+  reader.join();
+}
+
+TEST(NetPubSub, CreditsBoundASlowRemoteSubscriber) {
+  SKIP_WITHOUT_UCX();
+  const std::string name = topic("credits");
+  Publisher pub(name, PublisherOptions{.depth = 2, .on_full = OnFull::raise, .listen = "127.0.0.1:0"});
+  Subscriber sub(name, SubscriberOptions{.connect = pub.address()});
+  ASSERT_TRUE(wait_for([&] { return pub.subscriber_count() == 1; }));
+  Tensor x = Tensor::zeros({16}, DType::float32());
+  EXPECT_EQ(pub.send(x), 1u);
+  EXPECT_EQ(pub.send(x), 1u);
+  EXPECT_THROW(pub.send(x), WouldBlockError);  // two unread: the credit is spent
+  ASSERT_TRUE(sub.recv(5s));
+  ASSERT_TRUE(wait_for([&] {  // the credit comes back over the wire
+    try {
+      return pub.send(x) == 1u;
+    } catch (const WouldBlockError&) {
+      return false;
+    }
+  }));
+}
+
+TEST(NetPubSub, TokensAreCheckedBothWays) {
+  SKIP_WITHOUT_UCX();
+  const std::string name = topic("token");
+  Publisher pub(name, PublisherOptions{.listen = "127.0.0.1:0", .token = "s3cret"});
+  {
+    Subscriber wrong(name, SubscriberOptions{.connect = pub.address(), .token = "guess"});
+    try {
+      (void)wrong.recv(10s);
+      ADD_FAILURE() << "a wrong token was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("wrong token"), std::string::npos) << e.what();
+    }
+    Subscriber none(name, SubscriberOptions{.connect = pub.address()});
+    try {
+      (void)none.recv(10s);
+      ADD_FAILURE() << "no token was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("requires a token"), std::string::npos) << e.what();
+    }
+  }
+  Subscriber right(name, SubscriberOptions{.connect = pub.address(), .token = "s3cret"});
+  ASSERT_TRUE(wait_for([&] { return pub.subscriber_count() == 1; }));
+  EXPECT_EQ(pub.send(Tensor::zeros({3}, DType::int8())), 1u);
+  EXPECT_TRUE(right.recv(5s));
+  // A subscriber with a token never trusts a publisher that cannot prove it.
+  const std::string name2 = topic("notoken");
+  Publisher open(name2, PublisherOptions{.listen = "127.0.0.1:0"});
+  Subscriber wary(name2, SubscriberOptions{.connect = open.address(), .token = "s3cret"});
+  EXPECT_THROW((void)wary.recv(10s), Error);
+}
+
+TEST(NetPubSub, ListenersOtherMachinesReachNeedATokenOrInsecure) {
+  SKIP_WITHOUT_UCX();
+  try {
+    Publisher p(topic("open"), PublisherOptions{.listen = "0.0.0.0:0"});
+    ADD_FAILURE() << "an open listener without a token";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("token"), std::string::npos) << e.what();
+  }
+  Publisher p(topic("open2"), PublisherOptions{.listen = "0.0.0.0:0", .insecure = true});
+  EXPECT_FALSE(p.address().empty());
+  Publisher lo(topic("lo"), PublisherOptions{.listen = ":0"});
+  EXPECT_EQ(lo.address().rfind("127.0.0.1:", 0), 0u) << lo.address();
+}
+
+TEST(NetPubSub, ASubscriberWaitsForItsPublisherAndSeesItGo) {
+  SKIP_WITHOUT_UCX();
+  const std::string name = topic("late");
+  // Find a free port, then subscribe before anybody listens there.
+  std::string addr;
+  {
+    Publisher probe(name, PublisherOptions{.listen = "127.0.0.1:0"});
+    addr = probe.address();
+  }
+  Subscriber sub(name, SubscriberOptions{.connect = addr});
+  EXPECT_FALSE(sub.recv(300ms));
+  EXPECT_FALSE(sub.connected());
+  {
+    Publisher pub(name, PublisherOptions{.listen = addr});
+    ASSERT_TRUE(wait_for([&] { return pub.subscriber_count() == 1; }));
+    EXPECT_EQ(pub.send(Tensor::zeros({2}, DType::int32())), 1u);
+    EXPECT_TRUE(sub.recv(5s));
+  }
+  EXPECT_FALSE(sub.recv(10s));  // the publisher closed: end of stream
+  EXPECT_TRUE(sub.closed());
+}
+
+}  // namespace
