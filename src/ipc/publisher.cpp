@@ -280,6 +280,15 @@ class PublisherImpl {
     bool loan = false;
   };
 
+  // Slots taken by a send in progress (packed, not yet pushed) stay out of acquire_slot's reach until it ends.
+  struct Reservation {
+    PublisherImpl& p;
+    std::vector<size_t> slots;
+    ~Reservation() {
+      for (size_t s : slots) p.pool_->slot(s).reserved = false;
+    }
+  };
+
   // A strided view of a loan crosses to remote subscribers as the iov of its contiguous runs when they are at least
   // this long (shorter runs cost UCX more per byte than packing them: bench/RESULTS.md, "Across machines").
   static constexpr uint64_t kMinRunBytes = 2048;
@@ -289,6 +298,7 @@ class PublisherImpl {
   // remote send of it completes), as its span or its runs; a loan view whose runs are too short is packed here,
   // once, for all remote subscribers. Called with mu_ held (dropped around packing).
   std::shared_ptr<net_detail::OutMessage> remote_message(std::vector<Part>& parts, const std::string* head,
+                                                         const Deadline& deadline, Reservation& reserved,
                                                          std::unique_lock<std::mutex>& lock) {
     using namespace net_detail;
     auto out = std::make_shared<OutMessage>();
@@ -336,24 +346,31 @@ class PublisherImpl {
       }
       wm.tensors.push_back(std::move(w));
     }
-    // Runs need the descriptor in UCX's header (the receiver places them before it has the data).
-    const bool fits = kNetHeaderBytes + encode_message(wm).size() <= net_->max_header();
+    // Runs need the descriptor in UCX's header (the receiver places them before it has the data), and a transport
+    // that moves an iov without staging it (over TCP, packing is faster).
+    const bool fits = kNetHeaderBytes + encode_message(wm).size() <= net_->max_header() && net_->runs_worthwhile();
     for (size_t i = 0; i < parts.size(); ++i) {
       WireTensor& w = wm.tensors[i];
       if (w.carry == Carry::runs && !fits) w.carry = Carry::packed;
       if (w.carry != Carry::packed || !parts[i].loan) continue;
-      // Pack the loan view for the remote side (local subscribers still get it with no copy).
+      // Pack the loan view for the remote side, into a pool buffer of its own (warm memory, reused like any other;
+      // local subscribers still get the loan with no copy).
       const Tensor& t = *parts[i].t;
       Layout dense{t.dtype(), t.shape(), Layout::contiguous_strides(t.shape()), 0, t.subbyte_padded()};
-      auto buf = Buffer::allocate(static_cast<size_t>(std::max<int64_t>(dense.nbytes(), 1)));
+      const size_t slot = acquire_slot(static_cast<size_t>(dense.nbytes()), deadline, lock, "send");
+      pool_->slot(slot).reserved = true;
+      reserved.slots.push_back(slot);
+      pool_->make_writable(slot);
+      char* dst = pool_->slot(slot).data();
+      const size_t cap = pool_->slot(slot).size();
       lock.unlock();
-      copy(t, Tensor::make(buf, dense, false));
+      copy(t, Tensor::make(std::make_shared<Buffer>(dst, cap, Device::cpu(), nullptr), dense, false));
       lock.lock();
       check_usable("send");
-      bases[i] = static_cast<const char*>(buf->base());
+      bases[i] = dst;
       w.span_bytes = static_cast<uint64_t>(dense.nbytes());
       w.layout = std::move(dense);
-      out->keep.push_back(std::move(buf));
+      out->keep.push_back(pool_->hold(slot));
     }
     out->descriptor = encode_message(wm);
     for (size_t i = 0; i < parts.size(); ++i) {
@@ -363,14 +380,6 @@ class PublisherImpl {
     return out;
   }
 
-  // Slots taken by a send in progress (packed, not yet pushed) stay out of acquire_slot's reach until it ends.
-  struct Reservation {
-    PublisherImpl& p;
-    std::vector<size_t> slots;
-    ~Reservation() {
-      for (size_t s : slots) p.pool_->slot(s).reserved = false;
-    }
-  };
 
   // The send path of one tensor (head == nullptr) or of a group (head: the encoded structure).
   size_t send_parts(std::span<const Tensor* const> ts, const std::string* head, const Metadata& extra, Timeout timeout,
@@ -452,7 +461,7 @@ class PublisherImpl {
     }
     // 2b. What remote subscribers get: the same buffers, held until every remote send of them is done.
     std::shared_ptr<net_detail::OutMessage> out;
-    if (remote) out = remote_message(parts, head, lock);
+    if (remote) out = remote_message(parts, head, deadline, reserved, lock);
     // 3. Push to every live subscriber in one critical section. Rings only gain room while we hold send_mu_, and a
     //    subscriber that joined meanwhile has an empty ring.
     reap();

@@ -229,6 +229,9 @@ class Server {
   virtual std::string address() const = 0;
   /// Authenticated subscribers now.
   virtual size_t active() const = 0;
+  /// Whether strided views should cross as the iov of their runs: true when every remote subscriber's transport
+  /// moves an iov without staging it (RDMA, shared memory); false over TCP, where packing is faster.
+  virtual bool runs_worthwhile() const = 0;
   /// Largest active-message header UCX carries (a descriptor larger than that travels in the data).
   virtual size_t max_header() const = 0;
   /// Whether every remote subscriber can take `n` more messages now; when not, `who` describes the one that

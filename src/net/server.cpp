@@ -10,6 +10,8 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <atomic>
 #include <deque>
 #include <map>
@@ -48,6 +50,26 @@ std::string sockaddr_str(const sockaddr_storage& ss) {
     return r;
   }
   return "?";
+}
+
+// Whether UCX moves an iov without staging it on this endpoint: RDMA (verbs) or shared-memory transports. Over TCP
+// it sends each entry on its own, and packing first was faster at every run size measured (bench/RESULTS.md,
+// "Across machines"). UCX 1.13 has no query for an endpoint's transports: its own description is read instead.
+bool zero_copy_iov(ucp_ep_h ep) {
+  // TW_NET_IOV=1 / 0 overrides the choice (measurements, tests of the runs path over any transport).
+  if (const char* force = std::getenv("TW_NET_IOV"); force && (*force == '0' || *force == '1')) return *force == '1';
+  char* text = nullptr;
+  size_t len = 0;
+  FILE* f = ::open_memstream(&text, &len);
+  if (!f) return false;
+  ucx().ep_print_info(ep, f);
+  std::fclose(f);
+  const std::string s(text ? text : "", len);
+  std::free(text);
+  if (std::getenv("TW_NET_DEBUG")) std::fprintf(stderr, "tensorwire net: endpoint lanes:\n%s\n", s.c_str());
+  for (const char* tl : {"rc_verbs", "rc_mlx5", "dc_mlx5", "ud_verbs", "ud_mlx5", "cma/", "knem/", "xpmem/"})
+    if (s.find(tl) != std::string::npos) return true;
+  return false;
 }
 
 bool is_loopback(const sockaddr_storage& ss) {
@@ -128,6 +150,17 @@ class ServerImpl final : public Server {
     return n;
   }
 
+  bool runs_worthwhile() const override {
+    std::lock_guard lock(mu_);
+    bool any = false;
+    for (auto& [id, p] : peers_) {
+      if (p->state != State::active) continue;
+      if (!p->iov_ok) return false;
+      any = true;
+    }
+    return any;
+  }
+
   bool room(size_t n, std::string& who) override {
     if (opt_.on_full == Policy::drop_oldest) return true;
     std::lock_guard lock(mu_);
@@ -189,6 +222,7 @@ class ServerImpl final : public Server {
     std::deque<std::shared_ptr<OutMessage>> pending;
     uint32_t unacked = 0;  // posted, not yet credited back
     uint64_t dropped = 0;
+    bool iov_ok = false;  // its transport moves an iov without staging it
     // -- thread only --
     size_t requests = 0;  // UCX sends in flight
     bool bye_sent = false;
@@ -326,7 +360,9 @@ class ServerImpl final : public Server {
           w.proof = publisher_proof(opt_.token, topic_, p->nonce, a.nonce);
         }
         send_control(p, NetType::welcome, encode_welcome(w));
+        const bool iov = zero_copy_iov(p->ep);
         std::lock_guard lock(mu_);
+        p->iov_ok = iov;
         p->state = State::active;
         return;
       }

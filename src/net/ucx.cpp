@@ -63,6 +63,7 @@ const Loaded& loaded() {
     sym(a.request_free, "ucp_request_free");
     sym(a.request_cancel, "ucp_request_cancel");
     sym(a.status_string, "ucs_status_string");
+    sym(a.ep_print_info, "ucp_ep_print_info");
     if (ok) {
       unsigned major = 0, minor = 0, release = 0;
       a.get_version(&major, &minor, &release);

@@ -35,6 +35,7 @@ struct UcxApi {
   decltype(&::ucp_request_free) request_free;
   decltype(&::ucp_request_cancel) request_cancel;
   decltype(&::ucs_status_string) status_string;
+  decltype(&::ucp_ep_print_info) ep_print_info;
 };
 
 /// The loaded API; throws Error(unsupported) saying why UCX cannot be used (library missing, symbol missing).

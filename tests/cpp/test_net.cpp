@@ -354,8 +354,16 @@ TEST(NetPubSub, EveryLayoutArrivesBitExactWithItsMetadata) {
   EXPECT_TRUE(sub.closed());
 }
 
+// Over TCP tensorwire packs strided loan views (faster there); TW_NET_IOV=1 forces the iov of runs, as an RDMA or
+// shared-memory transport would get, so that path is proven here too.
+struct ForceIov {
+  ForceIov() { ::setenv("TW_NET_IOV", "1", 1); }
+  ~ForceIov() { ::unsetenv("TW_NET_IOV"); }
+};
+
 TEST(NetPubSub, LoanViewsKeepTheirLayoutAcrossTheWire) {
   SKIP_WITHOUT_UCX();
+  ForceIov force;
   const std::string name = topic("loans");
   Publisher pub(name, PublisherOptions{.depth = 4, .listen = "127.0.0.1:0"});
   Subscriber sub(name, SubscriberOptions{.connect = pub.address()});
@@ -390,6 +398,27 @@ TEST(NetPubSub, LoanViewsKeepTheirLayoutAcrossTheWire) {
       EXPECT_EQ(r->strides(), c.view(Tensor::empty({32, 4096}, DType::uint8())).strides()) << c.what;
     }
   }
+}
+
+TEST(NetPubSub, OverTcpAStridedLoanViewIsPackedOnce) {
+  SKIP_WITHOUT_UCX();
+  ::setenv("UCX_TLS", "tcp", 0);  // (read when the process's UCX context is made: already made by earlier tests)
+  const std::string name = topic("tcp");
+  Publisher pub(name, PublisherOptions{.listen = "127.0.0.1:0"});
+  Subscriber sub(name, SubscriberOptions{.connect = pub.address()});
+  ASSERT_TRUE(wait_for([&] { return pub.subscriber_count() == 1; }));
+  Tensor loan = pub.loan({32, 4096}, DType::uint8());
+  auto* p = static_cast<uint8_t*>(loan.data_ptr());
+  for (int64_t i = 0; i < loan.nbytes(); ++i) p[i] = static_cast<uint8_t>(i % 251);
+  Tensor v = loan.slice(0, std::nullopt, std::nullopt, 2);
+  const std::vector<uint8_t> want = elements(v);
+  loan = Tensor();
+  ASSERT_EQ(pub.send(std::move(v), {}, 5s), 1u);
+  auto r = sub.recv(5s);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(elements(*r), want);
+  EXPECT_STREQ(r->buffer().transport(), "ucx-packed");
+  EXPECT_TRUE(r->is_contiguous());
 }
 
 TEST(NetPubSub, LocalAndRemoteSubscribersGetTheSameMessagesInOrder) {
