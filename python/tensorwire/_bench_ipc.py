@@ -533,6 +533,11 @@ def plot(rows, path=None):
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--net" in argv:  # between two network namespaces, over UCX: tensorwire._bench_net
+        from tensorwire._bench_net import main as net_main
+
+        return net_main([a for a in argv if a != "--net"])
     p = argparse.ArgumentParser(prog="tensorwire bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="fewer sizes and messages, about a minute (the default)")
