@@ -3,7 +3,8 @@
 modes:
   demo      each tensor-crossing hazard tensorwire removes, and whether it came out right
   bench     inter-process transfer benchmark against multiprocessing, torch.multiprocessing and shared_memory
-            (quick by default; `tensorwire bench --full` measures every size)
+            (quick by default; `tensorwire bench --full` measures every size; `tensorwire bench --net`: across
+            two network namespaces over UCX against ucx_perftest, torch.distributed and pickle — root only)
   doctor    what this machine supports, and why not (`--json` for a machine-readable report)
   version   versions (also `tensorwire --version`)
 """

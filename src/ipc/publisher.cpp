@@ -110,6 +110,7 @@ class PublisherImpl {
       so.on_full = static_cast<net_detail::Policy>(opt_.on_full);
       so.max_subscribers = opt_.max_subscribers;
       so.keepalive = opt_.keepalive;
+      so.local_count = [this] { return local_count_.load(std::memory_order_relaxed); };
       net_ = net_detail::Server::create(name_, std::move(so));
     } else if (!opt_.token.empty() || opt_.insecure) {
       throw Error(ErrorCode::invalid_argument, "Publisher('" + name_ + "'): token= and insecure= are for remote "
@@ -810,13 +811,14 @@ class PublisherImpl {
       }
       ++it;
     }
+    local_count_.store(subs_.size(), std::memory_order_relaxed);
   }
 
   void add_subscriber(Fd sock) {
     const PeerCred cred = peer_credentials(sock.get());
     if (!opt_.allow_other_users && cred.uid != ::getuid()) return;  // refused: closing the socket tells the peer
     reap();
-    if (subs_.size() >= opt_.max_subscribers) {
+    if (subs_.size() + (net_ ? net_->active() : 0) >= opt_.max_subscribers) {  // local and remote together
       SubscriberChannel::refuse(sock, RefuseReason::too_many_subscribers);
       return;
     }
@@ -829,6 +831,7 @@ class PublisherImpl {
     }
     if (!sub) return;
     subs_.push_back(std::move(sub));
+    local_count_.store(subs_.size(), std::memory_order_relaxed);
     uint64_t one = 1;
     [[maybe_unused]] ssize_t r = ::write(wake_.get(), &one, sizeof one);
   }
@@ -912,6 +915,7 @@ class PublisherImpl {
   bool forked_ = false;
   std::unique_ptr<std::thread> monitor_;
   std::unique_ptr<net_detail::Server> net_;  // remote subscribers (PublisherOptions::listen)
+  std::atomic<size_t> local_count_{0};        // subs_.size(), for the net thread's max_subscribers check
 };
 
 }  // namespace ipc_detail

@@ -98,6 +98,9 @@ class ClientImpl final : public Client {
  public:
   ClientImpl(std::string topic, ClientOptions o) : topic_(std::move(topic)), opt_(std::move(o)) {
     hp_ = parse_host_port(opt_.connect, "connect");
+    if (hp_.port == 0)
+      throw Error(ErrorCode::invalid_argument, "connect='" + opt_.connect + "': port 0 is not an address a publisher "
+                                               "can be at (a publisher given port 0 says its real one in address)");
     if (opt_.keepalive < std::chrono::milliseconds(100))
       throw Error(ErrorCode::invalid_argument, "keepalive must be at least 0.1 s");
     addr_ = resolve(hp_, false, "connect='" + opt_.connect + "'");
@@ -307,9 +310,13 @@ class ClientImpl final : public Client {
                const ucp_am_recv_param_t* param) {
     if (state_ != State::active || bye_) throw Error(ErrorCode::invalid_argument, "DATA out of turn");
     if (length != h.payload_bytes) throw Error(ErrorCode::invalid_argument, "data size disagrees with the header");
-    if (h.payload_bytes > opt_.limits.max_message_bytes)
-      throw Error(ErrorCode::invalid_argument, "a message of " + std::to_string(h.payload_bytes) + " bytes (at most " +
-                                                   std::to_string(opt_.limits.max_message_bytes) + ")");
+    if (h.payload_bytes > opt_.limits.max_message_bytes) {
+      abandon_after_ = who() + ": the publisher sent a message of " + std::to_string(h.payload_bytes) +
+                       " bytes, more than this subscriber's max_message_bytes (" +
+                       std::to_string(opt_.limits.max_message_bytes) + "); disconnected";
+      end_stream(abandon_after_);
+      return;
+    }
     // Credit: the publisher may have `depth` messages unread here (block, raise) or in flight (drop_oldest).
     {
       std::lock_guard lock(mu_);
@@ -612,6 +619,7 @@ class ClientImpl final : public Client {
   std::deque<std::unique_ptr<Landing>> landing_;
   std::shared_ptr<LandingPool> landing_pool_ = std::make_shared<LandingPool>();
   size_t receiving_ = 0;
+  std::string abandon_after_;
   std::atomic<uint32_t> credits_{0};
   std::atomic<bool> connected_{false};
   std::atomic<uint64_t> dropped_{0};

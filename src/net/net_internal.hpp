@@ -217,6 +217,8 @@ struct ServerOptions {
   Policy on_full = Policy::block;
   size_t max_subscribers = 256;
   std::chrono::milliseconds keepalive{10000};
+  /// Subscribers the publisher serves through shared memory now (max_subscribers counts both kinds).
+  std::function<size_t()> local_count;
 };
 
 /// The publisher's remote side: a thread that owns a UCX worker and listener, authenticates subscribers and sends

@@ -339,8 +339,9 @@ class ServerImpl final : public Server {
             refuse = "wrong token for the publisher of '" + topic_ + "'";
         }
         if (refuse.empty()) {
+          const size_t local = opt_.local_count ? opt_.local_count() : 0;
           std::lock_guard lock(mu_);
-          size_t n = 0;
+          size_t n = local;
           for (auto& [id, q] : peers_) n += q->state == State::active ? 1u : 0u;
           if (n >= opt_.max_subscribers)
             refuse = "the publisher of '" + topic_ + "' serves " + std::to_string(n) +

@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <mutex>
 
 #include "net/net_internal.hpp"
@@ -113,6 +114,11 @@ ucp_context_h ucx_context() {
   if (ctx && owner == ::getpid()) return ctx;
   // (A context inherited over fork() is abandoned, never cleaned up: its resources belong to the parent.)
   ucp_config_t* config = nullptr;
+  // A publisher restarted on its address must be able to listen at once, while the old connections sit in
+  // TIME_WAIT: UCX's TCP connection manager sets SO_REUSEADDR only when asked (the user's setting wins). UCX 1.13
+  // reads its transports' settings from the environment only (ucp_config_modify accepts the name but does not
+  // reach the connection manager), so it is set there, once, before UCX first reads it.
+  if (!std::getenv("UCX_TCP_CM_REUSEADDR")) ::setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
   ucs_status_t st = api.config_read(nullptr, nullptr, &config);
   if (st != UCS_OK) throw Error(ErrorCode::unsupported, "tensorwire net: reading UCX's configuration failed: " + ucx_status(st));
   ucp_params_t p{};
