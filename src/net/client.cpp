@@ -485,14 +485,7 @@ class ClientImpl final : public Client {
 
   void send_control(NetType type, const std::string& body, uint64_t seq = 0) {
     if (!ep_) return;
-    auto* ctx = new SendCtx;
-    NetHeader h;
-    h.type = type;
-    h.sequence = seq;
-    h.body_bytes = static_cast<uint32_t>(body.size());
-    ctx->header.resize(kNetHeaderBytes + body.size());
-    encode_header(h, ctx->header.data());
-    std::memcpy(ctx->header.data() + kNetHeaderBytes, body.data(), body.size());
+    auto* ctx = new SendCtx{control_message(type, body, seq)};
     ucp_request_param_t rp{};
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
     rp.cb.send = &ClientImpl::send_done;

@@ -90,6 +90,8 @@ struct Delivered {
 /// What Client::poll found (the numbering of tw::Subscriber::PollStatus).
 enum class PollResult : uint8_t { message = 0, empty = 1, ended = 2, busy = 3 };
 void encode_header(const NetHeader& h, uint8_t* out);  // writes kNetHeaderBytes
+/// The whole active-message header of a control message: a NetHeader, then `body`.
+std::vector<uint8_t> control_message(NetType type, std::string_view body, uint64_t sequence = 0);
 /// Throws Error(invalid_argument) naming the problem (magic, version, type, flags).
 NetHeader decode_header(std::span<const uint8_t> bytes);
 

@@ -421,14 +421,7 @@ class ServerImpl final : public Server {
   }
 
   void send_control(const std::shared_ptr<Peer>& p, NetType type, const std::string& body, uint64_t seq = 0) {
-    auto* ctx = new SendCtx{this, p, nullptr, {}, {}};
-    NetHeader h;
-    h.type = type;
-    h.sequence = seq;
-    h.body_bytes = static_cast<uint32_t>(body.size());
-    ctx->header.resize(kNetHeaderBytes + body.size());
-    encode_header(h, ctx->header.data());
-    std::memcpy(ctx->header.data() + kNetHeaderBytes, body.data(), body.size());
+    auto* ctx = new SendCtx{this, p, nullptr, control_message(type, body, seq), {}};
     post(ctx, nullptr, 0, false);
   }
 

@@ -102,6 +102,17 @@ void encode_header(const NetHeader& h, uint8_t* out) {
   static_assert(kNetHeaderBytes == 4 + 2 + 2 + 4 + 4 + 8 + 8);
 }
 
+std::vector<uint8_t> control_message(NetType type, std::string_view body, uint64_t sequence) {
+  NetHeader h;
+  h.type = type;
+  h.sequence = sequence;
+  h.body_bytes = static_cast<uint32_t>(body.size());
+  std::vector<uint8_t> out(kNetHeaderBytes + body.size());
+  encode_header(h, out.data());
+  if (!body.empty()) std::memcpy(out.data() + kNetHeaderBytes, body.data(), body.size());
+  return out;
+}
+
 NetHeader decode_header(std::span<const uint8_t> bytes) {
   if (bytes.size() < kNetHeaderBytes) bad("a header of " + std::to_string(bytes.size()) + " bytes");
   Reader r(bytes.first(kNetHeaderBytes));
