@@ -617,7 +617,8 @@ class PublisherImpl {
         throw WouldBlockError("tensorwire publisher '" + name_ + "': the buffer pool is exhausted (" +
                               std::to_string(pool_->capacity()) + " buffers at most, pool_bytes " +
                               std::to_string(opt_.pool_bytes) + "); subscribers hold every buffer (on_full='raise')");
-      if (opt_.on_full == OnFull::drop_oldest && drop_one_queued()) continue;
+      if (opt_.on_full == OnFull::drop_oldest && (drop_one_queued() || (net_ && net_->drop_oldest_pending())))
+        continue;
       // Never wait for the dead: look at the holders ourselves (the monitor may be busy).
       bool any_died = false;
       for (auto& sub : subs_)

@@ -27,6 +27,8 @@ sockaddr_storage resolve(const HostPort& hp, bool passive, const std::string& wh
 namespace {
 
 constexpr auto kRetryEvery = std::chrono::milliseconds(200);
+// Messages a publisher may have in flight to this subscriber at most (its depth): bounds what it can make us hold.
+constexpr uint32_t kMaxDepth = 4096;
 
 uint64_t align64(uint64_t n) { return (n + 63) & ~uint64_t{63}; }
 
@@ -91,6 +93,7 @@ struct Landing {
   bool desc_in_data = false;  // the descriptor is decoded once the data is in
   bool ready = false;
   std::string error;          // the receive failed
+  bool lost = false;          // ... because the connection went
   std::vector<ucp_dt_iov_t> iov;
 };
 
@@ -281,6 +284,9 @@ class ClientImpl final : public Client {
             return;
           }
         }
+        if (w.depth > kMaxDepth)
+          throw Error(ErrorCode::invalid_argument, "a depth of " + std::to_string(w.depth) + " (at most " +
+                                                       std::to_string(kMaxDepth) + ")");
         depth_ = w.depth;
         {
           std::lock_guard lock(mu_);
@@ -394,15 +400,20 @@ class ClientImpl final : public Client {
     }
   }
 
-  static void recv_done(void* request, ucs_status_t st, size_t, void* user) {
+  static void recv_done(void* request, ucs_status_t st, size_t, void* user) noexcept {
     auto* lp = static_cast<Landing*>(user);
     --lp->owner->receiving_;
-    lp->owner->complete(lp, st);
+    try {
+      lp->owner->complete(lp, st);
+    } catch (...) {  // out of memory delivering it: the stream ends (never through UCX's C frames)
+      lp->owner->end_stream(lp->owner->who() + ": out of memory receiving a message", ErrorCode::out_of_memory);
+    }
     if (request) ucx().request_free(request);
   }
 
   void complete(Landing* lp, ucs_status_t st) {
     if (st != UCS_OK) {
+      lp->lost = true;  // the connection went while the data was on its way: the stream ends, nobody broke it
       lp->error = "receiving a message failed: " + ucx_status(st);
     } else if (lp->desc_in_data) {
       try {
@@ -435,6 +446,10 @@ class ClientImpl final : public Client {
     while (!landing_.empty() && landing_.front()->ready) {
       std::unique_ptr<Landing> l = std::move(landing_.front());
       landing_.pop_front();
+      if (l->lost) {
+        end_stream();
+        return;
+      }
       if (!l->error.empty()) {
         violation(l->error, ErrorCode::invalid_argument);
         return;
@@ -571,7 +586,7 @@ class ClientImpl final : public Client {
         } else if (now - last_heard_ > opt_.keepalive) {
           abandon_landing();
           end_stream();  // the publisher went silent: its machine or the link is gone
-        } else if (now - last_sent_ >= kPingEvery) {
+        } else if (now - last_sent_ >= std::min<std::chrono::milliseconds>(kPingEvery, opt_.keepalive / 3)) {
           send_control(NetType::ping, {});
         }
       }

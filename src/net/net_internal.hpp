@@ -243,6 +243,9 @@ class Server {
   virtual bool room(size_t n, std::string& who) = 0;
   /// Queues a message for every remote subscriber. Returns how many it was queued for.
   virtual size_t enqueue(std::shared_ptr<OutMessage> m) = 0;
+  /// drop_oldest on an exhausted pool: drops the oldest message not yet sent to the remote subscriber with the
+  /// most queued (its pool buffer is then free); false when nothing is queued.
+  virtual bool drop_oldest_pending() = 0;
   /// Messages dropped (drop_oldest) for remote subscribers so far.
   virtual uint64_t dropped() const = 0;
   /// Sends what is queued (bounded wait), says BYE and stops; every OutMessage is released on return.

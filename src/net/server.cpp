@@ -111,6 +111,9 @@ class ServerImpl final : public Server {
                   "secret every subscriber must prove; it never crosses the network) or, on a network you trust, "
                   "insecure=True. Data is never encrypted either way");
     if (opt_.depth < 1) throw Error(ErrorCode::invalid_argument, "depth must be at least 1");
+    if (opt_.keepalive < std::chrono::milliseconds(100))
+      throw Error(ErrorCode::invalid_argument, "keepalive must be at least 0.1 s");
+    ping_every_ = std::min<std::chrono::milliseconds>(kPingEvery, opt_.keepalive / 3);
     loop_ = std::make_unique<Loop>();
     max_header_ = loop_->max_am_header();
     const UcxApi& api = ucx();
@@ -190,12 +193,25 @@ class ServerImpl final : public Server {
         p->pending.push_back(m);
         ++n;
       }
+      if (n) loop_->wake();  // under mu_: close() cannot have reset loop_ meanwhile
     }
-    if (n) loop_->wake();
     return n;
   }
 
   uint64_t dropped() const override { return dropped_.load(std::memory_order_relaxed); }
+
+  bool drop_oldest_pending() override {
+    std::lock_guard lock(mu_);
+    Peer* victim = nullptr;
+    for (auto& [id, p] : peers_)
+      if (p->state == State::active && !p->pending.empty() && (!victim || p->pending.size() > victim->pending.size()))
+        victim = p.get();
+    if (!victim) return false;
+    victim->pending.pop_front();  // releases its hold on the pool buffer
+    ++victim->dropped;
+    ++dropped_;
+    return true;
+  }
 
   void close() noexcept override {
     {
@@ -241,8 +257,14 @@ class ServerImpl final : public Server {
 
   // ---- UCX callbacks (on the thread, inside progress) ----------------------------------------------------------
 
-  static void on_conn(ucp_conn_request_h req, void* arg) {
-    auto* self = static_cast<ServerImpl*>(arg);
+  static void on_conn(ucp_conn_request_h req, void* arg) noexcept {
+    try {
+      accept(static_cast<ServerImpl*>(arg), req);
+    } catch (...) {  // out of memory: the connection is not taken
+    }
+  }
+
+  static void accept(ServerImpl* self, ucp_conn_request_h req) {
     const UcxApi& api = ucx();
     size_t handshakes = 0, total = 0;
     {
@@ -383,9 +405,12 @@ class ServerImpl final : public Server {
     }
   }
 
-  static void send_done(void* request, ucs_status_t st, void* user) {
+  static void send_done(void* request, ucs_status_t st, void* user) noexcept {
     auto* ctx = static_cast<SendCtx*>(user);
-    ctx->self->finish_send(ctx, st);
+    try {
+      ctx->self->finish_send(ctx, st);
+    } catch (...) {  // (out of memory describing the failure: never through UCX's C frames)
+    }
     if (request) ucx().request_free(request);
   }
 
@@ -519,7 +544,8 @@ class ServerImpl final : public Server {
         for (auto it = peers_.begin(); it != peers_.end();) {
           Peer& p = *it->second;
           if (p.closed && p.requests == 0) {
-            by_ep_.erase(p.ep);
+            // (UCX reuses a freed endpoint's address: a newer peer may own this key already.)
+            if (auto e = by_ep_.find(p.ep); e != by_ep_.end() && e->second == p.id) by_ep_.erase(e);
             it = peers_.erase(it);
           } else {
             ++it;
@@ -572,7 +598,7 @@ class ServerImpl final : public Server {
           p->bye_sent = true;
         }
         if (p->bye_sent && p->requests == 0) p->state = State::closing;
-      } else if (now - p->last_sent >= kPingEvery) {
+      } else if (now - p->last_sent >= ping_every_) {
         send_control(p, NetType::ping, std::string());
       }
     }
@@ -612,6 +638,7 @@ class ServerImpl final : public Server {
   ServerOptions opt_;
   std::string address_;
   size_t max_header_ = 0;
+  std::chrono::milliseconds ping_every_{kPingEvery};  // a third of the keepalive at most
   std::unique_ptr<Loop> loop_;
   ucp_listener_h listener_ = nullptr;
   std::thread thread_;
