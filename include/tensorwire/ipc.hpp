@@ -265,6 +265,9 @@ class Subscriber {
   const std::string& name() const noexcept;
   /// True for a subscriber of a remote publisher (SubscriberOptions::connect).
   bool remote() const noexcept { return remote_ != nullptr; }
+  /// Why nothing can arrive yet, in words, for the message of a timeout: a remote subscriber not connected ("not
+  /// connected to 10.0.0.1:7447 yet; last attempt: Destination is unreachable"); "" otherwise.
+  std::string waiting_for() const;
 
   /// Internal (bindings): like recv_message(timeout), but returns early (empty) when a wait is interrupted.
   std::optional<Received> recv_interruptible(std::chrono::nanoseconds timeout, bool& interrupted);

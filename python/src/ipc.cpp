@@ -234,8 +234,13 @@ nb::object recv(tw::Subscriber& s, nb::handle timeout_h) {
       throw nb::python_error();
     }
     if (!forever && std::chrono::steady_clock::now() >= deadline) {
-      PyErr_SetString(PyExc_TimeoutError,
-                      ("tensorwire.Subscriber('" + s.name() + "'): no message within the timeout").c_str());
+      std::string why;
+      {
+        nb::gil_scoped_release nogil;
+        why = s.waiting_for();
+      }
+      PyErr_SetString(PyExc_TimeoutError, ("tensorwire.Subscriber('" + s.name() + "'): no message within the timeout" +
+                                           (why.empty() ? std::string() : " (" + why + ")")).c_str());
       throw nb::python_error();
     }
   }

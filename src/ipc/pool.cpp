@@ -27,34 +27,25 @@ class HostSegments final : public SegmentSource {
   bool protect(Segment& s, bool writable) noexcept override { return s.map.protect(writable); }
 };
 
-// Owner of a loaned tensor's Buffer: keeps the pool (and so the mapping) alive and returns the loan when the last
-// view is gone.
-struct LoanRef {
-  LoanRef(std::shared_ptr<Pool> p, size_t s) : pool(std::move(p)), slot(s) {
-    pool->slot(slot).loans.fetch_add(1, std::memory_order_relaxed);
+// One count on a slot for as long as it lives — a loan (Slot::loans: the owner of a loaned tensor's Buffer) or a
+// transport's hold (Slot::holds) — keeping the pool, and so the mapping, alive meanwhile.
+struct SlotRef {
+  SlotRef(std::shared_ptr<Pool> p, size_t s, std::atomic<int32_t> Pool::Slot::*c) : pool(std::move(p)), slot(s), count(c) {
+    (pool->slot(slot).*count).fetch_add(1, std::memory_order_relaxed);
   }
-  LoanRef(const LoanRef&) = delete;
-  LoanRef& operator=(const LoanRef&) = delete;
-  ~LoanRef() { pool->slot(slot).loans.fetch_sub(1, std::memory_order_release); }
+  SlotRef(const SlotRef&) = delete;
+  SlotRef& operator=(const SlotRef&) = delete;
+  ~SlotRef() { (pool->slot(slot).*count).fetch_sub(1, std::memory_order_release); }
   std::shared_ptr<Pool> pool;
   size_t slot;
-};
-
-// Owner of a transport's hold on a slot (Pool::hold).
-struct HoldRef {
-  HoldRef(std::shared_ptr<Pool> p, size_t s) : pool(std::move(p)), slot(s) {
-    pool->slot(slot).holds.fetch_add(1, std::memory_order_relaxed);
-  }
-  HoldRef(const HoldRef&) = delete;
-  HoldRef& operator=(const HoldRef&) = delete;
-  ~HoldRef() { pool->slot(slot).holds.fetch_sub(1, std::memory_order_release); }
-  std::shared_ptr<Pool> pool;
-  size_t slot;
+  std::atomic<int32_t> Pool::Slot::*count;
 };
 
 }  // namespace
 
-std::shared_ptr<const void> Pool::hold(size_t i) { return std::make_shared<HoldRef>(shared_from_this(), i); }
+std::shared_ptr<const void> Pool::hold(size_t i) {
+  return std::make_shared<SlotRef>(shared_from_this(), i, &Slot::holds);
+}
 
 std::unique_ptr<SegmentSource> host_segment_source() { return std::make_unique<HostSegments>(); }
 
@@ -141,7 +132,7 @@ std::optional<size_t> Pool::try_take(size_t nbytes, const std::function<bool(siz
 Tensor Pool::loan(size_t i, Layout layout) {
   Slot& s = slots_[i];
   make_writable(i);
-  auto owner = std::make_shared<LoanRef>(shared_from_this(), i);
+  auto owner = std::make_shared<SlotRef>(shared_from_this(), i, &Slot::loans);
   auto buf = std::make_shared<Buffer>(s.data(), s.size(), Device::cpu(), std::move(owner));
   return Tensor::make(std::move(buf), std::move(layout), false);
 }

@@ -211,7 +211,7 @@ class PublisherImpl {
   // `consumed`: the caller hands its handle over (send(Tensor&&)); otherwise it may keep writing through it.
   size_t send(const Tensor& t, const Metadata& extra, Timeout timeout, bool consumed) {
     const Tensor* one = &t;
-    return send_parts(std::span<const Tensor* const>(&one, 1), nullptr, extra, timeout, consumed);
+    return send_parts(std::span<const Tensor* const>(&one, 1), nullptr, nullptr, extra, timeout, consumed);
   }
 
   size_t send(const Message& m, const Metadata& extra, Timeout timeout, bool consumed) {
@@ -238,7 +238,7 @@ class PublisherImpl {
     const std::string head = encode_metadata(structure);
     std::vector<const Tensor*> ts;
     for (const Tensor& t : m.tensors) ts.push_back(&t);
-    return send_parts(ts, &head, extra, timeout, consumed);
+    return send_parts(ts, &head, &m, extra, timeout, consumed);
   }
 
   // Holds send_mu_, taken before the deadline. Without one it simply waits: the holder notices close() within
@@ -298,20 +298,15 @@ class PublisherImpl {
   // The remote side of a message: each tensor's bytes where they already are (a pool buffer, held until every
   // remote send of it completes), as its span or its runs; a loan view whose runs are too short is packed here,
   // once, for all remote subscribers. Called with mu_ held (dropped around packing).
-  std::shared_ptr<net_detail::OutMessage> remote_message(std::vector<Part>& parts, const std::string* head,
+  std::shared_ptr<net_detail::OutMessage> remote_message(std::vector<Part>& parts, const Message* group,
                                                          const Deadline& deadline, Reservation& reserved,
                                                          std::unique_lock<std::mutex>& lock) {
     using namespace net_detail;
     auto out = std::make_shared<OutMessage>();
     WireMessage wm;
-    if (head) {
-      const Metadata st = decode_metadata(*head);
-      const std::string& kind = st.at("kind").as_string();
-      wm.kind = static_cast<uint8_t>(
-          1 + static_cast<int>(kind == "dict" ? Message::Kind::dict : kind == "tuple" ? Message::Kind::tuple
-                                                                                      : Message::Kind::list));
-      if (const Value* keys = st.find("keys"))
-        for (const Value& k : keys->items()) wm.keys.push_back(k.as_string());
+    if (group) {
+      wm.kind = static_cast<uint8_t>(1 + static_cast<int>(group->kind));
+      if (group->kind == Message::Kind::dict) wm.keys = group->keys;
     }
     std::vector<const char*> bases(parts.size());
     uint64_t runs = 0;
@@ -349,7 +344,10 @@ class PublisherImpl {
     }
     // Runs need the descriptor in UCX's header (the receiver places them before it has the data), and a transport
     // that moves an iov without staging it (over TCP, packing is faster).
-    const bool fits = kNetHeaderBytes + encode_message(wm).size() <= net_->max_header() && net_->runs_worthwhile();
+    const bool any_runs = std::any_of(wm.tensors.begin(), wm.tensors.end(),
+                                      [](const WireTensor& w) { return w.carry == Carry::runs; });
+    const bool fits = any_runs && net_->runs_worthwhile() &&
+                      kNetHeaderBytes + encode_message(wm).size() <= net_->max_header();
     for (size_t i = 0; i < parts.size(); ++i) {
       WireTensor& w = wm.tensors[i];
       if (w.carry == Carry::runs && !fits) w.carry = Carry::packed;
@@ -383,8 +381,9 @@ class PublisherImpl {
 
 
   // The send path of one tensor (head == nullptr) or of a group (head: the encoded structure).
-  size_t send_parts(std::span<const Tensor* const> ts, const std::string* head, const Metadata& extra, Timeout timeout,
-                    bool consumed) {
+  // `group`: the message the tensors come from (its kind and keys), with `head` its encoded structure.
+  size_t send_parts(std::span<const Tensor* const> ts, const std::string* head, const Message* group,
+                    const Metadata& extra, Timeout timeout, bool consumed) {
     std::vector<Part> parts(ts.size());
     for (size_t i = 0; i < ts.size(); ++i) {
       const Tensor& t = *ts[i];
@@ -394,7 +393,8 @@ class PublisherImpl {
                                                      " is undefined (a loan can be sent once: send consumes it)");
       if (t.device().type != kDLCPU && t.device().type != kDLCUDAHost)
         throw Error(ErrorCode::unsupported, "Publisher::send: a tensor on " + t.device().str() + which +
-                                                " cannot be published through shared memory; copy it to the host first");
+                                                " cannot be published: shared memory and UCX carry host memory only today; copy it "
+                                                "to the host first (PyTorch: x.cpu(); CuPy: x.get())");
       parts[i].t = &t;
       if (!t.metadata().empty() || !extra.empty()) {
         Metadata m = t.metadata();
@@ -462,7 +462,7 @@ class PublisherImpl {
     }
     // 2b. What remote subscribers get: the same buffers, held until every remote send of them is done.
     std::shared_ptr<net_detail::OutMessage> out;
-    if (remote) out = remote_message(parts, head, deadline, reserved, lock);
+    if (remote) out = remote_message(parts, group, deadline, reserved, lock);
     // 3. Push to every live subscriber in one critical section. Rings only gain room while we hold send_mu_, and a
     //    subscriber that joined meanwhile has an empty ring.
     reap();

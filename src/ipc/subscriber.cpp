@@ -719,6 +719,7 @@ void Subscriber::close() noexcept {
   if (remote_) remote_->close();
   if (impl_) impl_->close();
 }
+std::string Subscriber::waiting_for() const { return remote_ ? remote_->waiting_for() : std::string(); }
 const std::string& Subscriber::name() const noexcept {
   static const std::string empty;
   if (remote_) return remote_->name();

@@ -148,6 +148,12 @@ class ClientImpl final : public Client {
     return closed_ || (ended_ && queue_.empty());
   }
   bool connected() const noexcept override { return connected_.load(std::memory_order_acquire); }
+  std::string waiting_for() const override {
+    if (connected()) return "";
+    std::lock_guard lock(mu_);
+    if (ended_ || closed_) return "";
+    return "not connected to " + opt_.connect + " yet" + (attempt_.empty() ? std::string() : "; last attempt: " + attempt_);
+  }
   int fileno() override { return event_.get(); }
   uint64_t dropped() const noexcept override { return dropped_.load(std::memory_order_relaxed); }
 
@@ -187,6 +193,11 @@ class ClientImpl final : public Client {
     }
     if (!fatal_.empty() && !closed_) throw Error(fatal_code_, fatal_);
     return std::nullopt;
+  }
+
+  void note_attempt(std::string why) {
+    std::lock_guard lock(mu_);
+    attempt_ = std::move(why);
   }
 
   void signal_locked() {
@@ -529,7 +540,7 @@ class ClientImpl final : public Client {
     const ucs_status_t st = ucx().ep_create(loop_->worker(), &p, &ep_);
     if (st != UCS_OK) {
       ep_ = nullptr;
-      last_error_ = ucx_status(st);
+      note_attempt(ucx_status(st));
       return;
     }
     state_ = State::connecting;
@@ -566,7 +577,7 @@ class ClientImpl final : public Client {
           abandon_landing();
           end_stream();
         } else if (state_ != State::ended) {
-          last_error_ = ep_error_;
+          note_attempt(ep_error_ + (state_ == State::connecting ? " (is a publisher listening there?)" : ""));
           close_ep(true);
           state_ = State::idle;  // not there yet (or it went during the handshake): try again
         } else {
@@ -574,7 +585,7 @@ class ClientImpl final : public Client {
         }
       }
       if ((state_ == State::connecting || state_ == State::auth_sent) && now - since_ > kHandshakeTimeout) {
-        last_error_ = "no answer to the handshake within 5 s";
+        note_attempt("no answer to the handshake within 5 s (is it a tensorwire publisher?)");
         close_ep(true);
         state_ = State::idle;
       }
@@ -618,7 +629,7 @@ class ClientImpl final : public Client {
   // -- the thread only --
   ucp_ep_h ep_ = nullptr;
   bool ep_failed_ = false;
-  std::string ep_error_, last_error_;
+  std::string ep_error_;
   State state_ = State::idle;
   Nonce nonce_{}, publisher_nonce_{};
   uint32_t depth_ = 1;
@@ -638,6 +649,7 @@ class ClientImpl final : public Client {
   Policy on_full_ = Policy::block;
   bool ended_ = false, closed_ = false;
   std::string fatal_;
+  std::string attempt_;  // why the last connection attempt failed
   ErrorCode fatal_code_ = ErrorCode::invalid_argument;
 };
 

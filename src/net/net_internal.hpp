@@ -276,6 +276,8 @@ class Client {
   virtual uint64_t dropped() const noexcept = 0;
   virtual void close() noexcept = 0;
   virtual const std::string& name() const noexcept = 0;
+  /// "" when connected; else what it waits for and the last attempt's failure, in words.
+  virtual std::string waiting_for() const = 0;
 };
 
 }  // namespace tw::net_detail

@@ -10,6 +10,7 @@
 #include <random>
 #include <thread>
 
+#include "ipc/pool_internal.hpp"
 #include "net/net_internal.hpp"
 #include "tensorwire/copy.hpp"
 #include "tensorwire/ipc.hpp"
@@ -289,6 +290,35 @@ TEST(NetAddress, ParsesTheFormsAndNamesTheProblem) {
   }
 }
 
+// A remote send reads a pool buffer in place: its hold keeps the buffer out of reuse, and mapped, until the last
+// hold is released (the hold's count is the proof, not a timing).
+TEST(NetPool, AHeldBufferIsNeitherReusedNorUnmappedUntilReleased) {
+  using namespace tw::ipc_detail;
+  auto pool = std::make_shared<Pool>(host_segment_source(), 4, size_t{1} << 20, "twnet-hold");
+  const auto never_held = [](size_t) { return false; };
+  const auto no_retire = [](size_t, uint64_t) {};
+  const auto slot = pool->try_take(4096, never_held, no_retire, "test");
+  ASSERT_TRUE(slot);
+  char* data = pool->slot(*slot).data();
+  std::shared_ptr<const void> a = pool->hold(*slot), b = pool->hold(*slot);
+  EXPECT_EQ(pool->slot(*slot).holds.load(), 2);
+  EXPECT_FALSE(pool->is_free(*slot, never_held));
+  const auto other = pool->try_take(4096, never_held, no_retire, "test");  // must be another buffer
+  ASSERT_TRUE(other);
+  EXPECT_NE(*other, *slot);
+  pool->release_unloaned();  // a closing publisher: a held buffer stays mapped
+  EXPECT_EQ(pool->slot(*slot).data(), data);
+  EXPECT_NE(pool->slot(*slot).segment_id, 0u);
+  std::weak_ptr<const void> gone = b;
+  a.reset();
+  EXPECT_FALSE(gone.expired());  // b still holds
+  EXPECT_EQ(pool->slot(*slot).holds.load(), 1);
+  b.reset();
+  EXPECT_TRUE(gone.expired());
+  EXPECT_EQ(pool->slot(*slot).holds.load(), 0);
+  EXPECT_TRUE(pool->is_free(*slot, never_held));
+}
+
 // ---- publish/subscribe over loopback UCX --------------------------------------------------------------------------
 
 std::string topic(const char* what) { return std::string("twnet-") + what + "-" + std::to_string(::getpid()); }
@@ -445,6 +475,35 @@ TEST(NetPubSub, LocalAndRemoteSubscribersGetTheSameMessagesInOrder) {
   reader.join();
 }
 
+// Received messages land in the subscriber's own warm blocks: a message of the same size as one whose tensors are
+// gone lands in the same memory (no fresh pages per message).
+TEST(NetPubSub, ReceivedMemoryIsReusedOnceReleased) {
+  SKIP_WITHOUT_UCX();
+  const std::string name = topic("landing");
+  Publisher pub(name, PublisherOptions{.listen = "127.0.0.1:0"});
+  Subscriber sub(name, SubscriberOptions{.connect = pub.address()});
+  ASSERT_TRUE(wait_for([&] { return pub.subscriber_count() == 1; }));
+  Tensor x = Tensor::zeros({1 << 18}, DType::float32());  // 1 MiB: lands through UCX's rendezvous
+  ASSERT_EQ(pub.send(x, {}, 5s), 1u);
+  auto first = sub.recv(5s);
+  ASSERT_TRUE(first);
+  const void* where = first->data_ptr();
+  std::weak_ptr<Buffer> first_buffer = first->buffer_ptr();
+  ASSERT_EQ(pub.send(x, {}, 5s), 1u);
+  auto held = sub.recv(5s);  // arrives while the first is still held: other memory
+  ASSERT_TRUE(held);
+  EXPECT_NE(held->data_ptr(), where);
+  first.reset();
+  EXPECT_TRUE(first_buffer.expired());
+  // Were the block given back to the allocator, this same-sized allocation would likely take its place.
+  std::vector<char> grab(size_t{1} << 20, 1);
+  ASSERT_EQ(pub.send(x, {}, 5s), 1u);
+  auto third = sub.recv(5s);
+  ASSERT_TRUE(third);
+  EXPECT_EQ(third->data_ptr(), where);
+  EXPECT_NE(static_cast<const void*>(grab.data()), where);
+}
+
 TEST(NetPubSub, CreditsBoundASlowRemoteSubscriber) {
   SKIP_WITHOUT_UCX();
   const std::string name = topic("credits");
@@ -522,11 +581,14 @@ TEST(NetPubSub, ASubscriberWaitsForItsPublisherAndSeesItGo) {
   Subscriber sub(name, SubscriberOptions{.connect = addr});
   EXPECT_FALSE(sub.recv(300ms));
   EXPECT_FALSE(sub.connected());
+  EXPECT_NE(sub.waiting_for().find("not connected to " + addr + " yet; last attempt: "), std::string::npos)
+      << sub.waiting_for();
   {
     Publisher pub(name, PublisherOptions{.listen = addr});
     ASSERT_TRUE(wait_for([&] { return pub.subscriber_count() == 1; }));
     EXPECT_EQ(pub.send(Tensor::zeros({2}, DType::int32())), 1u);
     EXPECT_TRUE(sub.recv(5s));
+    EXPECT_EQ(sub.waiting_for(), "");
   }
   EXPECT_FALSE(sub.recv(10s));  // the publisher closed: end of stream
   EXPECT_TRUE(sub.closed());
