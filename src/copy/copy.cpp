@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "kernels.hpp"
+#include "plan.hpp"
 #include "thread_pool.hpp"
 
 namespace tw {
@@ -36,11 +37,10 @@ struct Plan {
   bool stream = false;  // non-temporal stores where the kernel has them (see kStreamBytes)
 };
 
-Plan make_plan(const Tensor& src, const Tensor& dst, size_t isz) {
-  Plan p;
-  p.isz = isz;
-  p.src = static_cast<const char*>(src.data_ptr());
-  p.dst = static_cast<char*>(dst.data_ptr());
+}  // namespace
+
+detail::CopyDims detail::simplify_copy(const Layout& src, const Layout& dst, size_t isz) noexcept {
+  CopyDims c;
   const int64_t is = static_cast<int64_t>(isz);
   struct D {
     int64_t n, s, d;
@@ -48,11 +48,11 @@ Plan make_plan(const Tensor& src, const Tensor& dst, size_t isz) {
   D dims[kMaxRank];
   int nd = 0;
   for (size_t i = 0; i < src.ndim(); ++i) {
-    if (src.shape()[i] == 1) continue;
-    D x{src.shape()[i], src.strides()[i] * is, dst.strides()[i] * is};
+    if (src.shape[i] == 1) continue;
+    D x{src.shape[i], src.strides[i] * is, dst.strides[i] * is};
     if (x.d < 0) {  // walk the destination forwards
-      p.dst += (x.n - 1) * x.d;
-      p.src += (x.n - 1) * x.s;
+      c.dst_start += (x.n - 1) * x.d;
+      c.src_start += (x.n - 1) * x.s;
       x.d = -x.d;
       x.s = -x.s;
     }
@@ -77,6 +77,30 @@ Plan make_plan(const Tensor& src, const Tensor& dst, size_t isz) {
     dims[0] = D{1, is, is};
     nd = 1;
   }
+  c.nd = nd;
+  for (int i = 0; i < nd; ++i) {
+    c.n[i] = dims[i].n;
+    c.ss[i] = dims[i].s;
+    c.ds[i] = dims[i].d;
+  }
+  return c;
+}
+
+namespace {
+
+Plan make_plan(const Tensor& src, const Tensor& dst, size_t isz) {
+  Plan p;
+  p.isz = isz;
+  const int64_t is = static_cast<int64_t>(isz);
+  const detail::CopyDims c = detail::simplify_copy(src.layout(), dst.layout(), isz);
+  p.src = static_cast<const char*>(src.data_ptr()) + c.src_start;
+  p.dst = static_cast<char*>(dst.data_ptr()) + c.dst_start;
+  struct D {
+    int64_t n, s, d;
+  };
+  D dims[kMaxRank]{};
+  int nd = c.nd;
+  for (int i = 0; i < nd; ++i) dims[i] = D{c.n[i], c.ss[i], c.ds[i]};
   // Pick the kernel. Transpose: destination contiguous innermost, source contiguous along another dim: move that
   // dim next to the innermost so the kernel sees a 2-D transpose. A broadcast innermost source (stride 0) is a
   // fill, which the gather kernel does at store speed: no transpose for it.

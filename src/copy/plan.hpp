@@ -1,0 +1,30 @@
+// plan.hpp (private to the copy engines) — a copy problem reduced to its fewest dimensions.
+// The host engine (copy.cpp) and the CUDA engine (src/cuda) both start here, so both see the same dimension order
+// and coalescing, and a layout the host copies as one run the device copies as one run too.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "tensorwire/layout.hpp"
+
+namespace tw::detail {
+
+/// Dimensions ordered outermost first by destination stride (destination walked forwards, so its strides are
+/// non-negative), size-1 dimensions dropped, neighbours contiguous together on both sides merged. Strides in
+/// bytes. src_start / dst_start: byte distance from element 0 to the first element the walk visits (non-zero when
+/// a destination stride was negative). At least one dimension: a single element is {1, isz, isz}.
+struct CopyDims {
+  int nd = 0;
+  int64_t n[kMaxRank];
+  int64_t ss[kMaxRank];
+  int64_t ds[kMaxRank];
+  int64_t src_start = 0;
+  int64_t dst_start = 0;
+};
+
+/// Reduces a copy of `src` into `dst` (equal shapes; `isz` bytes per element). Strides are taken in elements from
+/// the layouts and scaled by isz.
+CopyDims simplify_copy(const Layout& src, const Layout& dst, size_t isz) noexcept;
+
+}  // namespace tw::detail
