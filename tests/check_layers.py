@@ -17,7 +17,7 @@ DEPS = {
     "os": {"core"},
     "net": {"core", "copy", "os"},
     "ipc": {"core", "copy", "os", "net"},
-    "cuda": {"core"},
+    "cuda": {"core", "copy"},
     "capi": {"core", "copy", "interop", "os", "net", "ipc", "cuda", "umbrella"},
     "umbrella": {"core", "copy", "interop", "os", "net", "ipc", "cuda"},
 }

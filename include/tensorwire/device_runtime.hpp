@@ -7,11 +7,18 @@
 // installed, every question gets a clear "no device runtime is installed" answer, never a silent skip.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 
+#include "tensorwire/device.hpp"
+
 namespace tw {
+
+class Buffer;
+class Tensor;
 
 class DeviceRuntime {
  public:
@@ -28,6 +35,20 @@ class DeviceRuntime {
   virtual void* record_event(intptr_t stream) const = 0;
   virtual void destroy_event(void* event) const noexcept = 0;
   virtual void synchronize_event(void* event) const = 0;
+
+  // ---- memory and copies (Tensor::empty on a device, Tensor::to, Tensor::pin, copies of device tensors) ----
+  /// Number of devices the backend can use (0 without a driver).
+  virtual int device_count() const noexcept = 0;
+  /// `nbytes` of memory on `device`: cuda:N from the device pool, usable in the order of `stream`; cuda_host from
+  /// the pinned host pool. The Buffer's allocation is the pool block. Throws Error naming why it cannot.
+  virtual std::shared_ptr<Buffer> allocate(Device device, size_t nbytes, intptr_t stream) const = 0;
+  /// Copies every element of `src` into `dst` (same shape and dtype, any two layouts, dst writable and not
+  /// self-overlapping) where either side is device or pinned memory, queued on `stream` after `src`'s stream.
+  /// Returns once the copy is queued, except into pageable host memory, where it returns once the data is there.
+  virtual void copy(const Tensor& src, const Tensor& dst, intptr_t stream) const = 0;
+  /// Makes `consumer` wait for the work queued so far on `producer` (an event recorded on one and waited on by the
+  /// other, on `device`), without blocking the host. Equal streams: nothing to do.
+  virtual void stream_wait(Device device, intptr_t producer, intptr_t consumer) const = 0;
 };
 
 /// The installed runtime, or one that answers "no device runtime is installed" to everything.

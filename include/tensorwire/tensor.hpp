@@ -53,6 +53,10 @@ class Tensor {
   static Tensor empty(Shape shape, DType dtype, MemoryOrder order = MemoryOrder::C);
   /// A new zero-filled host tensor.
   static Tensor zeros(Shape shape, DType dtype, MemoryOrder order = MemoryOrder::C);
+  /// A new uninitialised tensor on `device`: cpu as above, cuda:N from tensorwire's device pool (ordered on the
+  /// legacy default stream), cuda_host from the pinned host pool. Device memory needs the CUDA layer's runtime
+  /// (tw::cuda); without a driver or device it throws Error(device_unavailable) naming why.
+  static Tensor empty(Shape shape, DType dtype, Device device, MemoryOrder order = MemoryOrder::C);
 
   /// The general factory: a view of `buffer` with `layout`. Validates the layout and that every element lies
   /// inside the buffer.
@@ -102,7 +106,22 @@ class Tensor {
   /// This tensor when already C-contiguous (same buffer, no copy); otherwise one copy.
   Tensor contiguous() const;
   /// Always a new tensor, contiguous in `order` (C, F, or Any = keep the dimension order of a dense source).
+  /// On the tensor's own device: CUDA memory is copied by the device (a driver copy or tensorwire's kernels).
   Tensor copy(MemoryOrder order = MemoryOrder::C) const;
+
+  /// This tensor on `device` ("cpu", cuda:N, cuda_host = pinned). copy: nullopt copies only when the device
+  /// differs, true always copies, false throws Error(copy_required) when the device differs. A copy keeps the
+  /// dimension order of a dense source (else C order), dtype and metadata. Device work is queued on `stream`
+  /// (a CUstream handle; 1 = legacy default, 2 = per-thread default; nullopt = the tensor's stream, else legacy)
+  /// after the tensor's own stream, through an event, never a device-wide synchronisation; the result carries
+  /// `stream`. A copy into pageable host memory returns when the data is there; one into device or pinned memory
+  /// returns at once (the result is ordered on its stream).
+  Tensor to(Device device, std::optional<intptr_t> stream = std::nullopt, std::optional<bool> copy = std::nullopt) const;
+  /// A copy of this host tensor in pinned (page-locked) memory from the pinned pool: dtype, shape, strides,
+  /// offset within the copied span, and metadata kept; device() is cuda_host. Already pinned: this tensor.
+  Tensor pin() const;
+  /// True for memory from a pinned pool (device cuda_host).
+  bool pinned() const { return device().type == kDLCUDAHost; }
 
   /// Python-style slice of dimension `dim`: start/stop are clamped like Python's; step != 0, negative allowed.
   Tensor slice(int64_t dim, std::optional<int64_t> start, std::optional<int64_t> stop, int64_t step = 1) const;

@@ -16,6 +16,10 @@ class NoRuntime final : public DeviceRuntime {
   void* record_event(intptr_t) const override { fail(); }
   void destroy_event(void*) const noexcept override {}
   void synchronize_event(void*) const override { fail(); }
+  int device_count() const noexcept override { return 0; }
+  std::shared_ptr<Buffer> allocate(Device, size_t, intptr_t) const override { fail(); }
+  void copy(const Tensor&, const Tensor&, intptr_t) const override { fail(); }
+  void stream_wait(Device, intptr_t, intptr_t) const override { fail(); }
 
  private:
   [[noreturn]] void fail() const { throw Error(ErrorCode::device_unavailable, status()); }

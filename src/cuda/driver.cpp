@@ -1,138 +1,335 @@
-// The CUDA driver API, resolved with dlopen so tensorwire loads on machines without one.
+// The CUDA driver API, resolved at run time (dlopen + cuGetProcAddress) so tensorwire loads on machines without one.
+#include "cuda/driver.hpp"
+
 #include <dlfcn.h>
 
+#include <atomic>
 #include <mutex>
+#include <vector>
 
 #include "tensorwire/cuda.hpp"
 #include "tensorwire/device_runtime.hpp"
 #include "tensorwire/error.hpp"
 
 namespace tw::cuda {
+namespace detail {
 namespace {
 
-using CUresult = int;
-using CUdevice = int;
-// Values from the CUDA driver API reference: CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9.
-constexpr int kPointerAttributeDeviceOrdinal = 9;
+// cuGetProcAddress (CUDA 11.3+, 4 arguments) and cuGetProcAddress_v2 (CUDA 12.0+, with a symbol status).
+using GetProc1 = CUresult (*)(const char*, void**, int, unsigned long long);
+using GetProc2 = CUresult (*)(const char*, void**, int, unsigned long long, int*);
 
-struct Driver {
-  void* lib = nullptr;
-  std::string status;
-  CUresult (*cuInit)(unsigned) = nullptr;
-  CUresult (*cuPointerGetAttribute)(void*, int, unsigned long long) = nullptr;
-  CUresult (*cuStreamSynchronize)(void*) = nullptr;
-  // Events (Arrow's sync_event): optional, resolved when present.
-  CUresult (*cuEventCreate)(void**, unsigned) = nullptr;
-  CUresult (*cuEventRecord)(void*, void*) = nullptr;
-  CUresult (*cuEventDestroy)(void*) = nullptr;
-  CUresult (*cuEventSynchronize)(void*) = nullptr;
-};
+template <class F>
+void resolve(void* lib, GetProc1 gp1, GetProc2 gp2, const char* name, F& out) {
+  void* p = nullptr;
+  if (gp2) {
+    int status = 0;
+    if (gp2(name, &p, kApiVersion, 0, &status) != kSuccess || status != 0) p = nullptr;
+  } else if (gp1) {
+    if (gp1(name, &p, kApiVersion, 0) != kSuccess) p = nullptr;
+  } else {
+    (void)lib;
+  }
+  out = reinterpret_cast<F>(p);
+}
 
-const Driver& driver() {
-  static Driver d;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    d.lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!d.lib) {
-      d.status = "libcuda.so.1 could not be loaded (no NVIDIA driver on this machine)";
-      return;
+Driver load_real() {
+  Driver d;
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    d.status = "no NVIDIA driver (libcuda.so.1 could not be loaded)";
+    return d;
+  }
+  auto gp2 = reinterpret_cast<GetProc2>(dlsym(lib, "cuGetProcAddress_v2"));
+  auto gp1 = reinterpret_cast<GetProc1>(dlsym(lib, "cuGetProcAddress"));
+  if (!gp1 && !gp2) {
+    d.status = "the NVIDIA driver is too old (libcuda.so.1 has no cuGetProcAddress; CUDA 12 or newer is needed)";
+    return d;
+  }
+  Api& a = d.api;
+#define TW_RESOLVE(f) resolve(lib, gp1, gp2, #f, a.f)
+  TW_RESOLVE(cuInit);
+  TW_RESOLVE(cuDriverGetVersion);
+  TW_RESOLVE(cuDeviceGetCount);
+  TW_RESOLVE(cuDeviceGet);
+  TW_RESOLVE(cuDeviceGetAttribute);
+  TW_RESOLVE(cuDevicePrimaryCtxRetain);
+  TW_RESOLVE(cuCtxGetCurrent);
+  TW_RESOLVE(cuCtxSetCurrent);
+  TW_RESOLVE(cuPointerGetAttribute);
+  TW_RESOLVE(cuMemGetAddressRange);
+  TW_RESOLVE(cuStreamSynchronize);
+  TW_RESOLVE(cuStreamWaitEvent);
+  TW_RESOLVE(cuEventCreate);
+  TW_RESOLVE(cuEventRecord);
+  TW_RESOLVE(cuEventQuery);
+  TW_RESOLVE(cuEventSynchronize);
+  TW_RESOLVE(cuEventDestroy);
+  TW_RESOLVE(cuMemcpyAsync);
+  TW_RESOLVE(cuMemsetD8Async);
+  TW_RESOLVE(cuMemHostAlloc);
+  TW_RESOLVE(cuMemFreeHost);
+  TW_RESOLVE(cuMemAlloc);
+  TW_RESOLVE(cuMemFree);
+  TW_RESOLVE(cuMemGetInfo);
+  TW_RESOLVE(cuModuleLoadData);
+  TW_RESOLVE(cuModuleGetFunction);
+  TW_RESOLVE(cuLaunchKernel);
+  TW_RESOLVE(cuGetErrorName);
+  TW_RESOLVE(cuStreamGetCtx);
+  TW_RESOLVE(cuMemGetAllocationGranularity);
+  TW_RESOLVE(cuMemCreate);
+  TW_RESOLVE(cuMemRelease);
+  TW_RESOLVE(cuMemAddressReserve);
+  TW_RESOLVE(cuMemAddressFree);
+  TW_RESOLVE(cuMemMap);
+  TW_RESOLVE(cuMemUnmap);
+  TW_RESOLVE(cuMemSetAccess);
+  TW_RESOLVE(cuMemExportToShareableHandle);
+#undef TW_RESOLVE
+  const std::pair<const char*, const void*> required[] = {
+      {"cuInit", reinterpret_cast<const void*>(a.cuInit)},
+      {"cuDriverGetVersion", reinterpret_cast<const void*>(a.cuDriverGetVersion)},
+      {"cuDeviceGetCount", reinterpret_cast<const void*>(a.cuDeviceGetCount)},
+      {"cuDeviceGet", reinterpret_cast<const void*>(a.cuDeviceGet)},
+      {"cuDeviceGetAttribute", reinterpret_cast<const void*>(a.cuDeviceGetAttribute)},
+      {"cuDevicePrimaryCtxRetain", reinterpret_cast<const void*>(a.cuDevicePrimaryCtxRetain)},
+      {"cuCtxGetCurrent", reinterpret_cast<const void*>(a.cuCtxGetCurrent)},
+      {"cuCtxSetCurrent", reinterpret_cast<const void*>(a.cuCtxSetCurrent)},
+      {"cuPointerGetAttribute", reinterpret_cast<const void*>(a.cuPointerGetAttribute)},
+      {"cuMemGetAddressRange", reinterpret_cast<const void*>(a.cuMemGetAddressRange)},
+      {"cuStreamSynchronize", reinterpret_cast<const void*>(a.cuStreamSynchronize)},
+      {"cuStreamWaitEvent", reinterpret_cast<const void*>(a.cuStreamWaitEvent)},
+      {"cuEventCreate", reinterpret_cast<const void*>(a.cuEventCreate)},
+      {"cuEventRecord", reinterpret_cast<const void*>(a.cuEventRecord)},
+      {"cuEventQuery", reinterpret_cast<const void*>(a.cuEventQuery)},
+      {"cuEventSynchronize", reinterpret_cast<const void*>(a.cuEventSynchronize)},
+      {"cuEventDestroy", reinterpret_cast<const void*>(a.cuEventDestroy)},
+      {"cuMemcpyAsync", reinterpret_cast<const void*>(a.cuMemcpyAsync)},
+      {"cuMemsetD8Async", reinterpret_cast<const void*>(a.cuMemsetD8Async)},
+      {"cuMemHostAlloc", reinterpret_cast<const void*>(a.cuMemHostAlloc)},
+      {"cuMemFreeHost", reinterpret_cast<const void*>(a.cuMemFreeHost)},
+      {"cuMemAlloc", reinterpret_cast<const void*>(a.cuMemAlloc)},
+      {"cuMemFree", reinterpret_cast<const void*>(a.cuMemFree)},
+      {"cuMemGetInfo", reinterpret_cast<const void*>(a.cuMemGetInfo)},
+      {"cuModuleLoadData", reinterpret_cast<const void*>(a.cuModuleLoadData)},
+      {"cuModuleGetFunction", reinterpret_cast<const void*>(a.cuModuleGetFunction)},
+      {"cuLaunchKernel", reinterpret_cast<const void*>(a.cuLaunchKernel)},
+  };
+  for (const auto& [name, fn] : required)
+    if (!fn) {
+      d.status = std::string("the NVIDIA driver lacks ") + name + " at the CUDA 12.0 ABI (CUDA 12 or newer is needed)";
+      return d;
     }
-    d.cuInit = reinterpret_cast<decltype(d.cuInit)>(dlsym(d.lib, "cuInit"));
-    d.cuPointerGetAttribute = reinterpret_cast<decltype(d.cuPointerGetAttribute)>(dlsym(d.lib, "cuPointerGetAttribute"));
-    d.cuStreamSynchronize = reinterpret_cast<decltype(d.cuStreamSynchronize)>(dlsym(d.lib, "cuStreamSynchronize"));
-    d.cuEventCreate = reinterpret_cast<decltype(d.cuEventCreate)>(dlsym(d.lib, "cuEventCreate"));
-    d.cuEventRecord = reinterpret_cast<decltype(d.cuEventRecord)>(dlsym(d.lib, "cuEventRecord"));
-    d.cuEventDestroy = reinterpret_cast<decltype(d.cuEventDestroy)>(dlsym(d.lib, "cuEventDestroy_v2"));
-    d.cuEventSynchronize = reinterpret_cast<decltype(d.cuEventSynchronize)>(dlsym(d.lib, "cuEventSynchronize"));
-    if (!d.cuInit || !d.cuPointerGetAttribute || !d.cuStreamSynchronize) {
-      d.status = "libcuda.so.1 lacks cuInit/cuPointerGetAttribute/cuStreamSynchronize";
-      return;
-    }
-    if (CUresult r = d.cuInit(0); r != 0) d.status = "cuInit failed with CUresult " + std::to_string(r);
-  });
+  if (CUresult r = a.cuInit(0); r != kSuccess) {
+    d.status = "cuInit failed: " + [&] {
+      const char* n = nullptr;
+      if (a.cuGetErrorName && a.cuGetErrorName(r, &n) == kSuccess && n) return std::string(n) + " (" + std::to_string(r) + ")";
+      return "CUresult " + std::to_string(r);
+    }();
+    if (r == 100) d.status += ": no CUDA-capable device is visible";
+    return d;
+  }
+  a.cuDriverGetVersion(&d.version);
+  if (a.cuDeviceGetCount(&d.devices) != kSuccess || d.devices <= 0) {
+    d.devices = 0;
+    d.status = "the NVIDIA driver sees no CUDA device";
+  }
   return d;
+}
+
+std::atomic<const Driver*> g_fake{nullptr};
+Driver g_fake_driver;
+std::mutex g_reset_mu;
+std::vector<void (*)()>& resets() {
+  static std::vector<void (*)()> v;
+  return v;
+}
+
+// Primary contexts by device ordinal, retained on first use.
+std::mutex g_ctx_mu;
+std::vector<CUcontext> g_ctx;
+
+void reset_contexts() {
+  std::lock_guard lk(g_ctx_mu);
+  g_ctx.clear();
 }
 
 }  // namespace
 
-bool driver_available() noexcept {
-  try {
-    return driver().status.empty();
-  } catch (...) {
-    return false;
+const Driver& driver() noexcept {
+  if (const Driver* f = g_fake.load(std::memory_order_acquire)) return *f;
+  static const Driver real = [] {
+    try {
+      return load_real();
+    } catch (...) {
+      Driver d;
+      d.status = "loading the NVIDIA driver failed";
+      return d;
+    }
+  }();
+  return real;
+}
+
+const Api& api(const char* what) {
+  const Driver& d = driver();
+  if (!d.status.empty()) throw Error(ErrorCode::device_unavailable, std::string(what) + ": CUDA is unavailable: " + d.status);
+  return d.api;
+}
+
+std::string result_name(CUresult r) {
+  const Driver& d = driver();
+  const char* n = nullptr;
+  if (d.status.empty() && d.api.cuGetErrorName && d.api.cuGetErrorName(r, &n) == kSuccess && n)
+    return std::string(n) + " (" + std::to_string(r) + ")";
+  return "CUresult " + std::to_string(r);
+}
+
+void check(CUresult r, const char* call) {
+  if (r == kSuccess) return;
+  ErrorCode code = ErrorCode::invalid_argument;
+  if (r == kErrorOutOfMemory) code = ErrorCode::out_of_memory;
+  // CUDA_ERROR_NO_DEVICE 100, INVALID_DEVICE 101, DEVICE_UNAVAILABLE 46, NOT_INITIALIZED 3, DEINITIALIZED 4
+  if (r == 100 || r == 101 || r == 46 || r == 3 || r == 4) code = ErrorCode::device_unavailable;
+  throw Error(code, std::string(call) + " failed: " + result_name(r));
+}
+
+void check_device(Device d, const char* what) {
+  if (d.type != kDLCUDA && d.type != kDLCUDAManaged)
+    throw Error(ErrorCode::invalid_argument, std::string(what) + ": " + d.str() + " is not a CUDA device");
+  const Driver& drv = driver();
+  if (!drv.status.empty())
+    throw Error(ErrorCode::device_unavailable, std::string(what) + ": CUDA is unavailable: " + drv.status);
+  if (d.id < 0 || d.id >= drv.devices)
+    throw Error(ErrorCode::invalid_argument, std::string(what) + ": " + d.str() + " does not exist (this process sees " +
+                                                 std::to_string(drv.devices) + " CUDA device" +
+                                                 (drv.devices == 1 ? "" : "s") + ")");
+}
+
+CUcontext primary_context(int device) {
+  const Api& a = api("CUDA context");
+  std::lock_guard lk(g_ctx_mu);
+  if (g_ctx.size() <= static_cast<size_t>(device)) g_ctx.resize(static_cast<size_t>(device) + 1, nullptr);
+  CUcontext& c = g_ctx[static_cast<size_t>(device)];
+  if (!c) {
+    CUdevice dev = 0;
+    check(a.cuDeviceGet(&dev, device), "cuDeviceGet");
+    check(a.cuDevicePrimaryCtxRetain(&c, dev), "cuDevicePrimaryCtxRetain");
+  }
+  return c;
+}
+
+ContextGuard::ContextGuard(int device) {
+  const Api& a = api("CUDA context");
+  ctx_ = primary_context(device);
+  check(a.cuCtxGetCurrent(&prev_), "cuCtxGetCurrent");
+  if (prev_ != ctx_) {
+    check(a.cuCtxSetCurrent(ctx_), "cuCtxSetCurrent");
+    switched_ = true;
   }
 }
 
+ContextGuard::~ContextGuard() {
+  if (switched_) driver().api.cuCtxSetCurrent(prev_);
+}
+
+void check_stream(int device, intptr_t stream, const char* what) {
+  if (stream == kLegacyStream || stream == kPerThreadStream) return;
+  if (stream == 0)
+    throw Error(ErrorCode::invalid_argument,
+                std::string(what) + ": stream 0 is ambiguous (legacy or per-thread default); pass 1 for the legacy "
+                                    "default stream, 2 for the per-thread one, or a stream handle");
+  if (stream < 0) throw Error(ErrorCode::invalid_argument, std::string(what) + ": " + std::to_string(stream) + " is not a stream");
+  const Api& a = api(what);
+  if (!a.cuStreamGetCtx) return;  // cannot tell: the driver will refuse a foreign stream itself
+  CUcontext c = nullptr;
+  if (CUresult r = a.cuStreamGetCtx(as_stream(stream), &c); r != kSuccess)
+    throw Error(ErrorCode::invalid_argument,
+                std::string(what) + ": " + std::to_string(stream) + " is not a valid CUDA stream (" + result_name(r) + ")");
+  if (c != primary_context(device))
+    throw Error(ErrorCode::invalid_argument, std::string(what) + ": stream " + std::to_string(stream) +
+                                                 " belongs to another device (or a context other than cuda:" +
+                                                 std::to_string(device) + "'s primary context)");
+}
+
+void register_reset(void (*fn)()) {
+  std::lock_guard lk(g_reset_mu);
+  resets().push_back(fn);
+}
+
+void install_fake_driver(const Api* a, int devices, int version) {
+  {
+    std::lock_guard lk(g_reset_mu);
+    for (auto fn : resets()) fn();
+  }
+  reset_contexts();
+  if (!a) {
+    g_fake.store(nullptr, std::memory_order_release);
+    return;
+  }
+  g_fake_driver = Driver{};
+  g_fake_driver.api = *a;
+  g_fake_driver.devices = devices;
+  g_fake_driver.version = version;
+  g_fake_driver.fake = true;
+  if (devices <= 0) g_fake_driver.status = "the fake driver has no device";
+  g_fake.store(&g_fake_driver, std::memory_order_release);
+}
+
+}  // namespace detail
+
+using detail::driver;
+
+bool driver_available() noexcept { return driver().status.empty(); }
 std::string driver_status() { return driver().status; }
+bool is_available() noexcept { return driver().status.empty() && driver().devices > 0; }
+int device_count() noexcept { return driver().status.empty() ? driver().devices : 0; }
+int driver_version() noexcept { return driver().version; }
+
+std::string status() {
+  const detail::Driver& d = driver();
+  if (!d.status.empty()) return d.status;
+  std::string s = std::to_string(d.devices) + " CUDA device" + (d.devices == 1 ? "" : "s") + ", driver " +
+                  std::to_string(d.version / 1000) + "." + std::to_string(d.version % 1000 / 10);
+  if (d.fake) s += " (a test's fake driver)";
+  return s;
+}
 
 std::optional<int> device_of_pointer(uintptr_t ptr) noexcept {
   if (!driver_available()) return std::nullopt;
   int ordinal = -1;
-  CUresult r = driver().cuPointerGetAttribute(&ordinal, kPointerAttributeDeviceOrdinal, ptr);
+  detail::CUresult r = driver().api.cuPointerGetAttribute(&ordinal, detail::kPointerAttrDeviceOrdinal, ptr);
   if (r != 0 || ordinal < 0) return std::nullopt;
   return ordinal;
 }
 
 void synchronize_stream(intptr_t stream) {
-  if (!driver_available())
-    throw Error(ErrorCode::device_unavailable, "cannot synchronize CUDA stream: " + driver_status());
-  CUresult r = driver().cuStreamSynchronize(reinterpret_cast<void*>(stream));
-  if (r != 0)
+  const detail::Api& a = detail::api("synchronize a CUDA stream");
+  if (detail::CUresult r = a.cuStreamSynchronize(detail::as_stream(stream)); r != 0)
     throw Error(ErrorCode::invalid_argument,
-                "cuStreamSynchronize(" + std::to_string(stream) + ") failed with CUresult " + std::to_string(r));
+                "cuStreamSynchronize(" + std::to_string(stream) + ") failed: " + detail::result_name(r));
 }
-
-namespace {
-const Driver& event_driver(const char* what) {
-  if (!driver_available())
-    throw Error(ErrorCode::device_unavailable, std::string(what) + ": no CUDA driver: " + driver_status());
-  const Driver& d = driver();
-  if (!d.cuEventCreate || !d.cuEventRecord || !d.cuEventDestroy || !d.cuEventSynchronize)
-    throw Error(ErrorCode::device_unavailable, std::string(what) + ": libcuda.so.1 lacks the cuEvent* functions");
-  return d;
-}
-}  // namespace
 
 void* record_event(intptr_t stream) {
-  const Driver& d = event_driver("record_event");
+  const detail::Api& a = detail::api("record a CUDA event");
   void* ev = nullptr;
-  constexpr unsigned kDisableTiming = 0x2;  // CU_EVENT_DISABLE_TIMING: the cheapest event to record and wait on
-  if (CUresult r = d.cuEventCreate(&ev, kDisableTiming); r != 0)
-    throw Error(ErrorCode::invalid_argument, "cuEventCreate failed with CUresult " + std::to_string(r));
-  if (CUresult r = d.cuEventRecord(ev, reinterpret_cast<void*>(stream)); r != 0) {
-    d.cuEventDestroy(ev);
-    throw Error(ErrorCode::invalid_argument, "cuEventRecord on stream " + std::to_string(stream) +
-                                                 " failed with CUresult " + std::to_string(r));
+  detail::check(a.cuEventCreate(&ev, detail::kEventDisableTiming), "cuEventCreate");
+  if (detail::CUresult r = a.cuEventRecord(ev, detail::as_stream(stream)); r != 0) {
+    a.cuEventDestroy(ev);
+    throw Error(ErrorCode::invalid_argument,
+                "cuEventRecord on stream " + std::to_string(stream) + " failed: " + detail::result_name(r));
   }
   return ev;
 }
 
 void destroy_event(void* event) noexcept {
-  if (!event || !driver_available() || !driver().cuEventDestroy) return;
-  driver().cuEventDestroy(event);
+  if (!event || !driver_available()) return;
+  driver().api.cuEventDestroy(event);
 }
 
 void synchronize_event(void* event) {
-  const Driver& d = event_driver("synchronize_event");
-  if (CUresult r = d.cuEventSynchronize(event); r != 0)
-    throw Error(ErrorCode::invalid_argument, "cuEventSynchronize failed with CUresult " + std::to_string(r));
+  const detail::Api& a = detail::api("wait for a CUDA event");
+  detail::check(a.cuEventSynchronize(event), "cuEventSynchronize");
 }
-
-namespace {
-// The driver behind interop's DeviceRuntime interface (tensorwire/device_runtime.hpp).
-class DriverRuntime final : public DeviceRuntime {
- public:
-  bool available() const noexcept override { return driver_available(); }
-  std::string status() const override { return driver_status(); }
-  std::optional<int> device_of_pointer(uintptr_t ptr) const noexcept override { return cuda::device_of_pointer(ptr); }
-  void synchronize_stream(intptr_t stream) const override { cuda::synchronize_stream(stream); }
-  void* record_event(intptr_t stream) const override { return cuda::record_event(stream); }
-  void destroy_event(void* event) const noexcept override { cuda::destroy_event(event); }
-  void synchronize_event(void* event) const override { cuda::synchronize_event(event); }
-};
-const DriverRuntime g_runtime;
-}  // namespace
-
-void install_runtime() noexcept { install_device_runtime(&g_runtime); }
 
 }  // namespace tw::cuda

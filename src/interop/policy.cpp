@@ -57,10 +57,7 @@ PreparedExport prepare_export(const Tensor& t, const ExportRequest& r) {
     if (r.copy == CopyMode::never)
       throw Error(ErrorCode::copy_required, "DLPack export: the tensor is on " + t.device().str() + ", " +
                                                 r.device->str() + " was requested, and copy is forbidden");
-    if (!(r.device->type == kDLCPU && t.device().is_host_accessible()))
-      throw Error(ErrorCode::unsupported,
-                  "DLPack export: cannot copy from " + t.device().str() + " to " + r.device->str());
-    out.tensor = t.copy();
+    out.tensor = t.to(*r.device, std::nullopt, true);
     out.copied = true;
   }
   if (r.copy == CopyMode::always && !out.copied) {
@@ -73,11 +70,18 @@ PreparedExport prepare_export(const Tensor& t, const ExportRequest& r) {
                   "DLPack export: strides " + out.tensor.strides().str() +
                       " are negative; PyTorch and other DLPack consumers cannot take them, and copy is forbidden "
                       "(NumPy's array interface and the buffer protocol view them without one)");
-    if (!out.tensor.device().is_host_accessible())
-      throw Error(ErrorCode::unsupported, "DLPack export: negative strides on " + out.tensor.device().str() +
-                                              " cannot be exported and the host cannot copy them");
     out.tensor = out.tensor.copy();
     out.copied = true;
+  }
+  // The consumer's stream waits for the producer's (DLPack: None on CUDA is the legacy default stream, -1 means
+  // the consumer orders the work itself). An event, never a host or device-wide synchronisation.
+  const Tensor& e = out.tensor;
+  if (stream_capable(e.device().type) && e.device().type != kDLROCM && e.stream()) {
+    const int64_t consumer = r.stream.value_or(1);
+    if (consumer != -1 && consumer != *e.stream()) {
+      const DeviceRuntime& rt = device_runtime();
+      if (rt.available()) rt.stream_wait(e.device(), *e.stream(), static_cast<intptr_t>(consumer));
+    }
   }
   return out;
 }
@@ -123,9 +127,10 @@ bool import_may_copy(const ImportRequest& r, const ImportFacts& f) noexcept {
 }
 
 Tensor finish_import(Tensor t, const ImportRequest& r, const ImportFacts& f) {
-  if (r.device && !(*r.device == t.device()))
-    throw Error(ErrorCode::unsupported, "import: the data is on " + t.device().str() + " but " + r.device->str() +
-                                            " was requested; tensorwire does not move data between devices on import");
+  const bool move = r.device && !(*r.device == t.device());
+  if (move && r.copy == CopyMode::never)
+    throw Error(ErrorCode::copy_required, "import: the data is on " + t.device().str() + " but " + r.device->str() +
+                                              " was requested, which needs a copy, and copy is forbidden");
   if (f.byteswap) {
     if (r.copy == CopyMode::never)
       throw Error(ErrorCode::copy_required, "import: the data is in non-native byte order and must be byte-swapped "
@@ -135,14 +140,11 @@ Tensor finish_import(Tensor t, const ImportRequest& r, const ImportFacts& f) {
                                               " memory cannot be swapped by the host");
     Tensor out = Tensor::empty(t.shape(), t.dtype());
     copy(t, out, CopyOptions{true});
-    return out;
+    return move ? out.to(*r.device, std::nullopt, true) : out;
   }
-  if (r.copy == CopyMode::always && !f.producer_copied) {
-    if (!t.device().is_host_accessible())
-      throw Error(ErrorCode::unsupported, "import: a copy was requested of memory on " + t.device().str() +
-                                              ", which the host copy engine cannot read");
-    return t.copy(MemoryOrder::C);
-  }
+  // One copy at most: to another device (in the source's dense order), or on the same one for copy=always.
+  if (move) return t.to(*r.device, std::nullopt, true);
+  if (r.copy == CopyMode::always && !f.producer_copied) return t.copy(MemoryOrder::C);
   return t;
 }
 
@@ -189,22 +191,19 @@ Tensor import_interface(const InterfaceDesc& desc_in, std::shared_ptr<const void
   }
   if (!desc.device) {
     // The CUDA Array Interface carries no device number: the driver knows it; otherwise the caller must say.
-    if (r.device && r.device->type != kDLCUDA && r.device->type != kDLCUDAManaged)
-      throw Error(ErrorCode::unsupported, proto + ": the data is CUDA device memory but " + r.device->str() +
-                                              " was requested; tensorwire does not move data between devices on import");
     const DeviceRuntime& rt = device_runtime();
     std::optional<int> ordinal;
     if (desc.data) ordinal = rt.device_of_pointer(desc.data);
     bool empty = false;
     for (int64_t n : desc.shape) empty = empty || n == 0;
     if (ordinal) {
-      if (r.device && r.device->id != *ordinal)
-        throw Error(ErrorCode::invalid_argument, proto + ": the CUDA driver places the pointer on cuda:" +
-                                                     std::to_string(*ordinal) + " but " + r.device->str() +
-                                                     " was requested");
-      desc.device = Device::cuda(*ordinal);
-    } else if (r.device) {
+      desc.device = Device::cuda(*ordinal);  // from the driver; a request for another device is a copy below
+    } else if (r.device && (r.device->type == kDLCUDA || r.device->type == kDLCUDAManaged)) {
       desc.device = *r.device;
+    } else if (r.device) {
+      throw Error(ErrorCode::device_unavailable,
+                  proto + ": the data is CUDA device memory and " + r.device->str() + " was requested, which needs a "
+                          "copy by the CUDA driver, and the device runtime cannot reach it (" + rt.status() + ")");
     } else if (empty) {
       desc.device = Device::cuda(0);  // no memory is referenced, so no device can be wrong
     } else {
@@ -227,8 +226,10 @@ Tensor import_interface(const InterfaceDesc& desc_in, std::shared_ptr<const void
       throw Error(ErrorCode::device_unavailable, proto + ": the producer's data is ordered on a CUDA stream and no "
                                                           "device runtime is installed to wait for it "
                                                           "(tw::cuda::install_runtime())");
+    // Device memory: the stream is recorded, and every later use (a copy, an export to a consumer's stream) is
+    // ordered after it by an event, never by a host wait. Memory the host can read is waited for now.
     const DeviceRuntime& rt = device_runtime();
-    if (rt.available()) rt.synchronize_stream(static_cast<intptr_t>(*desc.stream));  // no driver: nothing pending
+    if (t.device().is_host_accessible() && rt.available()) rt.synchronize_stream(static_cast<intptr_t>(*desc.stream));
   }
   return finish_import(std::move(t), r, ImportFacts{false, il.byteswap});
 }

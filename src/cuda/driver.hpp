@@ -1,0 +1,172 @@
+// driver.hpp (private to the cuda layer) — the CUDA driver API as a table of entry points.
+//
+// The table is filled from libcuda.so.1 with cuGetProcAddress at kApiVersion (a fixed ABI: a symbol whose
+// signature changed later still resolves to the one declared here), or, in tests, by a fake driver that models
+// device memory with host memory (tests/cpp/test_cuda_host.cpp), so that pool bookkeeping, stream rules and copy
+// planning are tested on machines without a GPU. Types are declared here from the CUDA driver API reference, not
+// taken from cuda.h (tensorwire builds without the CUDA toolkit); their layouts are frozen by tests.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "tensorwire/device.hpp"
+
+namespace tw::cuda::detail {
+
+using CUresult = int;
+using CUdevice = int;
+using CUdeviceptr = unsigned long long;
+using CUcontext = void*;
+using CUstream = void*;
+using CUevent = void*;
+using CUmodule = void*;
+using CUfunction = void*;
+using CUmemHandle = unsigned long long;  // CUmemGenericAllocationHandle
+
+/// The CUDA version whose ABI every entry point is resolved at (12.0: VMM, cuGetProcAddress, _v2 symbols).
+inline constexpr int kApiVersion = 12000;
+
+// Values from the driver API reference (cuda.h of CUDA 12/13).
+inline constexpr CUresult kSuccess = 0;
+inline constexpr CUresult kErrorOutOfMemory = 2;
+inline constexpr CUresult kErrorNotReady = 600;
+inline constexpr int kAttrVmmSupported = 102;            // CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+inline constexpr int kAttrPosixFdSupported = 103;        // CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
+inline constexpr int kAttrUnifiedAddressing = 41;        // CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING
+inline constexpr int kPointerAttrContext = 1;            // CU_POINTER_ATTRIBUTE_CONTEXT
+inline constexpr int kPointerAttrMemoryType = 2;         // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+inline constexpr int kPointerAttrDeviceOrdinal = 9;      // CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+inline constexpr unsigned kMemoryTypeHost = 1;           // CU_MEMORYTYPE_HOST
+inline constexpr unsigned kMemoryTypeDevice = 2;         // CU_MEMORYTYPE_DEVICE
+inline constexpr unsigned kMemoryTypeUnified = 4;        // CU_MEMORYTYPE_UNIFIED
+inline constexpr unsigned kEventDisableTiming = 0x2;     // CU_EVENT_DISABLE_TIMING
+inline constexpr unsigned kMemHostAllocPortable = 0x1;   // CU_MEMHOSTALLOC_PORTABLE
+inline constexpr int kMemAllocationTypePinned = 1;       // CU_MEM_ALLOCATION_TYPE_PINNED
+inline constexpr int kMemHandleTypePosixFd = 1;          // CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+inline constexpr int kMemLocationTypeDevice = 1;         // CU_MEM_LOCATION_TYPE_DEVICE
+inline constexpr int kMemAccessReadWrite = 3;            // CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+inline constexpr int kMemGranularityRecommended = 1;     // CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
+
+// CUmemLocation, CUmemAllocationProp, CUmemAccessDesc (driver API reference, "Virtual Memory Management").
+struct MemLocation {
+  int type;
+  int id;
+};
+struct MemAllocationProp {
+  int type;
+  int requested_handle_types;
+  MemLocation location;
+  void* win32_handle_metadata;
+  unsigned char compression_type;
+  unsigned char gpu_direct_rdma_capable;
+  unsigned short usage;
+  unsigned char reserved[4];
+};
+struct MemAccessDesc {
+  MemLocation location;
+  int flags;
+};
+
+/// Every entry point tensorwire uses. A null optional one means "this driver lacks it"; the required ones are
+/// never null in a loaded table.
+struct Api {
+  // required
+  CUresult (*cuInit)(unsigned) = nullptr;
+  CUresult (*cuDriverGetVersion)(int*) = nullptr;
+  CUresult (*cuDeviceGetCount)(int*) = nullptr;
+  CUresult (*cuDeviceGet)(CUdevice*, int) = nullptr;
+  CUresult (*cuDeviceGetAttribute)(int*, int, CUdevice) = nullptr;
+  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice) = nullptr;
+  CUresult (*cuCtxGetCurrent)(CUcontext*) = nullptr;
+  CUresult (*cuCtxSetCurrent)(CUcontext) = nullptr;
+  CUresult (*cuPointerGetAttribute)(void*, int, CUdeviceptr) = nullptr;
+  CUresult (*cuMemGetAddressRange)(CUdeviceptr*, size_t*, CUdeviceptr) = nullptr;
+  CUresult (*cuStreamSynchronize)(CUstream) = nullptr;
+  CUresult (*cuStreamWaitEvent)(CUstream, CUevent, unsigned) = nullptr;
+  CUresult (*cuEventCreate)(CUevent*, unsigned) = nullptr;
+  CUresult (*cuEventRecord)(CUevent, CUstream) = nullptr;
+  CUresult (*cuEventQuery)(CUevent) = nullptr;
+  CUresult (*cuEventSynchronize)(CUevent) = nullptr;
+  CUresult (*cuEventDestroy)(CUevent) = nullptr;
+  CUresult (*cuMemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream) = nullptr;
+  CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream) = nullptr;
+  CUresult (*cuMemHostAlloc)(void**, size_t, unsigned) = nullptr;
+  CUresult (*cuMemFreeHost)(void*) = nullptr;
+  CUresult (*cuMemAlloc)(CUdeviceptr*, size_t) = nullptr;
+  CUresult (*cuMemFree)(CUdeviceptr) = nullptr;
+  CUresult (*cuMemGetInfo)(size_t*, size_t*) = nullptr;
+  CUresult (*cuModuleLoadData)(CUmodule*, const void*) = nullptr;
+  CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*) = nullptr;
+  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             CUstream, void**, void**) = nullptr;
+  // optional
+  CUresult (*cuGetErrorName)(CUresult, const char**) = nullptr;
+  CUresult (*cuStreamGetCtx)(CUstream, CUcontext*) = nullptr;
+  CUresult (*cuMemGetAllocationGranularity)(size_t*, const MemAllocationProp*, int) = nullptr;
+  CUresult (*cuMemCreate)(CUmemHandle*, size_t, const MemAllocationProp*, unsigned long long) = nullptr;
+  CUresult (*cuMemRelease)(CUmemHandle) = nullptr;
+  CUresult (*cuMemAddressReserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long) = nullptr;
+  CUresult (*cuMemAddressFree)(CUdeviceptr, size_t) = nullptr;
+  CUresult (*cuMemMap)(CUdeviceptr, size_t, size_t, CUmemHandle, unsigned long long) = nullptr;
+  CUresult (*cuMemUnmap)(CUdeviceptr, size_t) = nullptr;
+  CUresult (*cuMemSetAccess)(CUdeviceptr, size_t, const MemAccessDesc*, size_t) = nullptr;
+  CUresult (*cuMemExportToShareableHandle)(void*, CUmemHandle, int, unsigned long long) = nullptr;
+};
+
+/// The loaded driver: its table, or why there is none.
+struct Driver {
+  Api api{};
+  std::string status;  ///< "" when usable
+  int version = 0;     ///< cuDriverGetVersion
+  int devices = 0;     ///< cuDeviceGetCount
+  bool fake = false;   ///< installed by a test
+};
+
+/// The driver (loaded once on first use), or the fake a test installed.
+const Driver& driver() noexcept;
+/// The table when the driver is usable; otherwise throws Error(device_unavailable) "<what>: <status>".
+const Api& api(const char* what);
+/// Throws Error naming `call` and the driver's name for `r` when r != success (out_of_memory for
+/// CUDA_ERROR_OUT_OF_MEMORY, device_unavailable for a lost or missing device, else invalid_argument).
+void check(CUresult r, const char* call);
+/// "CUDA_ERROR_OUT_OF_MEMORY (2)" or "CUresult 2".
+std::string result_name(CUresult r);
+
+/// Throws Error(device_unavailable / invalid_argument) unless `d` is a CUDA device this process has.
+void check_device(Device d, const char* what);
+
+/// Makes cuda:`device`'s primary context current on this thread for the guard's life (restoring the previous
+/// one), so driver calls land on the right device whatever the caller's thread had current.
+class ContextGuard {
+ public:
+  explicit ContextGuard(int device);
+  ~ContextGuard();
+  ContextGuard(const ContextGuard&) = delete;
+  ContextGuard& operator=(const ContextGuard&) = delete;
+  CUcontext context() const noexcept { return ctx_; }
+
+ private:
+  CUcontext ctx_ = nullptr;
+  CUcontext prev_ = nullptr;
+  bool switched_ = false;
+};
+
+/// The primary context of cuda:`device` (retained once per process, never released: PyTorch and CuPy share it).
+CUcontext primary_context(int device);
+
+/// Throws Error(invalid_argument) when `stream` (a handle; 1 and 2 are the per-context defaults, always fine)
+/// belongs to a context other than cuda:`device`'s primary context.
+void check_stream(int device, intptr_t stream, const char* what);
+
+inline CUstream as_stream(intptr_t s) noexcept { return reinterpret_cast<CUstream>(s); }
+
+/// Installs a fake driver (tests only): `api` must outlive its use; `devices` devices, driver version `version`.
+/// Resets the pools and the kernel module. nullptr restores the real driver.
+void install_fake_driver(const Api* api, int devices, int version);
+
+/// Registry of per-driver state to reset when a fake driver is installed (pools, modules).
+void register_reset(void (*fn)());
+
+}  // namespace tw::cuda::detail

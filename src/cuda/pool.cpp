@@ -1,0 +1,356 @@
+#include "cuda/pool.hpp"
+
+#include <algorithm>
+#include <bit>
+
+#include "tensorwire/error.hpp"
+
+namespace tw::cuda::detail {
+
+size_t size_class(size_t n, size_t granularity) noexcept {
+  if (n <= kMinClass) return kMinClass;
+  if (n <= kSlabMax) return std::bit_ceil(n);
+  const size_t p = std::bit_floor(n);
+  const size_t step = std::max(p / 4, std::max(granularity, kMinClass));
+  return (n + step - 1) / step * step;
+}
+
+namespace {
+
+// Blocks come back from Buffer destructors on any thread; a block whose event cannot be recorded (a driver error
+// at that point) is reused only after its stream is synchronized, or dropped when even that fails.
+CUevent record_on(int device, intptr_t stream) noexcept {
+  try {
+    const Api& a = api("pool");
+    ContextGuard g(device);
+    CUevent ev = nullptr;
+    if (a.cuEventCreate(&ev, kEventDisableTiming) != kSuccess) return nullptr;
+    if (a.cuEventRecord(ev, as_stream(stream)) != kSuccess) {
+      a.cuEventDestroy(ev);
+      return nullptr;
+    }
+    return ev;
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+}  // namespace
+
+size_t Pool::granularity() {
+  if (granularity_) return granularity_;
+  const Api& a = api("device pool");
+  granularity_ = kSegmentBytes;
+  vmm_ = 0;
+  if (device_ >= 0 && a.cuMemCreate && a.cuMemGetAllocationGranularity && a.cuMemAddressReserve && a.cuMemMap &&
+      a.cuMemSetAccess && a.cuMemUnmap && a.cuMemAddressFree && a.cuMemRelease) {
+    CUdevice dev = 0;
+    int vmm = 0, fd = 0;
+    check(a.cuDeviceGet(&dev, device_), "cuDeviceGet");
+    a.cuDeviceGetAttribute(&vmm, kAttrVmmSupported, dev);
+    a.cuDeviceGetAttribute(&fd, kAttrPosixFdSupported, dev);
+    if (vmm && fd) {
+      MemAllocationProp prop{};
+      prop.type = kMemAllocationTypePinned;
+      prop.requested_handle_types = kMemHandleTypePosixFd;
+      prop.location = MemLocation{kMemLocationTypeDevice, device_};
+      size_t g = 0;
+      if (a.cuMemGetAllocationGranularity(&g, &prop, kMemGranularityRecommended) == kSuccess && g > 0 &&
+          std::has_single_bit(g)) {
+        granularity_ = std::max(g, kSegmentBytes);
+        vmm_ = 1;
+      }
+    }
+  }
+  return granularity_;
+}
+
+Segment* Pool::new_segment(size_t bytes, size_t slot_size) {
+  const Api& a = api(device_ >= 0 ? "allocate CUDA device memory" : "allocate pinned host memory");
+  auto seg = std::make_unique<Segment>();
+  seg->size = bytes;
+  seg->slot_size = slot_size;
+  if (device_ < 0) {
+    ContextGuard g(0);  // portable pinned memory: any context will do
+    void* p = nullptr;
+    check(a.cuMemHostAlloc(&p, bytes, kMemHostAllocPortable), "cuMemHostAlloc");
+    seg->base = reinterpret_cast<uintptr_t>(p);
+  } else {
+    ContextGuard g(device_);
+    if (vmm_ == 1) {
+      MemAllocationProp prop{};
+      prop.type = kMemAllocationTypePinned;
+      prop.requested_handle_types = kMemHandleTypePosixFd;
+      prop.location = MemLocation{kMemLocationTypeDevice, device_};
+      CUmemHandle h = 0;
+      check(a.cuMemCreate(&h, bytes, &prop, 0), "cuMemCreate");
+      CUdeviceptr va = 0;
+      if (CUresult r = a.cuMemAddressReserve(&va, bytes, granularity_, 0, 0); r != kSuccess) {
+        a.cuMemRelease(h);
+        check(r, "cuMemAddressReserve");
+      }
+      CUresult r = a.cuMemMap(va, bytes, 0, h, 0);
+      if (r == kSuccess) {
+        MemAccessDesc acc{MemLocation{kMemLocationTypeDevice, device_}, kMemAccessReadWrite};
+        r = a.cuMemSetAccess(va, bytes, &acc, 1);
+        if (r != kSuccess) a.cuMemUnmap(va, bytes);
+      }
+      if (r != kSuccess) {
+        a.cuMemAddressFree(va, bytes);
+        a.cuMemRelease(h);
+        check(r, "cuMemMap/cuMemSetAccess");
+      }
+      seg->base = static_cast<uintptr_t>(va);
+      seg->handle = h;
+      seg->vmm = true;
+    } else {
+      CUdeviceptr p = 0;
+      check(a.cuMemAlloc(&p, bytes), "cuMemAlloc");
+      seg->base = static_cast<uintptr_t>(p);
+    }
+  }
+  stats_.reserved_bytes += bytes;
+  segments_.push_back(std::move(seg));
+  return segments_.back().get();
+}
+
+void Pool::free_segment(Segment* s) noexcept {
+  const Api& a = driver().api;
+  try {
+    if (device_ < 0) {
+      a.cuMemFreeHost(reinterpret_cast<void*>(s->base));
+    } else {
+      ContextGuard g(device_);
+      if (s->vmm) {
+        a.cuMemUnmap(static_cast<CUdeviceptr>(s->base), s->size);
+        a.cuMemAddressFree(static_cast<CUdeviceptr>(s->base), s->size);
+        a.cuMemRelease(s->handle);
+      } else {
+        a.cuMemFree(static_cast<CUdeviceptr>(s->base));
+      }
+    }
+  } catch (...) {
+  }
+  stats_.reserved_bytes -= s->size;
+  auto it = std::find_if(segments_.begin(), segments_.end(), [s](const auto& p) { return p.get() == s; });
+  if (it != segments_.end()) segments_.erase(it);
+}
+
+Block* Pool::take_cached(size_t cls, intptr_t stream, std::unique_lock<std::mutex>& lk) {
+  auto it = free_.find(cls);
+  if (it == free_.end() || it->second.empty()) return nullptr;
+  std::vector<Block*>& v = it->second;
+  const Api& a = driver().api;
+  if (device_ >= 0) {
+    // Stream-ordered: prefer a block last used on this very stream (no wait at all), else the oldest.
+    auto pick = std::find_if(v.begin(), v.end(), [&](Block* b) { return b->stream == stream || !b->free_event; });
+    if (pick == v.end()) pick = v.begin();
+    Block* b = *pick;
+    v.erase(pick);
+    if (b->free_event) {
+      if (b->stream != stream) {
+        ContextGuard g(device_);
+        if (CUresult r = a.cuStreamWaitEvent(as_stream(stream), b->free_event, 0); r != kSuccess) {
+          v.insert(v.begin(), b);
+          check(r, "cuStreamWaitEvent");
+        }
+      }
+      a.cuEventDestroy(b->free_event);
+      b->free_event = nullptr;
+    }
+    return b;
+  }
+  // Pinned: the host writes it next, so only a block whose queued work is done.
+  for (auto p = v.begin(); p != v.end(); ++p) {
+    Block* b = *p;
+    if (!b->free_event || a.cuEventQuery(b->free_event) == kSuccess) {
+      v.erase(p);
+      if (b->free_event) a.cuEventDestroy(b->free_event);
+      b->free_event = nullptr;
+      return b;
+    }
+  }
+  if (stats_.reserved_bytes < kPinnedSoftLimit) return nullptr;  // grow rather than wait
+  Block* b = v.front();
+  v.erase(v.begin());
+  CUevent ev = b->free_event;
+  b->free_event = nullptr;
+  lk.unlock();  // never hold the pool while the host waits
+  CUresult r = a.cuEventSynchronize(ev);
+  a.cuEventDestroy(ev);
+  lk.lock();
+  if (r != kSuccess) {
+    // The work that used it failed: the memory may still be touched; drop the block rather than reuse it.
+    return nullptr;
+  }
+  return b;
+}
+
+std::shared_ptr<Buffer> Pool::allocate(size_t nbytes, intptr_t stream) {
+  const size_t g = [&] {
+    std::lock_guard lk(mu_);
+    return granularity();
+  }();
+  const size_t cls = size_class(std::max<size_t>(nbytes, 1), g);
+  if (cls < nbytes) throw Error(ErrorCode::overflow, "CUDA pool: " + std::to_string(nbytes) + " bytes cannot be allocated");
+  std::unique_lock lk(mu_);
+  Block* b = take_cached(cls, stream, lk);
+  if (b) {
+    ++stats_.hits;
+  } else {
+    ++stats_.misses;
+    if (cls <= kSlabMax) {
+      Segment* seg = new_segment(kSegmentBytes, cls);
+      // Every slot but the first goes to the cache.
+      for (size_t off = kSegmentBytes; off > cls;) {
+        off -= cls;
+        Block* s = nullptr;
+        if (!spare_.empty()) {
+          s = spare_.back();
+          spare_.pop_back();
+        } else {
+          blocks_.push_back(std::make_unique<Block>());
+          s = blocks_.back().get();
+        }
+        *s = Block{seg->base + off, cls, seg, 0, 0, nullptr};
+        free_[cls].push_back(s);
+      }
+      if (!spare_.empty()) {
+        b = spare_.back();
+        spare_.pop_back();
+      } else {
+        blocks_.push_back(std::make_unique<Block>());
+        b = blocks_.back().get();
+      }
+      *b = Block{seg->base, cls, seg, 0, 0, nullptr};
+    } else {
+      Segment* seg = new_segment(cls, 0);
+      if (!spare_.empty()) {
+        b = spare_.back();
+        spare_.pop_back();
+      } else {
+        blocks_.push_back(std::make_unique<Block>());
+        b = blocks_.back().get();
+      }
+      *b = Block{seg->base, cls, seg, 0, 0, nullptr};
+    }
+  }
+  if (b->segment->slot_size) ++b->segment->slots_out;
+  b->stream = device_ >= 0 ? stream : 0;
+  b->stream_device = std::max(device_, 0);
+  live_[b->ptr] = b;
+  stats_.in_use_bytes += b->size;
+  lk.unlock();
+  const Device dev = device_ >= 0 ? Device::cuda(device_) : Device::cuda_host();
+  std::shared_ptr<void> owner(reinterpret_cast<void*>(b->ptr), [this, b](void*) { give_back(b); });
+  return std::make_shared<Buffer>(reinterpret_cast<void*>(b->ptr), b->size, dev, std::move(owner));
+}
+
+void Pool::give_back(Block* b) noexcept {
+  CUevent ev = nullptr;
+  if (b->stream) ev = record_on(b->stream_device, b->stream);
+  bool drop = false;
+  if (b->stream && !ev) {
+    // No event: wait for the stream now, or never reuse the block.
+    try {
+      const Api& a = api("pool");
+      ContextGuard g(b->stream_device);
+      drop = a.cuStreamSynchronize(as_stream(b->stream)) != kSuccess;
+    } catch (...) {
+      drop = true;
+    }
+  }
+  std::lock_guard lk(mu_);
+  if (auto it = live_.find(b->ptr); it == live_.end() || it->second != b) return;  // from before a reset()
+  live_.erase(b->ptr);
+  stats_.in_use_bytes -= b->size;
+  if (b->segment->slot_size) --b->segment->slots_out;
+  if (drop) return;  // leaked on purpose: its memory may still be in use by work that failed
+  b->free_event = ev;
+  free_[b->size].push_back(b);
+}
+
+std::pair<uintptr_t, size_t> Pool::find(uintptr_t ptr) const {
+  std::lock_guard lk(mu_);
+  // Blocks are class-aligned within their segment only; search the live map by exact base first.
+  if (auto it = live_.find(ptr); it != live_.end()) return {it->second->ptr, it->second->size};
+  for (const auto& [base, b] : live_)
+    if (ptr >= base && ptr < base + b->size) return {b->ptr, b->size};
+  return {0, 0};
+}
+
+PoolStats Pool::stats() const {
+  std::lock_guard lk(mu_);
+  PoolStats s = stats_;
+  for (const auto& [cls, v] : free_) s.cached_blocks += v.size();
+  return s;
+}
+
+void Pool::release_cached() {
+  std::unique_lock lk(mu_);
+  const Api& a = driver().api;
+  // Wait for every cached block's work, then give back segments none of whose slots is out.
+  for (auto& [cls, v] : free_)
+    for (Block* b : v)
+      if (b->free_event) {
+        a.cuEventSynchronize(b->free_event);
+        a.cuEventDestroy(b->free_event);
+        b->free_event = nullptr;
+      }
+  std::vector<Segment*> idle;
+  for (const auto& s : segments_) {
+    const bool slab_idle = s->slot_size && s->slots_out == 0;
+    const bool large_idle = !s->slot_size && std::none_of(live_.begin(), live_.end(), [&](const auto& kv) {
+      return kv.second->segment == s.get();
+    });
+    if (slab_idle || large_idle) idle.push_back(s.get());
+  }
+  for (auto& [cls, v] : free_) {
+    std::erase_if(v, [&](Block* b) {
+      if (std::find(idle.begin(), idle.end(), b->segment) == idle.end()) return false;
+      spare_.push_back(b);
+      return true;
+    });
+  }
+  for (Segment* s : idle) free_segment(s);
+}
+
+void Pool::reset() noexcept {
+  std::lock_guard lk(mu_);
+  free_.clear();
+  live_.clear();
+  // Buffers handed out before the reset may still return their blocks: keep the objects (a test-only path).
+  static auto* graveyard = new std::vector<std::unique_ptr<Block>>();
+  for (auto& b : blocks_) graveyard->push_back(std::move(b));
+  static auto* segyard = new std::vector<std::unique_ptr<Segment>>();
+  for (auto& sg : segments_) segyard->push_back(std::move(sg));
+  segments_.clear();
+  blocks_.clear();
+  spare_.clear();
+  granularity_ = 0;
+  vmm_ = -1;
+  stats_ = PoolStats{};
+}
+
+namespace {
+std::mutex g_pools_mu;
+std::map<int, Pool*>& pools() {
+  static auto* m = new std::map<int, Pool*>();  // never destroyed: blocks may return during exit
+  return *m;
+}
+void reset_pools() {
+  std::lock_guard lk(g_pools_mu);
+  for (auto& [d, p] : pools()) p->reset();
+}
+const bool g_registered = (register_reset(&reset_pools), true);
+}  // namespace
+
+Pool& pool(int device) {
+  (void)g_registered;
+  std::lock_guard lk(g_pools_mu);
+  Pool*& p = pools()[device];
+  if (!p) p = new Pool(device);
+  return *p;
+}
+
+}  // namespace tw::cuda::detail

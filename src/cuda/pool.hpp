@@ -1,0 +1,104 @@
+// pool.hpp (private to the cuda layer) — tensorwire's device and pinned memory pools.
+//
+// One pool per device (VMM blocks: cuMemCreate with a POSIX file-descriptor handle type where the device supports
+// it, so that issue 10 can pass a segment over a Unix socket like a memfd; cuMemAlloc where it does not) and one
+// pinned host pool (cuMemHostAlloc, portable). Sizes are rounded to classes; requests up to kSlabMax bytes are
+// carved from 2 MiB segments in slots of their class, larger ones get a segment each. A returned block is cached
+// for reuse, never given back to the driver until empty_cache().
+//
+// Ordering. A block returns with an event recorded on the stream it was allocated for (queued work there may
+// still use it). Device reuse is stream-ordered: on the same stream at once, on another stream after a
+// cuStreamWaitEvent on that event — the host never waits. Pinned memory is written by the host, so a pinned block
+// is reused only once its event has completed (a block still in flight is skipped; only when the pool is over its
+// soft limit does the host wait for the oldest).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "cuda/driver.hpp"
+#include "tensorwire/buffer.hpp"
+#include "tensorwire/cuda.hpp"
+
+namespace tw::cuda::detail {
+
+inline constexpr size_t kSegmentBytes = size_t(2) << 20;  ///< slab segment size (and the usual VMM granularity)
+inline constexpr size_t kSlabMax = size_t(1) << 20;       ///< larger requests get a segment of their own
+inline constexpr size_t kMinClass = 512;                  ///< smallest class (also the alignment of every block)
+
+/// The class a request of `n` bytes is served from: powers of two from kMinClass up to kSlabMax, then multiples of
+/// a quarter of the enclosing power of two (at least `granularity`). Pure: unit-tested.
+size_t size_class(size_t n, size_t granularity) noexcept;
+
+/// A driver allocation: a slab segment or one large block.
+struct Segment {
+  uintptr_t base = 0;
+  size_t size = 0;
+  CUmemHandle handle = 0;  ///< VMM handle (0: cuMemAlloc / cuMemHostAlloc memory)
+  bool vmm = false;
+  size_t slots_out = 0;    ///< slab slots handed out (slab segments only)
+  size_t slot_size = 0;    ///< 0 for a large block
+};
+
+struct Block {
+  uintptr_t ptr = 0;
+  size_t size = 0;            ///< class size
+  Segment* segment = nullptr;
+  intptr_t stream = 0;          ///< the stream its user's work is ordered on (0: none, host-only use so far)
+  int stream_device = 0;        ///< the device `stream` belongs to
+  CUevent free_event = nullptr; ///< recorded on `stream` when it came back; null when nothing can be pending
+};
+
+class Pool {
+ public:
+  /// device >= 0: cuda:device; -1: the pinned host pool.
+  explicit Pool(int device) : device_(device) {}
+  ~Pool() = default;  // pools live for the process (never destroyed: the driver may be gone at exit)
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+
+  /// A Buffer of `nbytes` (its allocation: the block) whose last reference returns the block, with an event
+  /// recorded on `stream` (device blocks; pinned blocks are host memory: whoever queues device work on one keeps
+  /// its Buffer until that work is done, see hold() in copy.cpp).
+  std::shared_ptr<Buffer> allocate(size_t nbytes, intptr_t stream);
+  /// The block containing [ptr, ptr + 1) handed out by this pool, as (block base, block size), or (0, 0).
+  std::pair<uintptr_t, size_t> find(uintptr_t ptr) const;
+  PoolStats stats() const;
+  /// Gives every cached block whose work is done back to the driver (waiting for pending work first).
+  void release_cached();
+  /// Forgets everything without calling the driver (a fake driver was swapped in).
+  void reset() noexcept;
+
+  int device() const noexcept { return device_; }
+
+ private:
+  void give_back(Block* b) noexcept;
+  Segment* new_segment(size_t bytes, size_t slot_size);
+  void free_segment(Segment* s) noexcept;
+  Block* take_cached(size_t cls, intptr_t stream, std::unique_lock<std::mutex>& lk);
+  size_t granularity();
+
+  const int device_;
+  mutable std::mutex mu_;
+  std::map<size_t, std::vector<Block*>> free_;          // class -> cached blocks (oldest first)
+  std::unordered_map<uintptr_t, Block*> live_;          // handed-out blocks by address
+  std::vector<std::unique_ptr<Segment>> segments_;
+  std::vector<std::unique_ptr<Block>> blocks_;          // every Block object, reused
+  std::vector<Block*> spare_;                           // Block objects not in use
+  size_t granularity_ = 0;
+  int vmm_ = -1;                                        // -1 unknown, 0 cuMemAlloc, 1 VMM with POSIX fd
+  PoolStats stats_{};
+};
+
+/// cuda:device's pool (device >= 0) or the pinned pool (-1). Valid devices only (check_device first).
+Pool& pool(int device);
+
+/// The pinned pool's soft limit: beyond it an allocation waits for in-flight blocks rather than growing.
+inline constexpr size_t kPinnedSoftLimit = size_t(1) << 30;
+
+}  // namespace tw::cuda::detail

@@ -1,0 +1,271 @@
+// The CUDA layer behind tw::DeviceRuntime: memory from the pools and copies between any two of pageable host,
+// pinned host and device memory, in any two layouts (see copy.cpp for the device side).
+#include <algorithm>
+
+#include "cuda/copy.hpp"
+#include "cuda/driver.hpp"
+#include "cuda/pool.hpp"
+#include "tensorwire/copy.hpp"
+#include "tensorwire/cuda.hpp"
+#include "tensorwire/device_runtime.hpp"
+#include "tensorwire/error.hpp"
+#include "tensorwire/tensor.hpp"
+
+namespace tw::cuda {
+namespace detail {
+namespace {
+
+enum class Mem { pageable, pinned, device };
+
+Mem kind_of(Device d) {
+  switch (d.type) {
+    case kDLCPU: return Mem::pageable;
+    case kDLCUDAHost: return Mem::pinned;
+    case kDLCUDA:
+    case kDLCUDAManaged: return Mem::device;
+    default:
+      throw Error(ErrorCode::unsupported, "CUDA copy: memory on " + d.str() + " is neither host nor CUDA memory");
+  }
+}
+
+/// Dense, no negative strides: element 0 is the lowest byte and nbytes bytes hold every element.
+bool plain_dense(const Layout& l) {
+  if (!l.is_dense()) return false;
+  for (size_t i = 0; i < l.ndim(); ++i)
+    if (l.strides[i] < 0 && l.shape[i] > 1) return false;
+  return true;
+}
+
+/// Both plain dense with the same strides: one byte copy moves every element to its place.
+bool same_dense(const Layout& a, const Layout& b) {
+  if (!plain_dense(a) || !plain_dense(b)) return false;
+  for (size_t i = 0; i < a.ndim(); ++i)
+    if (a.shape[i] > 1 && a.strides[i] != b.strides[i]) return false;
+  return true;
+}
+
+/// A dense layout of `l`'s shape and dtype with the dimension order of `like` when that is dense, else C order.
+Layout dense_like(const Layout& l, const Layout& like) {
+  Layout out{l.dtype, l.shape, {}, 0, l.subbyte_padded};
+  out.strides = Layout::contiguous_strides(l.shape);
+  if (like.is_dense() && !like.is_packed_subbyte()) {
+    Strides s = like.strides;
+    for (size_t i = 0; i < s.size(); ++i) s[i] = like.shape[i] == 1 ? 1 : (s[i] < 0 ? -s[i] : s[i]);
+    Layout cand{l.dtype, l.shape, s, 0, l.subbyte_padded};
+    if (cand.is_dense()) out.strides = std::move(s);
+  }
+  return out;
+}
+
+int64_t dense_bytes(const Layout& l) { return l.subbyte_padded ? l.numel() : l.nbytes(); }
+
+Tensor temp(Device d, const Layout& l, intptr_t stream) {
+  const int dev = d.type == kDLCUDAHost ? -1 : d.id;
+  auto buf = pool(dev).allocate(static_cast<size_t>(std::max<int64_t>(dense_bytes(l), 1)), stream);
+  return Tensor::make(std::move(buf), l, false);
+}
+
+uintptr_t addr(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()); }
+
+void byte_copy_async(int device, const Tensor& src, const Tensor& dst, intptr_t stream) {
+  const Api& a = api("CUDA copy");
+  ContextGuard g(device);
+  check(a.cuMemcpyAsync(static_cast<CUdeviceptr>(addr(dst)), static_cast<CUdeviceptr>(addr(src)),
+                        static_cast<size_t>(dense_bytes(src.layout())), as_stream(stream)),
+        "cuMemcpyAsync");
+}
+
+void kernel_copy(int device, const Tensor& src, const Tensor& dst, intptr_t stream) {
+  if (src.layout().is_packed_subbyte() || dst.layout().is_packed_subbyte())
+    throw Error(ErrorCode::unsupported, "CUDA copy: packed sub-byte elements (" + src.dtype().name() +
+                                            ") can be copied between identical dense layouts only");
+  launch(device, plan_device_copy(src.layout(), addr(src), dst.layout(), addr(dst),
+                                  static_cast<size_t>(src.dtype().itemsize())),
+         stream);
+}
+
+void synchronize(int device, intptr_t stream) {
+  const Api& a = api("CUDA copy");
+  ContextGuard g(device);
+  check(a.cuStreamSynchronize(as_stream(stream)), "cuStreamSynchronize");
+}
+
+void validate_pair(const Tensor& src, const Tensor& dst) {
+  if (!(src.dtype() == dst.dtype()))
+    throw Error(ErrorCode::type_mismatch, "copy: dtypes differ (" + src.dtype().name() + " -> " + dst.dtype().name() + ")");
+  if (!(src.shape() == dst.shape()))
+    throw Error(ErrorCode::invalid_argument, "copy: shapes differ (" + src.shape().str() + " -> " + dst.shape().str() + ")");
+  if (dst.readonly()) throw Error(ErrorCode::read_only, "copy: the destination is read-only");
+  if (dst.layout().may_overlap())
+    throw Error(ErrorCode::invalid_argument, "copy: the destination's elements overlap (stride 0 or overlapping "
+                                             "strides); one element would be written twice");
+}
+
+}  // namespace
+
+void copy_any(const Tensor& src, const Tensor& dst, intptr_t stream) {
+  validate_pair(src, dst);
+  const Mem sk = kind_of(src.device()), dk = kind_of(dst.device());
+  if (src.numel() == 0) return;
+  poll_pending();
+  // The device whose stream orders the copy.
+  const int dev = dk == Mem::device ? dst.device().id : sk == Mem::device ? src.device().id : 0;
+  if (sk != Mem::pageable || dk != Mem::pageable) {
+    if (sk == Mem::device) check_device(src.device(), "copy");
+    if (dk == Mem::device) check_device(dst.device(), "copy");
+    if (sk == Mem::pinned || dk == Mem::pinned) api("copy pinned memory");
+  }
+  if (sk != Mem::device && dk != Mem::device) {
+    // Host to host: wait for queued device work on pinned memory first (the stream it was produced on).
+    for (const Tensor* t : {&src, &dst})
+      if (t->device().type == kDLCUDAHost && t->stream()) synchronize(0, *t->stream());
+    tw::copy(src, dst);
+    return;
+  }
+  check_stream(dev, stream, "copy");
+  // The copy's stream waits for the source's (a stream handle is relative to its device's context).
+  if (sk == Mem::device && src.stream()) stream_wait(src.device().id, *src.stream(), dev, stream);
+  const Layout& sl = src.layout();
+  const Layout& dl = dst.layout();
+
+  if (sk == Mem::device && dk == Mem::device) {
+    const int sdev = src.device().id;
+    if (sdev == dev) {
+      if (same_dense(sl, dl)) byte_copy_async(dev, src, dst, stream);
+      else kernel_copy(dev, src, dst, stream);
+      hold(dev, stream, {src.buffer_ptr(), dst.buffer_ptr()});
+      return;
+    }
+    // Across devices: the bytes cross dense, in the destination's order where it is dense.
+    const Layout mid = dense_like(sl, dl);
+    Tensor a = same_dense(sl, mid) ? src : temp(src.device(), mid, stream);
+    if (a.buffer_ptr() != src.buffer_ptr()) {
+      check_stream(sdev, stream, "copy");
+      kernel_copy(sdev, src, a, stream);
+    }
+    Tensor b = same_dense(mid, dl) ? dst : temp(dst.device(), mid, stream);
+    byte_copy_async(dev, a, b, stream);
+    if (b.buffer_ptr() != dst.buffer_ptr()) kernel_copy(dev, b, dst, stream);
+    hold(dev, stream, {src.buffer_ptr(), dst.buffer_ptr(), a.buffer_ptr(), b.buffer_ptr()});
+    return;
+  }
+
+  if (dk == Mem::device) {  // host -> device
+    if (src.device().type == kDLCUDAHost && src.stream()) synchronize(0, *src.stream());
+    const Layout mid = dense_like(sl, dl);
+    Tensor staged = src;
+    if (!(sk == Mem::pinned && same_dense(sl, mid))) {
+      staged = temp(Device::cuda_host(), mid, 0);
+      tw::copy(src, staged);  // packs any host layout, pageable or pinned
+    }
+    Tensor landing = same_dense(mid, dl) ? dst : temp(dst.device(), mid, stream);
+    byte_copy_async(dev, staged, landing, stream);
+    if (landing.buffer_ptr() != dst.buffer_ptr()) kernel_copy(dev, landing, dst, stream);
+    hold(dev, stream, {src.buffer_ptr(), dst.buffer_ptr(), staged.buffer_ptr(), landing.buffer_ptr()});
+    return;
+  }
+
+  // device -> host
+  const Layout mid = dense_like(sl, dl);
+  Tensor packed = same_dense(sl, mid) ? src : temp(src.device(), mid, stream);
+  if (packed.buffer_ptr() != src.buffer_ptr()) kernel_copy(dev, src, packed, stream);
+  if (dk == Mem::pinned && same_dense(mid, dl)) {
+    if (dst.stream()) synchronize(0, *dst.stream());
+    byte_copy_async(dev, packed, dst, stream);  // asynchronous: the result is ordered on `stream`
+    hold(dev, stream, {src.buffer_ptr(), dst.buffer_ptr(), packed.buffer_ptr()});
+    return;
+  }
+  if (dk == Mem::pageable && same_dense(mid, dl)) {
+    byte_copy_async(dev, packed, dst, stream);  // the driver stages pageable memory itself
+    synchronize(dev, stream);
+    return;
+  }
+  Tensor staged = temp(Device::cuda_host(), mid, 0);
+  byte_copy_async(dev, packed, staged, stream);
+  synchronize(dev, stream);
+  if (dst.device().type == kDLCUDAHost && dst.stream()) synchronize(0, *dst.stream());
+  tw::copy(staged, dst);
+}
+
+std::shared_ptr<Buffer> allocate_on(Device d, size_t nbytes, intptr_t stream) {
+  poll_pending();
+  if (d.type == kDLCUDAHost) {
+    api("allocate pinned host memory");
+    if (device_count() == 0) check_device(Device::cuda(0), "allocate pinned host memory");
+    return pool(-1).allocate(nbytes, 0);
+  }
+  check_device(d, "allocate CUDA memory");
+  if (d.type == kDLCUDAManaged)
+    throw Error(ErrorCode::unsupported, "tensorwire does not allocate CUDA managed memory; use cuda:N or pinned memory");
+  check_stream(d.id, stream, "allocate CUDA memory");
+  return pool(d.id).allocate(nbytes, stream);
+}
+
+namespace {
+
+class CudaRuntime final : public DeviceRuntime {
+ public:
+  bool available() const noexcept override { return driver_available(); }
+  std::string status() const override { return driver_status(); }
+  std::optional<int> device_of_pointer(uintptr_t ptr) const noexcept override { return cuda::device_of_pointer(ptr); }
+  void synchronize_stream(intptr_t stream) const override { cuda::synchronize_stream(stream); }
+  void* record_event(intptr_t stream) const override { return cuda::record_event(stream); }
+  void destroy_event(void* event) const noexcept override { cuda::destroy_event(event); }
+  void synchronize_event(void* event) const override { cuda::synchronize_event(event); }
+  int device_count() const noexcept override { return cuda::device_count(); }
+  std::shared_ptr<Buffer> allocate(Device device, size_t nbytes, intptr_t stream) const override {
+    return allocate_on(device, nbytes, stream);
+  }
+  void copy(const Tensor& src, const Tensor& dst, intptr_t stream) const override { copy_any(src, dst, stream); }
+  void stream_wait(Device device, intptr_t producer, intptr_t consumer) const override {
+    check_device(device, "order CUDA streams");
+    check_stream(device.id, consumer, "order CUDA streams");
+    detail::stream_wait(device.id, producer, consumer);
+  }
+};
+const CudaRuntime g_runtime;
+
+}  // namespace
+}  // namespace detail
+
+void install_runtime() noexcept { install_device_runtime(&detail::g_runtime); }
+
+namespace {
+// Loading the library installs the runtime (no driver is touched until a CUDA call is made).
+const bool g_installed = (install_runtime(), true);
+}  // namespace
+
+}  // namespace tw::cuda
+
+// Named by the static library's link interface (-Wl,--undefined), so that a program linking libtensorwire.a gets
+// this object, and with it the installed runtime, even when it names nothing of tw::cuda itself.
+extern "C" const bool tensorwire_cuda_runtime_anchor = true;
+
+namespace tw::cuda {
+
+PoolStats pinned_pool_stats() noexcept {
+  (void)g_installed;
+  try {
+    return detail::pool(-1).stats();
+  } catch (...) {
+    return {};
+  }
+}
+
+PoolStats device_pool_stats(int device) noexcept {
+  if (device < 0 || device >= device_count()) return {};
+  try {
+    return detail::pool(device).stats();
+  } catch (...) {
+    return {};
+  }
+}
+
+void empty_cache() {
+  if (!driver_available()) return;
+  detail::wait_all_pending();
+  detail::pool(-1).release_cached();
+  for (int d = 0; d < device_count(); ++d) detail::pool(d).release_cached();
+}
+
+}  // namespace tw::cuda

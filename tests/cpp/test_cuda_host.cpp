@@ -1,0 +1,520 @@
+// The CUDA layer's host-side logic, on machines without a GPU: a fake driver table models device memory with host
+// memory and runs a host reference of each kernel from the very parameter blocks the real launch would pass, so
+// pool bookkeeping, stream rules, copy planning and the kernels' parameters are tested everywhere. The GPU suite
+// (test_cuda_gpu.cpp, `make test-gpu`) runs the same paths on a real device.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <string>
+
+#include "copy/plan.hpp"
+#include "cuda/copy.hpp"
+#include "cuda/driver.hpp"
+#include "cuda/kernel_abi.h"
+#include "cuda/pool.hpp"
+#include "tensorwire/copy.hpp"
+#include "tensorwire/cuda.hpp"
+#include "tensorwire/device_runtime.hpp"
+#include "tensorwire/tensor.hpp"
+#include "tw_test_util.hpp"
+
+namespace {
+
+namespace d = tw::cuda::detail;
+using tw::Device;
+using tw::DType;
+using tw::ErrorCode;
+using tw::Tensor;
+
+// ---- the fake driver ---------------------------------------------------------------------------------------------
+struct Fake {
+  std::mutex mu;
+  std::map<uintptr_t, size_t> device_mem;  // live device allocations (reserve or cuMemAlloc)
+  std::map<uintptr_t, size_t> host_mem;    // live pinned allocations
+  std::set<uintptr_t> events;
+  int handles = 0;          // live VMM handles
+  int stream_waits = 0;     // cuStreamWaitEvent calls
+  int launches_strided = 0;
+  int launches_transpose = 0;
+  int memcpys = 0;
+  int syncs = 0;
+  std::set<std::string> names;
+  int ctx[4] = {};
+  int foreign_ctx = 0;
+};
+Fake* g_fake = nullptr;
+thread_local d::CUcontext t_current = nullptr;
+constexpr intptr_t kForeignStream = 0x7777;  // a stream of another context
+constexpr intptr_t kBadStream = 0x6666;      // not a stream at all
+
+void* aligned(size_t n) {
+  void* p = std::aligned_alloc(4096, (n + 4095) / 4096 * 4096);
+  std::memset(p, 0xAB, n);  // fresh device memory is not zero: tests must not depend on it
+  return p;
+}
+
+void run_strided(const tw_cuda_strided_params& p, size_t unit) {
+  for (int64_t i = 0; i < p.numel; ++i) {
+    int64_t rem = i, so = 0, doff = 0;
+    for (int k = p.ndim - 1; k >= 0; --k) {
+      const int64_t idx = rem % p.shape[k];
+      rem /= p.shape[k];
+      so += idx * p.src_stride[k];
+      doff += idx * p.dst_stride[k];
+    }
+    std::memcpy(reinterpret_cast<char*>(p.dst) + doff * static_cast<int64_t>(unit),
+                reinterpret_cast<const char*>(p.src) + so * static_cast<int64_t>(unit), unit);
+  }
+}
+
+void run_transpose(const tw_cuda_transpose_params& p, size_t unit) {
+  const auto u = static_cast<int64_t>(unit);
+  for (int64_t b = 0; b < p.batch; ++b) {
+    int64_t rem = b, bs = 0, bd = 0;
+    for (int k = p.batch_ndim - 1; k >= 0; --k) {
+      const int64_t idx = rem % p.batch_shape[k];
+      rem /= p.batch_shape[k];
+      bs += idx * p.batch_src_stride[k];
+      bd += idx * p.batch_dst_stride[k];
+    }
+    for (int64_t r = 0; r < p.rows; ++r)
+      for (int64_t c = 0; c < p.cols; ++c)
+        std::memcpy(reinterpret_cast<char*>(p.dst) + (bd + r * p.dst_row_stride + c * p.dst_col_stride) * u,
+                    reinterpret_cast<const char*>(p.src) + (bs + r * p.src_row_stride + c * p.src_col_stride) * u,
+                    unit);
+  }
+}
+
+d::Api fake_api() {
+  d::Api a{};
+  a.cuInit = [](unsigned) { return 0; };
+  a.cuDriverGetVersion = [](int* v) { *v = 13000; return 0; };
+  a.cuDeviceGetCount = [](int* n) { *n = 2; return 0; };
+  a.cuDeviceGet = [](d::CUdevice* dev, int o) { *dev = o; return o >= 0 && o < 2 ? 0 : 101; };
+  a.cuDeviceGetAttribute = [](int* v, int attr, d::CUdevice) {
+    *v = (attr == d::kAttrVmmSupported || attr == d::kAttrPosixFdSupported) ? 1 : 0;
+    return 0;
+  };
+  a.cuDevicePrimaryCtxRetain = [](d::CUcontext* c, d::CUdevice dev) {
+    *c = &g_fake->ctx[dev];
+    return 0;
+  };
+  a.cuCtxGetCurrent = [](d::CUcontext* c) { *c = t_current; return 0; };
+  a.cuCtxSetCurrent = [](d::CUcontext c) { t_current = c; return 0; };
+  a.cuPointerGetAttribute = [](void* out, int, d::CUdeviceptr) { *static_cast<int*>(out) = 0; return 0; };
+  a.cuMemGetAddressRange = [](d::CUdeviceptr*, size_t*, d::CUdeviceptr) { return 1; };
+  a.cuStreamSynchronize = [](d::CUstream) { ++g_fake->syncs; return 0; };
+  a.cuStreamWaitEvent = [](d::CUstream, d::CUevent, unsigned) { ++g_fake->stream_waits; return 0; };
+  a.cuEventCreate = [](d::CUevent* e, unsigned) {
+    *e = new int(0);
+    std::lock_guard lk(g_fake->mu);
+    g_fake->events.insert(reinterpret_cast<uintptr_t>(*e));
+    return 0;
+  };
+  a.cuEventRecord = [](d::CUevent, d::CUstream) { return 0; };
+  a.cuEventQuery = [](d::CUevent) { return 0; };
+  a.cuEventSynchronize = [](d::CUevent) { return 0; };
+  a.cuEventDestroy = [](d::CUevent e) {
+    std::lock_guard lk(g_fake->mu);
+    g_fake->events.erase(reinterpret_cast<uintptr_t>(e));
+    delete static_cast<int*>(e);
+    return 0;
+  };
+  a.cuMemcpyAsync = [](d::CUdeviceptr dst, d::CUdeviceptr src, size_t n, d::CUstream) {
+    ++g_fake->memcpys;
+    std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n);
+    return 0;
+  };
+  a.cuMemsetD8Async = [](d::CUdeviceptr p, unsigned char v, size_t n, d::CUstream) {
+    std::memset(reinterpret_cast<void*>(p), v, n);
+    return 0;
+  };
+  a.cuMemHostAlloc = [](void** p, size_t n, unsigned) {
+    *p = aligned(n);
+    std::lock_guard lk(g_fake->mu);
+    g_fake->host_mem[reinterpret_cast<uintptr_t>(*p)] = n;
+    return 0;
+  };
+  a.cuMemFreeHost = [](void* p) {
+    std::lock_guard lk(g_fake->mu);
+    g_fake->host_mem.erase(reinterpret_cast<uintptr_t>(p));
+    std::free(p);
+    return 0;
+  };
+  a.cuMemAlloc = [](d::CUdeviceptr* p, size_t n) {
+    *p = reinterpret_cast<d::CUdeviceptr>(aligned(n));
+    std::lock_guard lk(g_fake->mu);
+    g_fake->device_mem[*p] = n;
+    return 0;
+  };
+  a.cuMemFree = [](d::CUdeviceptr p) {
+    std::lock_guard lk(g_fake->mu);
+    g_fake->device_mem.erase(p);
+    std::free(reinterpret_cast<void*>(p));
+    return 0;
+  };
+  a.cuMemGetInfo = [](size_t* f, size_t* t) { *f = *t = size_t(1) << 34; return 0; };
+  a.cuModuleLoadData = [](d::CUmodule* m, const void*) { *m = g_fake; return 0; };
+  a.cuModuleGetFunction = [](d::CUfunction* f, d::CUmodule, const char* name) {
+    *f = const_cast<char*>(g_fake->names.insert(name).first->c_str());
+    return 0;
+  };
+  a.cuLaunchKernel = [](d::CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned, d::CUstream, void** args, void**) {
+    const std::string name = static_cast<const char*>(f);
+    const size_t unit = std::stoul(name.substr(name.rfind('u') + 1));
+    if (name.rfind("tw_strided_copy_", 0) == 0) {
+      EXPECT_EQ(bx, unsigned{TW_CUDA_COPY_BLOCK});
+      EXPECT_TRUE(gx >= 1 && gy == 1 && gz == 1 && by == 1 && bz == 1);
+      ++g_fake->launches_strided;
+      run_strided(*static_cast<const tw_cuda_strided_params*>(args[0]), unit);
+    } else {
+      const auto& p = *static_cast<const tw_cuda_transpose_params*>(args[0]);
+      EXPECT_EQ(bx, unsigned{TW_CUDA_TILE});
+      EXPECT_EQ(by, unsigned{TW_CUDA_TILE_ROWS});
+      EXPECT_EQ(gx, static_cast<unsigned>((p.cols + 31) / 32));
+      EXPECT_EQ(gy, static_cast<unsigned>((p.rows + 31) / 32));
+      EXPECT_TRUE(gz >= 1 && bz == 1);
+      EXPECT_EQ(p.src_row_stride, 1);
+      EXPECT_EQ(p.dst_col_stride, 1);
+      ++g_fake->launches_transpose;
+      run_transpose(p, unit);
+    }
+    return 0;
+  };
+  a.cuGetErrorName = [](d::CUresult r, const char** s) {
+    *s = r == 2 ? "CUDA_ERROR_OUT_OF_MEMORY" : "CUDA_ERROR_FAKE";
+    return 0;
+  };
+  a.cuStreamGetCtx = [](d::CUstream s, d::CUcontext* c) {
+    const auto v = reinterpret_cast<intptr_t>(s);
+    if (v == kBadStream) return 400;
+    *c = v == kForeignStream ? static_cast<void*>(&g_fake->foreign_ctx) : static_cast<void*>(&g_fake->ctx[0]);
+    return 0;
+  };
+  a.cuMemGetAllocationGranularity = [](size_t* g, const d::MemAllocationProp* p, int) {
+    EXPECT_EQ(p->requested_handle_types, d::kMemHandleTypePosixFd);
+    *g = size_t(2) << 20;
+    return 0;
+  };
+  a.cuMemCreate = [](d::CUmemHandle* h, size_t n, const d::MemAllocationProp* p, unsigned long long) {
+    EXPECT_EQ(n % (size_t(2) << 20), 0u);
+    EXPECT_EQ(p->type, d::kMemAllocationTypePinned);
+    EXPECT_EQ(p->location.type, d::kMemLocationTypeDevice);
+    *h = static_cast<d::CUmemHandle>(++g_fake->handles);
+    return 0;
+  };
+  a.cuMemRelease = [](d::CUmemHandle) { --g_fake->handles; return 0; };
+  a.cuMemAddressReserve = [](d::CUdeviceptr* p, size_t n, size_t, d::CUdeviceptr, unsigned long long) {
+    *p = reinterpret_cast<d::CUdeviceptr>(aligned(n));
+    std::lock_guard lk(g_fake->mu);
+    g_fake->device_mem[*p] = n;
+    return 0;
+  };
+  a.cuMemAddressFree = [](d::CUdeviceptr p, size_t) {
+    std::lock_guard lk(g_fake->mu);
+    g_fake->device_mem.erase(p);
+    std::free(reinterpret_cast<void*>(p));
+    return 0;
+  };
+  a.cuMemMap = [](d::CUdeviceptr, size_t, size_t, d::CUmemHandle, unsigned long long) { return 0; };
+  a.cuMemUnmap = [](d::CUdeviceptr, size_t) { return 0; };
+  a.cuMemSetAccess = [](d::CUdeviceptr, size_t, const d::MemAccessDesc* acc, size_t n) {
+    EXPECT_EQ(n, 1u);
+    EXPECT_EQ(acc->flags, d::kMemAccessReadWrite);
+    return 0;
+  };
+  return a;
+}
+
+// Installs the fake for one test and removes it after (every pool and cached module is reset both ways).
+class FakeDriver : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    g_fake = new Fake();
+    api_ = fake_api();
+    d::install_fake_driver(&api_, 2, 13000);
+    tw::cuda::install_runtime();
+  }
+  void TearDown() override {
+    d::install_fake_driver(nullptr, 0, 0);
+    delete g_fake;
+    g_fake = nullptr;
+  }
+  // Everything handed back: every device and pinned allocation and every event released.
+  void expect_no_leaks() {
+    tw::cuda::empty_cache();
+    EXPECT_EQ(tw::cuda::device_pool_stats(0).in_use_bytes, 0u);
+    EXPECT_EQ(tw::cuda::pinned_pool_stats().in_use_bytes, 0u);
+    EXPECT_TRUE(g_fake->device_mem.empty()) << g_fake->device_mem.size() << " device allocations left";
+    EXPECT_TRUE(g_fake->host_mem.empty()) << g_fake->host_mem.size() << " pinned allocations left";
+    EXPECT_EQ(g_fake->handles, 0);
+    EXPECT_TRUE(g_fake->events.empty()) << g_fake->events.size() << " events left";
+  }
+  d::Api api_{};
+};
+
+// Random bytes in a host tensor of `shape`.
+Tensor random_host(const tw::Shape& shape, DType dt, std::mt19937& rng) {
+  Tensor t = Tensor::empty(shape, dt);
+  auto* p = static_cast<unsigned char*>(t.data_ptr());
+  for (int64_t i = 0; i < t.nbytes(); ++i) p[i] = static_cast<unsigned char>(rng());
+  return t;
+}
+
+bool same_values(const Tensor& a, const Tensor& b) {
+  Tensor ca = a.contiguous(), cb = b.contiguous();
+  return ca.shape() == cb.shape() && ca.nbytes() == cb.nbytes() &&
+         std::memcmp(ca.data_ptr(), cb.data_ptr(), static_cast<size_t>(ca.nbytes())) == 0;
+}
+
+// ---- without any driver (this machine has none; the GPU machine has one) -----------------------------------------
+TEST(CudaNoDriver, EverythingSaysWhyAndNothingCrashes) {
+  if (tw::cuda::is_available()) GTEST_SKIP() << "a CUDA device is present: " << tw::cuda::status();
+  tw::cuda::install_runtime();
+  const std::string why = tw::cuda::status();
+  EXPECT_FALSE(why.empty());
+  EXPECT_EQ(tw::cuda::device_count(), 0);
+  TW_EXPECT_ERROR_MSG(Tensor::empty({4}, DType::float32(), Device::cuda(0)), ErrorCode::device_unavailable, why);
+  Tensor h = Tensor::zeros({4}, DType::float32());
+  TW_EXPECT_ERROR_MSG(h.to(Device::cuda(0)), ErrorCode::device_unavailable, why);
+  TW_EXPECT_ERROR_MSG(h.pin(), ErrorCode::device_unavailable, why);
+  TW_EXPECT_ERROR_MSG(h.to(Device::cuda(0), std::nullopt, false), ErrorCode::copy_required, "copy=False");
+  // Host-only moves need no driver.
+  EXPECT_EQ(h.to(Device::cpu()).data_ptr(), h.data_ptr());
+  Tensor c = h.to(Device::cpu(), std::nullopt, true);
+  EXPECT_NE(c.data_ptr(), h.data_ptr());
+  EXPECT_TRUE(same_values(c, h));
+  EXPECT_EQ(tw::cuda::pinned_pool_stats().reserved_bytes, 0u);
+  tw::cuda::empty_cache();  // a no-op without a driver
+}
+
+// ---- pure logic -------------------------------------------------------------------------------------------------
+TEST(CudaPool, SizeClasses) {
+  const size_t g = size_t(2) << 20;
+  EXPECT_EQ(d::size_class(0, g), 512u);
+  EXPECT_EQ(d::size_class(1, g), 512u);
+  EXPECT_EQ(d::size_class(513, g), 1024u);
+  EXPECT_EQ(d::size_class(1 << 20, g), size_t(1) << 20);
+  EXPECT_EQ(d::size_class((1 << 20) + 1, g), g);  // above the slabs: granularity steps
+  EXPECT_EQ(d::size_class(5 << 20, g), size_t(6) << 20);
+  EXPECT_EQ(d::size_class(size_t(100) << 20, g), size_t(112) << 20);  // quarters of 64 MiB: 16 MiB steps
+  for (size_t n = 1; n < (size_t(300) << 20); n = n * 3 + 7) {
+    const size_t c = d::size_class(n, g);
+    EXPECT_GE(c, n);
+    if (n > (1 << 20)) {
+      EXPECT_LE(c - n, std::max(g, std::bit_floor(n) / 4)) << n;
+    }
+  }
+}
+
+TEST(CudaPlan, DenseIsOneMemcpyTransposeIsTiledTheRestIsStrided) {
+  const DType f = DType::float32();
+  tw::Layout c{f, {64, 48}, {48, 1}, 0, false};
+  tw::Layout t{f, {64, 48}, {1, 64}, 0, false};
+  auto p = d::plan_device_copy(c, 4096, c, 8192, 4);
+  EXPECT_EQ(p.kind, d::KernelPlan::Kind::memcpy);
+  EXPECT_EQ(p.numel * p.unit, 64 * 48 * 4);
+  p = d::plan_device_copy(t, 4096, c, 1 << 20, 4);
+  EXPECT_EQ(p.kind, d::KernelPlan::Kind::transpose);
+  EXPECT_EQ(p.unit, 4);
+  tw::Layout every_other{f, {64, 24}, {48, 2}, 0, false};
+  tw::Layout dense{f, {64, 24}, {24, 1}, 0, false};
+  p = d::plan_device_copy(every_other, 4096, dense, 1 << 20, 4);
+  EXPECT_EQ(p.kind, d::KernelPlan::Kind::strided);
+  // complex128 at an address only 8-aligned: 8-byte units, two per element.
+  tw::Layout z{DType::complex128(), {10}, {1}, 0, false};
+  tw::Layout zs{DType::complex128(), {10}, {2}, 0, false};
+  p = d::plan_device_copy(zs, 4096 + 8, z, 1 << 20, 16);
+  EXPECT_EQ(p.unit, 8);
+  EXPECT_EQ(p.kind, d::KernelPlan::Kind::strided);
+  EXPECT_EQ(p.numel, 20);
+  // the same, 16-aligned: whole 16-byte units
+  p = d::plan_device_copy(zs, 4096, z, 1 << 20, 16);
+  EXPECT_EQ(p.unit, 16);
+  EXPECT_EQ(p.numel, 10);
+}
+
+// ---- with the fake driver ---------------------------------------------------------------------------------------
+TEST_F(FakeDriver, StatusAndDevices) {
+  EXPECT_TRUE(tw::cuda::is_available());
+  EXPECT_EQ(tw::cuda::device_count(), 2);
+  EXPECT_EQ(tw::cuda::driver_version(), 13000);
+  EXPECT_EQ(tw::cuda::status(), "2 CUDA devices, driver 13.0 (a test's fake driver)");
+  TW_EXPECT_ERROR_MSG(Tensor::empty({4}, DType::float32(), Device::cuda(5)), ErrorCode::invalid_argument,
+                      "cuda:5 does not exist (this process sees 2 CUDA devices)");
+}
+
+TEST_F(FakeDriver, PoolReusesBlocksInStreamOrder) {
+  {
+    Tensor a = Tensor::empty({250}, DType::float32(), Device::cuda(0));
+    EXPECT_EQ(a.buffer().size(), 1024u);  // class of 1000 bytes
+    EXPECT_EQ(a.stream(), std::optional<intptr_t>(1));
+    EXPECT_EQ(a.device(), Device::cuda(0));
+  }
+  auto st = tw::cuda::device_pool_stats(0);
+  EXPECT_EQ(st.misses, 1u);
+  EXPECT_EQ(st.reserved_bytes, size_t(2) << 20);  // one slab segment
+  EXPECT_EQ(st.in_use_bytes, 0u);
+  const uintptr_t before = g_fake->device_mem.begin()->first;
+  {
+    Tensor b = Tensor::empty({256}, DType::float32(), Device::cuda(0));
+    EXPECT_GE(reinterpret_cast<uintptr_t>(b.data_ptr()), before);
+    EXPECT_EQ(tw::cuda::device_pool_stats(0).hits, 1u);
+    EXPECT_EQ(g_fake->stream_waits, 0);  // same stream: no wait at all
+  }
+  // A large block: its own VMM segment, reused from another stream after a device-side wait on its free event.
+  const void* big_ptr = nullptr;
+  {
+    Tensor big = Tensor::empty({3 << 20}, DType::uint8(), Device::cuda(0));
+    big_ptr = big.data_ptr();
+  }
+  EXPECT_EQ(g_fake->handles, 2);
+  {
+    tw::Tensor src = Tensor::zeros({3 << 20}, DType::uint8());
+    Tensor again = src.to(Device::cuda(0), intptr_t{2});
+    EXPECT_EQ(again.data_ptr(), big_ptr);
+    EXPECT_EQ(again.stream(), std::optional<intptr_t>(2));
+    EXPECT_GE(g_fake->stream_waits, 1);
+  }
+  expect_no_leaks();
+}
+
+TEST_F(FakeDriver, EveryLayoutRoundTripsBitExact) {
+  std::mt19937 rng(1234);
+  const DType dtypes[] = {DType::uint8(), DType::float16(), DType::float32(), DType::float64(), DType::complex128(),
+                          DType::boolean()};
+  for (int iter = 0; iter < 300; ++iter) {
+    const DType dt = dtypes[rng() % std::size(dtypes)];
+    const size_t rank = rng() % 5;
+    tw::Shape shape;
+    for (size_t i = 0; i < rank; ++i) shape.push_back(static_cast<int64_t>(rng() % 6 + 1));
+    Tensor base = random_host(shape, dt, rng);
+    Tensor view = base;
+    // a random view: permute, reverse a dim, step, expand a size-1 dim
+    if (rank >= 2 && rng() % 2) {
+      std::vector<int64_t> perm;
+      for (size_t i = 0; i < rank; ++i) perm.push_back(static_cast<int64_t>(i));
+      std::shuffle(perm.begin(), perm.end(), rng);
+      view = view.permute(tw::Dims(perm));
+    }
+    if (rank >= 1 && rng() % 2) view = view.slice(0, std::nullopt, std::nullopt, rng() % 2 ? -1 : 2);
+    if (rank >= 1 && rng() % 3 == 0) view = view.slice(static_cast<int64_t>(rank - 1), 1, std::nullopt);
+    SCOPED_TRACE("shape " + view.shape().str() + " strides " + view.strides().str() + " " + dt.name());
+    Tensor g = view.to(Device::cuda(0));
+    EXPECT_EQ(g.device(), Device::cuda(0));
+    EXPECT_EQ(g.shape(), view.shape());
+    Tensor g2 = g.permute([&] {
+      tw::Dims p;
+      for (size_t i = g.ndim(); i-- > 0;) p.push_back(static_cast<int64_t>(i));
+      return p;
+    }()).contiguous();  // device-side strided copy
+    Tensor back = g2.to(Device::cpu());
+    EXPECT_EQ(back.device(), Device::cpu());
+    Tensor expect = view.permute([&] {
+      tw::Dims p;
+      for (size_t i = view.ndim(); i-- > 0;) p.push_back(static_cast<int64_t>(i));
+      return p;
+    }());
+    ASSERT_TRUE(same_values(back, expect));
+    // Into a strided host destination (unpacked from pinned staging by the host engine).
+    Tensor dst_base = Tensor::zeros(view.shape(), dt);
+    Tensor dst = rank >= 1 ? dst_base.slice(0, std::nullopt, std::nullopt, -1) : dst_base;
+    tw::device_runtime().copy(rank >= 1 ? g.slice(0, std::nullopt, std::nullopt, -1) : g, dst, 1);
+    if (rank >= 1) {
+      ASSERT_TRUE(same_values(dst_base, view));
+    }
+  }
+  EXPECT_GT(g_fake->launches_strided, 0);
+  EXPECT_GT(g_fake->launches_transpose + g_fake->launches_strided, 0);
+  expect_no_leaks();
+}
+
+TEST_F(FakeDriver, ExpandedSourcesAndBadDestinations) {
+  Tensor row = Tensor::copy_of<float>(std::vector<float>{1, 2, 3}, {1, 3});
+  Tensor g = row.expand({4, 3}).to(Device::cuda(0));  // stride-0 source: each row materialised
+  Tensor h = g.to(Device::cpu());
+  for (int r = 0; r < 4; ++r)
+    for (int c = 0; c < 3; ++c) EXPECT_EQ(h.data<float>()[r * 3 + c], static_cast<float>(c + 1));
+  // An overlapping destination is refused, not raced.
+  Tensor dst = Tensor::empty({1, 3}, DType::float32(), Device::cuda(0)).expand({4, 3});
+  TW_EXPECT_ERROR_MSG(tw::device_runtime().copy(g, dst, 1), ErrorCode::invalid_argument, "overlap");
+  TW_EXPECT_ERROR_MSG(tw::device_runtime().copy(g, Tensor::empty({4, 3}, DType::float64(), Device::cuda(0)), 1),
+                      ErrorCode::type_mismatch, "dtypes differ");
+}
+
+TEST_F(FakeDriver, StreamsFollowTheRules) {
+  Tensor h = Tensor::zeros({8}, DType::float32());
+  TW_EXPECT_ERROR_MSG(h.to(Device::cuda(0), intptr_t{0}), ErrorCode::invalid_argument, "stream 0 is ambiguous");
+  TW_EXPECT_ERROR_MSG(h.to(Device::cuda(0), kForeignStream), ErrorCode::invalid_argument, "belongs to another device");
+  TW_EXPECT_ERROR_MSG(h.to(Device::cuda(0), kBadStream), ErrorCode::invalid_argument, "not a valid CUDA stream");
+  // A device tensor on stream A copied on stream B: B waits for A on the device, the host never waits.
+  Tensor a = h.to(Device::cuda(0), intptr_t{2});
+  const int waits = g_fake->stream_waits, syncs = g_fake->syncs;
+  Tensor b = a.to(Device::cuda(1), std::nullopt, std::nullopt);
+  (void)b;
+  Tensor c = a.copy();
+  EXPECT_EQ(c.stream(), std::optional<intptr_t>(2));
+  Tensor d2 = a.to(Device::cuda(0), intptr_t{1}, true);
+  EXPECT_EQ(d2.stream(), std::optional<intptr_t>(1));
+  EXPECT_GE(g_fake->stream_waits, waits + 2);  // cuda:1's stream 2 after cuda:0's, then stream 1 after stream 2
+  EXPECT_EQ(g_fake->syncs, syncs);             // and the host never waited
+  // to(cpu) into pageable memory returns with the data there: one stream synchronisation.
+  Tensor back = a.to(Device::cpu());
+  EXPECT_EQ(back.stream(), std::nullopt);
+  EXPECT_EQ(back.data<float>()[7], 0.0f);
+}
+
+TEST_F(FakeDriver, PinKeepsLayoutAndMetadata) {
+  std::mt19937 rng(7);
+  Tensor base = random_host({6, 5}, DType::int16(), rng);
+  Tensor v = base.transpose(0, 1).slice(0, std::nullopt, std::nullopt, -2);
+  v.metadata().set("step", tw::Value(int64_t{7}));
+  Tensor p = v.pin();
+  EXPECT_TRUE(p.pinned());
+  EXPECT_EQ(p.device(), Device::cuda_host());
+  EXPECT_EQ(p.strides(), v.strides());
+  EXPECT_EQ(p.shape(), v.shape());
+  EXPECT_EQ(p.metadata().at("step").as_int(), 7);
+  EXPECT_TRUE(same_values(p, v));
+  EXPECT_EQ(p.pin().data_ptr(), p.data_ptr());  // already pinned: the same tensor
+  // pinned -> device -> pinned, asynchronous both ways on a stream
+  Tensor g = p.to(Device::cuda(0), intptr_t{2});
+  Tensor p2 = g.to(Device::cuda_host());
+  EXPECT_TRUE(p2.pinned());
+  EXPECT_EQ(p2.stream(), std::optional<intptr_t>(2));
+  EXPECT_TRUE(same_values(p2.to(Device::cpu()), v));
+  Tensor empty_pinned = Tensor::empty({4, 4}, DType::float32(), Device::cuda_host());
+  EXPECT_TRUE(empty_pinned.pinned());
+  EXPECT_GE(tw::cuda::pinned_pool_stats().hits + tw::cuda::pinned_pool_stats().misses, 2u);
+  TW_EXPECT_ERROR_MSG(g.pin(), ErrorCode::unsupported, "not in host memory");
+}
+
+TEST_F(FakeDriver, HeldBuffersOutliveTheirTensorsUntilTheWorkIsDone) {
+  // The source of an asynchronous copy may be dropped at once: the copy keeps it (pinned staging included).
+  const void* staged = nullptr;
+  {
+    Tensor h = Tensor::zeros({1000}, DType::float64());
+    Tensor g = h.to(Device::cuda(0));
+    staged = g.data_ptr();
+  }
+  EXPECT_NE(staged, nullptr);
+  EXPECT_GT(tw::cuda::pinned_pool_stats().reserved_bytes, 0u);
+  expect_no_leaks();
+}
+
+TEST_F(FakeDriver, CopyFalseAndSameDevice) {
+  Tensor g = Tensor::empty({3}, DType::float32(), Device::cuda(0));
+  EXPECT_EQ(g.to(Device::cuda(0)).data_ptr(), g.data_ptr());
+  TW_EXPECT_ERROR_MSG(g.to(Device::cpu(), std::nullopt, false), ErrorCode::copy_required, "copy=False");
+  EXPECT_NE(g.to(Device::cuda(0), std::nullopt, true).data_ptr(), g.data_ptr());
+}
+
+}  // namespace
