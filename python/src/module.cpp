@@ -421,6 +421,59 @@ tw::MemoryOrder parse_order(const std::string& order) {
 // Copies at least this big release the GIL.
 constexpr int64_t kReleaseGilBytes = 1 << 16;
 
+// A CUDA stream argument: an int handle (1 legacy default, 2 per-thread default), an object with
+// __cuda_stream__ (the CUDA stream protocol: returns (version, handle)), a torch.cuda.Stream (.cuda_stream) or a
+// cupy Stream (.ptr). None: nullopt.
+std::optional<intptr_t> parse_stream(nb::handle h) {
+  if (h.is_none()) return std::nullopt;
+  nb::object v;
+  if (PyLong_Check(h.ptr()) && !PyBool_Check(h.ptr())) {
+    v = nb::borrow(h);
+  } else if (nb::hasattr(h, "__cuda_stream__")) {
+    nb::object r = h.attr("__cuda_stream__")();
+    if (!nb::isinstance<nb::tuple>(r) || nb::len(r) != 2)
+      throw tw::Error(tw::ErrorCode::type_mismatch, "stream: __cuda_stream__() must return (version, handle)");
+    v = nb::borrow<nb::tuple>(r)[1];
+  } else if (nb::hasattr(h, "cuda_stream")) {
+    v = h.attr("cuda_stream");
+  } else if (nb::hasattr(h, "ptr") && !nb::isinstance<tw::Tensor>(h)) {
+    v = h.attr("ptr");
+  } else {
+    throw tw::Error(tw::ErrorCode::type_mismatch,
+                    std::string("stream must be None, an int handle, or a stream object (__cuda_stream__, "
+                                "torch.cuda.Stream, cupy.cuda.Stream), not ") + Py_TYPE(h.ptr())->tp_name);
+  }
+  if (!PyLong_Check(v.ptr()) || PyBool_Check(v.ptr()))
+    throw tw::Error(tw::ErrorCode::type_mismatch, "stream: the handle is not an int");
+  const int64_t x = int64_arg(v, "stream");
+  if (x == 0)
+    throw tw::Error(tw::ErrorCode::invalid_argument, "stream 0 is ambiguous (the legacy or the per-thread default "
+                                                     "stream); pass 1 (legacy), 2 (per-thread) or a stream handle");
+  if (x < 0) throw tw::Error(tw::ErrorCode::invalid_argument, "stream " + std::to_string(x) + " is not a stream");
+  return static_cast<intptr_t>(x);
+}
+
+nb::dict pool_stats_dict(const tw::cuda::PoolStats& st) {
+  nb::dict d;
+  d["reserved_bytes"] = st.reserved_bytes;
+  d["in_use_bytes"] = st.in_use_bytes;
+  d["cached_blocks"] = st.cached_blocks;
+  d["hits"] = st.hits;
+  d["misses"] = st.misses;
+  return d;
+}
+
+tw::Device target_device(nb::handle device, bool pinned, const char* what) {
+  std::optional<tw::Device> d = parse_device(device);
+  if (pinned) {
+    if (d && d->type != kDLCUDAHost && d->type != kDLCPU)
+      throw tw::Error(tw::ErrorCode::invalid_argument, std::string(what) + ": pinned=True is host memory; it cannot "
+                                                       "be on " + d->str());
+    return tw::Device::cuda_host();
+  }
+  return d.value_or(tw::Device::cpu());
+}
+
 tw::Tensor copy_released(const tw::Tensor& t, tw::MemoryOrder order) {
   if (t.nbytes() >= kReleaseGilBytes) {
     nb::gil_scoped_release nogil;
@@ -624,6 +677,40 @@ NB_MODULE(_tensorwire, m) {
         if (t.is_contiguous()) return nb::borrow(self);
         return wrap(as_python("tensorwire.Tensor.contiguous", [&] { return copy_released(t, tw::MemoryOrder::C); }));
       }, "This tensor when already C-contiguous (the same object); otherwise a C-contiguous copy.")
+      .def("to", [](nb::handle self, nb::handle device, nb::handle stream, nb::handle copy) -> nb::object {
+        const tw::Tensor& t = unwrap(self);
+        const std::optional<tw::Device> dev = parse_device(device);
+        if (!dev) throw tw::Error(tw::ErrorCode::invalid_argument, "Tensor.to: device must not be None");
+        const std::optional<intptr_t> s = parse_stream(stream);
+        std::optional<bool> c;
+        if (!copy.is_none()) {
+          if (!PyBool_Check(copy.ptr()))
+            throw tw::Error(tw::ErrorCode::type_mismatch, "Tensor.to: copy must be None, True or False");
+          c = copy.ptr() == Py_True;
+        }
+        if (*dev == t.device() && c != true) return nb::borrow(self);
+        return wrap(as_python("tensorwire.Tensor.to", [&] {
+          nb::gil_scoped_release nogil;  // a copy may wait for a stream
+          return t.to(*dev, s, c);
+        }));
+      }, "device"_a, nb::kw_only(), "stream"_a = nb::none(), "copy"_a = nb::none(),
+         "This tensor on `device` ('cpu', 'cuda:N', 'cuda_host' = pinned): the same object when already there "
+         "(copy=None), else one copy keeping a dense layout's order, dtype and metadata. copy=True always copies; "
+         "copy=False raises CopyError instead of copying. CUDA work is queued on `stream` (an int handle, "
+         "torch/cupy stream or __cuda_stream__ object; default: the tensor's stream, else the legacy default) after "
+         "the tensor's own stream, through an event; a device or pinned result carries `stream`, a cpu result is "
+         "ready when this returns.")
+      .def("pin", [](nb::handle self) -> nb::object {
+        const tw::Tensor& t = unwrap(self);
+        if (t.pinned()) return nb::borrow(self);
+        return wrap(as_python("tensorwire.Tensor.pin", [&] {
+          nb::gil_scoped_release nogil;
+          return t.pin();
+        }));
+      }, "A copy in pinned (page-locked) host memory from tensorwire's pinned pool: dtype, shape, strides and "
+         "metadata kept; the same object when already pinned. Host-to-device copies from it are asynchronous.")
+      .def_prop_ro("pinned", [](const tw::Tensor& t) { return t.pinned(); },
+                   "True for pinned host memory (device 'cuda_host').")
       .def("copy", [](const tw::Tensor& t, const std::string& order) { return copy_released(t, parse_order(order)); },
            "order"_a = "C", "A new tensor with its own memory ('C', 'F', or 'any' to keep a dense layout's order).")
       .def("permute", [](const tw::Tensor& t, nb::args dims) {
@@ -771,23 +858,50 @@ NB_MODULE(_tensorwire, m) {
     d["misses"] = st.misses;
     return d;
   }, "The buffer cache now: limit, bytes and blocks held, hits and misses of large allocations.");
-  m.def("empty", [](nb::handle shape, nb::handle dtype, const std::string& order) {
+  m.def("empty", [](nb::handle shape, nb::handle dtype, const std::string& order, nb::handle device, bool pinned) {
     const tw::Dims d = dims_from(shape, "shape");
     const tw::DType dt = parse_dtype(dtype);
-    return as_python("tensorwire.empty", [&] { return tw::Tensor::empty(d, dt, parse_order(order)); });
-  }, "shape"_a, "dtype"_a.none() = "float32", "order"_a = "C",
-  "A new uninitialised host tensor; dtype: a name, a NumPy/PyTorch/ml_dtypes dtype or a tensorwire.DType.");
-  m.def("zeros", [](nb::handle shape, nb::handle dtype, const std::string& order) {
+    const tw::Device dev = target_device(device, pinned, "tensorwire.empty");
+    return as_python("tensorwire.empty", [&] {
+      nb::gil_scoped_release nogil;
+      return tw::Tensor::empty(d, dt, dev, parse_order(order));
+    });
+  }, "shape"_a, "dtype"_a.none() = "float32", "order"_a = "C", nb::kw_only(), "device"_a = nb::none(),
+  "pinned"_a = false,
+  "A new uninitialised tensor: on the host (default), on device='cuda:N' (tensorwire's device pool) or in pinned "
+  "host memory (pinned=True); dtype: a name, a NumPy/PyTorch/ml_dtypes dtype or a tensorwire.DType.");
+  m.def("zeros", [](nb::handle shape, nb::handle dtype, const std::string& order, nb::handle device, bool pinned) {
     const tw::Dims d = dims_from(shape, "shape");
     const tw::DType dt = parse_dtype(dtype);
-    return as_python("tensorwire.zeros", [&] { return tw::Tensor::zeros(d, dt, parse_order(order)); });
-  }, "shape"_a, "dtype"_a.none() = "float32", "order"_a = "C",
-  "A new zero-filled host tensor; dtype as in tensorwire.empty.");
+    const tw::Device dev = target_device(device, pinned, "tensorwire.zeros");
+    return as_python("tensorwire.zeros", [&] {
+      nb::gil_scoped_release nogil;
+      tw::Tensor host = tw::Tensor::zeros(d, dt, parse_order(order));
+      return dev.type == kDLCPU ? host : host.to(dev, std::nullopt, true);
+    });
+  }, "shape"_a, "dtype"_a.none() = "float32", "order"_a = "C", nb::kw_only(), "device"_a = nb::none(),
+  "pinned"_a = false, "A new zero-filled tensor; dtype, device and pinned as in tensorwire.empty.");
   m.def("_copy_into", [](const tw::Tensor& src, const tw::Tensor& dst) {
     nb::gil_scoped_release nogil;
     tw::copy(src, dst);
   }, "src"_a, "dst"_a);
   m.def("cuda_driver_status", [] { return tw::cuda::driver_status(); });
+  m.def("_cuda_is_available", [] { return tw::cuda::is_available(); });
+  m.def("_cuda_status", [] { return tw::cuda::status(); });
+  m.def("_cuda_device_count", [] { return tw::cuda::device_count(); });
+  m.def("_cuda_driver_version", [] { return tw::cuda::driver_version(); });
+  m.def("_cuda_kernels_built", [] { return tw::cuda::kernels_built(); });
+  m.def("_cuda_pinned_pool_stats", [] { return pool_stats_dict(tw::cuda::pinned_pool_stats()); });
+  m.def("_cuda_device_pool_stats", [](int device) {
+    if (device < 0 || device >= std::max(tw::cuda::device_count(), 1))
+      throw tw::Error(tw::ErrorCode::invalid_argument, "cuda:" + std::to_string(device) + " does not exist (" +
+                                                           std::to_string(tw::cuda::device_count()) + " CUDA devices)");
+    return pool_stats_dict(tw::cuda::device_pool_stats(device));
+  }, "device"_a = 0);
+  m.def("_cuda_empty_cache", [] {
+    nb::gil_scoped_release nogil;
+    tw::cuda::empty_cache();
+  });
   m.attr("__version__") = tw::version();
   m.attr("DLPACK_VERSION") = nb::make_tuple(DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION);
 }

@@ -29,7 +29,7 @@ from ._tensorwire import (
     zeros,
 )
 from ._metadata import Metadata
-from . import _pickle, _numpy, _scalars, _signatures
+from . import _pickle, _numpy, _scalars, _signatures, cuda
 from ._exporters import to_jax, to_numpy, to_torch
 from ._paths import cmake_dir, include_dir, lib_dir, pkgconfig_dir
 
