@@ -26,7 +26,7 @@ PY_PACKAGES := numpy ml_dtypes pyarrow nanoarrow "jax[cpu]" hypothesis pytest py
 CMAKE_COMMON := -G Ninja -DPython_EXECUTABLE=$(PY) -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DTW_BUILD_TESTS=ON -DTW_BUILD_PYTHON=ON
 
 .PHONY: all demo test deps apt venv build build-asan build-tsan test-cpp test-python test-asan test-tsan test-fuzz \
-        test-install wheel test-wheel cargo test-rust test-rust-asan bench bench-rust fuzz soak clean
+        test-install wheel test-wheel cargo test-rust test-rust-asan bench bench-rust fuzz soak gpu-bundle test-gpu clean
 
 all: build
 
@@ -194,6 +194,31 @@ soak: build
 bench: build
 	@PYTHONPATH=$(BUILD)/release/pkg $(PY) bench/bench_contiguous.py --quick
 	@PYTHONPATH=$(BUILD)/release/pkg $(PY) bench/bench_roundtrip.py
+
+# ---- a GPU machine (not part of `make test`) ---------------------------------------------------------------------
+# CUDA tests run on a machine with an NVIDIA GPU and nvcc that has CMake, Ninja and python3 with nanobind, pytest,
+# hypothesis and the GPU libraries, but no GoogleTest and no network. `make gpu-bundle` here copies Debian's
+# GoogleTest sources into third_party/ (git-ignored: send it with the tree) and notes the commit there; on the GPU
+# machine, `make test-gpu` (or `bash scripts/test-gpu.sh`) builds into build/gpu and writes its logs, JUnit and
+# summary.md to $${OUT:-build/gpu-out}.
+GTEST_SRC ?= /usr/src/googletest
+gpu-bundle: apt
+	@[ -f $(GTEST_SRC)/CMakeLists.txt ] || { echo "make gpu-bundle: no GoogleTest sources in $(GTEST_SRC)" \
+	  "(Debian package googletest, which libgtest-dev pulls in)" >&2; exit 1; }
+	@src="$(GTEST_SRC) $$(dpkg-query -W -f='$${Version}' googletest 2>/dev/null || echo unknown)"; \
+	if [ "$$(cat third_party/googletest/.tw-source 2>/dev/null)" != "$$src" ]; then \
+	  rm -rf third_party/googletest third_party/googletest.tmp && mkdir -p third_party && \
+	  cp -a $(GTEST_SRC) third_party/googletest.tmp && echo "$$src" > third_party/googletest.tmp/.tw-source && \
+	  mv third_party/googletest.tmp third_party/googletest; \
+	fi
+	@c=$$(git rev-parse HEAD 2>/dev/null || echo unknown); \
+	if [ -n "$$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then c="$$c + uncommitted changes"; fi; \
+	echo "$$c" > third_party/gpu-commit
+	@echo "make gpu-bundle: third_party/googletest from $$(cat third_party/googletest/.tw-source)," \
+	  "commit $$(cat third_party/gpu-commit); send third_party/ along with the tree"
+
+test-gpu:
+	@bash scripts/test-gpu.sh
 
 clean:
 	rm -rf $(BUILD)

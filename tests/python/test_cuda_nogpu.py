@@ -1,0 +1,77 @@
+"""CUDA on a machine without a CUDA device (CI): tensorwire says so, every CUDA operation raises an error naming why
+(never a crash, never a silent host tensor), and everything host-side, Tensor.to("cpu") included, works.
+Skipped where a device is present (tests/python/test_cuda.py covers that machine)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tensorwire as tw
+
+pytestmark = pytest.mark.skipif(tw.cuda.is_available(), reason="a CUDA device is present: see test_cuda.py")
+
+STATS_KEYS = {"reserved_bytes", "in_use_bytes", "cached_blocks", "hits", "misses"}
+
+
+def status() -> str:
+    return tw.cuda.status()
+
+
+def test_reports_no_device_and_why():
+    assert tw.cuda.is_available() is False
+    s = status()
+    assert isinstance(s, str) and s.strip()
+    assert tw.cuda.device_count() == 0
+    assert isinstance(tw.cuda.driver_version(), int)
+    assert isinstance(tw.cuda.kernels_built(), bool)
+
+
+def test_pool_stats_are_dicts_of_counters():
+    for stats in (tw.cuda.pinned_pool_stats(), tw.cuda.device_pool_stats(0), tw.cuda.device_pool_stats()):
+        assert isinstance(stats, dict)
+        assert set(stats) >= STATS_KEYS
+        assert all(isinstance(stats[k], int) and stats[k] >= 0 for k in STATS_KEYS)
+
+
+def _raises_naming_why(fn):
+    with pytest.raises(Exception) as ei:
+        fn()
+    assert not isinstance(ei.value, tw.CopyError), ei.value
+    assert isinstance(ei.value, (BufferError, RuntimeError, ValueError)), repr(ei.value)
+    assert status() in str(ei.value), f"{ei.value!s} does not say why: {status()!r}"
+    return ei.value
+
+
+@pytest.mark.parametrize("make", [
+    lambda: tw.empty((2, 2), "float32", device="cuda:0"),
+    lambda: tw.zeros((2, 2), "float32", device="cuda:0"),
+    lambda: tw.empty((2, 2), "float32", pinned=True),
+    lambda: tw.asarray(np.ones(3), device="cuda:0"),
+    lambda: tw.asarray(np.ones(3), device="cuda_host"),
+    lambda: tw.asarray(np.ones(3)).to("cuda:0"),
+    lambda: tw.asarray(np.ones(3)).to("cuda_host"),
+    lambda: tw.asarray(np.ones(3)).pin(),
+], ids=["empty", "zeros", "empty-pinned", "asarray", "asarray-cuda_host", "to", "to-cuda_host", "pin"])
+def test_cuda_operations_raise_the_device_unavailable_error(make):
+    _raises_naming_why(make)
+
+
+def test_to_cpu_on_cpu():
+    a = np.arange(6.0).reshape(2, 3)
+    t = tw.asarray(a)
+    same = t.to("cpu")
+    assert same is t or same.data_ptr == t.data_ptr
+    assert t.to(tw.Device("cpu")) is t or t.to(tw.Device("cpu")).data_ptr == t.data_ptr
+    assert t.to("cpu", copy=False) is t or t.to("cpu", copy=False).data_ptr == t.data_ptr
+    c = t.to("cpu", copy=True)
+    assert c.data_ptr != t.data_ptr
+    assert c.device == tw.Device("cpu")
+    assert np.array_equal(np.asarray(c), a)
+    assert not t.pinned and t.stream is None
+
+
+def test_to_another_device_without_copy_raises_copy_error():
+    t = tw.asarray(np.ones(3))
+    with pytest.raises(tw.CopyError):
+        t.to("cuda:0", copy=False)
