@@ -112,10 +112,10 @@ class Tensor {
   /// This tensor on `device` ("cpu", cuda:N, cuda_host = pinned). copy: nullopt copies only when the device
   /// differs, true always copies, false throws Error(copy_required) when the device differs. A copy keeps the
   /// dimension order of a dense source (else C order), dtype and metadata. Device work is queued on `stream`
-  /// (a CUstream handle; 1 = legacy default, 2 = per-thread default; nullopt = the tensor's stream, else legacy)
-  /// after the tensor's own stream, through an event, never a device-wide synchronisation; the result carries
-  /// `stream`. A copy into pageable host memory returns when the data is there; one into device or pinned memory
-  /// returns at once (the result is ordered on its stream).
+  /// (a CUstream handle of the target device; 1 = legacy default, 2 = per-thread default; nullopt = legacy) after
+  /// the tensor's own stream, through an event, never a device-wide synchronisation. A device result carries
+  /// `stream` and is returned at once (ordered on it); a host result (pageable or pinned) is returned with the data
+  /// there. Between two devices the bytes cross through pinned host memory.
   Tensor to(Device device, std::optional<intptr_t> stream = std::nullopt, std::optional<bool> copy = std::nullopt) const;
   /// A copy of this host tensor in pinned (page-locked) memory from the pinned pool: dtype, shape, strides,
   /// offset within the copied span, and metadata kept; device() is cuda_host. Already pinned: this tensor.

@@ -161,6 +161,25 @@ int tw_tensor_readonly(const tw_tensor* t);
    (tw_tensor_adopt, a loan). What a binding checks before it hands out a mutable slice. */
 int tw_tensor_is_exclusive(const tw_tensor* t);
 
+/* CUDA (tensorwire/cuda.hpp). The driver is loaded at run time: without one these say so and every CUDA operation
+   fails with TW_ERR_DEVICE_UNAVAILABLE naming why. */
+int tw_cuda_is_available(void);
+int tw_cuda_device_count(void);
+/* What CUDA there is, or why there is none: copied into buf (NUL-terminated, truncated to len bytes); returns the
+   full length (call with len 0 to size the buffer). */
+size_t tw_cuda_status(char* buf, size_t len);
+/* The CUDA stream the tensor's data is ordered on (1 legacy default, 2 per-thread, else a CUstream), 0 if none. */
+intptr_t tw_tensor_stream(const tw_tensor* t);
+/* The tensor on `device` (tw::Tensor::to): kDLCPU, kDLCUDA (device_id N) or kDLCUDAHost (pinned). copy is a
+   tw_copy_mode: IF_NEEDED returns a new handle to the same tensor when it is already there, NEVER fails with
+   TW_ERR_COPY_REQUIRED instead of copying. CUDA work is queued on `stream` (0: the tensor's stream, else the legacy
+   default) after the tensor's own; a device or pinned result is ordered on it, a cpu result is ready on return. */
+tw_status tw_tensor_to(const tw_tensor* t, DLDevice device, intptr_t stream, int32_t copy, tw_tensor** out);
+/* A pinned copy of a host tensor from the pinned pool (dtype, shape, strides, metadata kept). */
+tw_status tw_tensor_pin(const tw_tensor* t, tw_tensor** out);
+/* A new uninitialised C-contiguous tensor on `device` (cpu, cuda:N from the device pool, cuda_host pinned). */
+tw_status tw_tensor_empty_on(int32_t ndim, const int64_t* shape, DLDataType dtype, DLDevice device, tw_tensor** out);
+
 /* The same tensor (a new handle) when C-contiguous, else a C-contiguous copy. */
 tw_status tw_tensor_contiguous(const tw_tensor* t, tw_tensor** out);
 /* Views: Python-style slice of one dimension; permutation of all dimensions. */

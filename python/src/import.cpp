@@ -204,6 +204,17 @@ tw::Tensor via_dlpack(nb::handle obj, const Request& req, bool& made_copy, bool 
     flagged_copy = m && m->version.major == DLPACK_MAJOR_VERSION && (m->flags & DLPACK_FLAG_BITMASK_IS_COPIED);
   }
   tw::Tensor t = import_capsule(cap);
+  // DLPack made the data ready on the stream we named (None on CUDA: the legacy default stream); the tensor says
+  // so, and every later use waits for that stream with an event. -1 (no sync) leaves it unknown.
+  if (t.device().type == kDLCUDA || t.device().type == kDLCUDAManaged) {
+    if (req.stream.is_none()) {
+      t.set_stream(intptr_t{1});
+    } else if (PyLong_Check(req.stream.ptr()) && !PyBool_Check(req.stream.ptr())) {
+      const long long v = PyLong_AsLongLong(req.stream.ptr());
+      if (v == -1 && PyErr_Occurred()) throw nb::python_error();
+      if (v > 0) t.set_stream(static_cast<intptr_t>(v));
+    }
+  }
   made_copy = flagged_copy || producer_copied_on_request;
   if (req.immutable && !made_copy && !t.readonly()) t = t.as_readonly();
   return t;

@@ -427,8 +427,10 @@ constexpr int64_t kReleaseGilBytes = 1 << 16;
 std::optional<intptr_t> parse_stream(nb::handle h) {
   if (h.is_none()) return std::nullopt;
   nb::object v;
+  bool object = true;
   if (PyLong_Check(h.ptr()) && !PyBool_Check(h.ptr())) {
     v = nb::borrow(h);
+    object = false;
   } else if (nb::hasattr(h, "__cuda_stream__")) {
     nb::object r = h.attr("__cuda_stream__")();
     if (!nb::isinstance<nb::tuple>(r) || nb::len(r) != 2)
@@ -446,6 +448,8 @@ std::optional<intptr_t> parse_stream(nb::handle h) {
   if (!PyLong_Check(v.ptr()) || PyBool_Check(v.ptr()))
     throw tw::Error(tw::ErrorCode::type_mismatch, "stream: the handle is not an int");
   const int64_t x = int64_arg(v, "stream");
+  // A stream object's handle 0 is its library's default stream: torch's and CuPy's are the legacy one.
+  if (x == 0 && object) return intptr_t{1};
   if (x == 0)
     throw tw::Error(tw::ErrorCode::invalid_argument, "stream 0 is ambiguous (the legacy or the per-thread default "
                                                      "stream); pass 1 (legacy), 2 (per-thread) or a stream handle");

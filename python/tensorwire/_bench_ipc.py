@@ -534,6 +534,14 @@ def plot(rows, path=None):
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if "--device" in argv:  # the CUDA paths against PyTorch's: tensorwire._bench_cuda
+        k = argv.index("--device")
+        if argv[k + 1 : k + 2] != ["cuda"]:
+            print("tensorwire bench: --device takes 'cuda'", file=sys.stderr)
+            return 2
+        from ._bench_cuda import main as cuda_main
+
+        return cuda_main(argv[:k] + argv[k + 2 :])
     if "--net" in argv:  # between two network namespaces, over UCX: tensorwire._bench_net
         from tensorwire._bench_net import main as net_main
 

@@ -1,6 +1,7 @@
 // The C ABI (include/tensorwire/tensorwire.h): a thin, exception-free shell over the C++ API.
 #include "tensorwire/tensorwire.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -412,6 +413,51 @@ int tw_tensor_is_exclusive(const tw_tensor* t) {
   std::atomic_thread_fence(std::memory_order_acquire);
 #endif
   return t->t.buffer().escaped() ? 0 : 1;
+}
+
+int tw_cuda_is_available(void) { return tw::cuda::is_available() ? 1 : 0; }
+int tw_cuda_device_count(void) { return tw::cuda::device_count(); }
+
+size_t tw_cuda_status(char* buf, size_t len) {
+  try {
+    const std::string s = tw::cuda::status();
+    if (buf && len > 0) {
+      const size_t n = std::min(len - 1, s.size());
+      std::memcpy(buf, s.data(), n);
+      buf[n] = '\0';
+    }
+    return s.size();
+  } catch (...) {
+    if (buf && len > 0) buf[0] = '\0';
+    return 0;
+  }
+}
+
+intptr_t tw_tensor_stream(const tw_tensor* t) { return t && t->t.defined() ? t->t.stream().value_or(0) : 0; }
+
+tw_status tw_tensor_to(const tw_tensor* t, DLDevice device, intptr_t stream, int32_t copy, tw_tensor** out) {
+  return tensor_op(t, out, Result::view_or_copy, [&](const tw::Tensor& x) {
+    if (copy < TW_COPY_IF_NEEDED || copy > TW_COPY_NEVER)
+      throw tw::Error(tw::ErrorCode::invalid_argument, "copy " + std::to_string(copy) + " is not a tw_copy_mode");
+    const tw::Device dev = tw::Device::from_dlpack(device);
+    std::optional<bool> c;
+    if (copy == TW_COPY_ALWAYS) c = true;
+    if (copy == TW_COPY_NEVER) c = false;
+    return x.to(dev, stream == 0 ? std::nullopt : std::optional<intptr_t>(stream), c);
+  });
+}
+
+tw_status tw_tensor_pin(const tw_tensor* t, tw_tensor** out) {
+  return tensor_op(t, out, Result::view_or_copy, [&](const tw::Tensor& x) { return x.pin(); });
+}
+
+tw_status tw_tensor_empty_on(int32_t ndim, const int64_t* shape, DLDataType dtype, DLDevice device, tw_tensor** out) {
+  if (!out) return null_arg("out");
+  *out = nullptr;
+  return guarded([&] {
+    *out = wrap(tw::Tensor::empty(shape_arg(ndim, shape), tw::DType::from_dlpack(dtype), tw::Device::from_dlpack(device)),
+                true);
+  });
 }
 
 tw_status tw_tensor_contiguous(const tw_tensor* t, tw_tensor** out) {

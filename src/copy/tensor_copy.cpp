@@ -55,14 +55,16 @@ Tensor Tensor::copy(MemoryOrder order) const {
   Layout out = copy_layout(layout(), order);
   if (!is_cuda_memory(dev) && !dev.is_host_accessible())
     throw Error(ErrorCode::unsupported, "Tensor::copy: tensorwire cannot copy memory on " + dev.str());
-  if (dev.type == kDLCPU || (dev.type == kDLCUDAManaged && !device_runtime().available())) {
+  if (dev.type == kDLCPU || dev.type == kDLCUDAManaged) {  // managed memory: the host reads it (as before)
     auto buf = allocate_for(out, Device::cpu(), 0);  // before `out` is moved into make's argument
     Tensor dst = Tensor::make(std::move(buf), std::move(out), false);
     if (!metadata().empty()) dst.metadata() = metadata();
     tw::copy(*this, dst);
     return dst;
   }
-  const intptr_t s = stream().value_or(kLegacyStream);
+  // New work goes on the legacy default stream, after the tensor's own stream (an event): a producer's stream is
+  // waited for, never used to queue tensorwire's work.
+  const intptr_t s = kLegacyStream;
   auto buf = allocate_for(out, dev, s);
   Tensor dst = Tensor::make(std::move(buf), std::move(out), false);
   if (!metadata().empty()) dst.metadata() = metadata();
@@ -83,13 +85,13 @@ Tensor Tensor::to(Device target, std::optional<intptr_t> stream_arg, std::option
                                         "(pinned), not to " + target.str());
   if (!is_cuda_memory(dev) && dev.type != kDLCPU)
     throw Error(ErrorCode::unsupported, "Tensor::to: tensorwire cannot read memory on " + dev.str());
-  const intptr_t s = stream_arg.value_or(stream().value_or(kLegacyStream));
+  const intptr_t s = stream_arg.value_or(kLegacyStream);
   Layout out = copy_layout(layout(), MemoryOrder::Any);
   auto buf = allocate_for(out, target, s);
   Tensor dst = Tensor::make(std::move(buf), std::move(out), false);
   if (!metadata().empty()) dst.metadata() = metadata();
   device_runtime().copy(*this, dst, s);
-  if (target.type != kDLCPU) dst.set_stream(s);  // device and pinned results are ready in the order of s
+  if (target.type == kDLCUDA) dst.set_stream(s);  // device results are ready in the order of s; host ones now
   return dst;
 }
 

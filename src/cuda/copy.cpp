@@ -118,7 +118,7 @@ struct Module {
   CUfunction transpose[4] = {};
 };
 std::mutex g_mod_mu;
-std::vector<Module>* g_modules = new std::vector<Module>();
+std::deque<Module>* g_modules = new std::deque<Module>();  // grows at the end: references stay valid
 
 void reset_modules() {
   std::lock_guard lk(g_mod_mu);

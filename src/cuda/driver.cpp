@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "tensorwire/cuda.hpp"
@@ -148,7 +149,7 @@ std::vector<void (*)()>& resets() {
 
 // Primary contexts by device ordinal, retained on first use.
 std::mutex g_ctx_mu;
-std::vector<CUcontext> g_ctx;
+std::vector<CUcontext>& g_ctx = *new std::vector<CUcontext>();  // never destroyed (see driver())
 
 void reset_contexts() {
   std::lock_guard lk(g_ctx_mu);
@@ -159,7 +160,8 @@ void reset_contexts() {
 
 const Driver& driver() noexcept {
   if (const Driver* f = g_fake.load(std::memory_order_acquire)) return *f;
-  static const Driver real = [] {
+  // Never destroyed: pool blocks may come back while the process exits.
+  static const Driver& real = *new Driver([] {
     try {
       return load_real();
     } catch (...) {
@@ -167,7 +169,7 @@ const Driver& driver() noexcept {
       d.status = "loading the NVIDIA driver failed";
       return d;
     }
-  }();
+  }());
   return real;
 }
 
@@ -303,8 +305,21 @@ std::optional<int> device_of_pointer(uintptr_t ptr) noexcept {
   return ordinal;
 }
 
+namespace {
+// The interop entry points carry a stream but no device: when the calling thread has no context current (a thread
+// that never touched CUDA), make cuda:0's primary one current, so the call does not fail with INVALID_CONTEXT.
+struct AnyContext {
+  std::optional<detail::ContextGuard> guard;
+  AnyContext() {
+    detail::CUcontext c = nullptr;
+    if (driver().api.cuCtxGetCurrent(&c) != 0 || !c) guard.emplace(0);
+  }
+};
+}  // namespace
+
 void synchronize_stream(intptr_t stream) {
   const detail::Api& a = detail::api("synchronize a CUDA stream");
+  AnyContext ctx;
   if (detail::CUresult r = a.cuStreamSynchronize(detail::as_stream(stream)); r != 0)
     throw Error(ErrorCode::invalid_argument,
                 "cuStreamSynchronize(" + std::to_string(stream) + ") failed: " + detail::result_name(r));
@@ -312,6 +327,7 @@ void synchronize_stream(intptr_t stream) {
 
 void* record_event(intptr_t stream) {
   const detail::Api& a = detail::api("record a CUDA event");
+  AnyContext ctx;
   void* ev = nullptr;
   detail::check(a.cuEventCreate(&ev, detail::kEventDisableTiming), "cuEventCreate");
   if (detail::CUresult r = a.cuEventRecord(ev, detail::as_stream(stream)); r != 0) {
@@ -324,11 +340,16 @@ void* record_event(intptr_t stream) {
 
 void destroy_event(void* event) noexcept {
   if (!event || !driver_available()) return;
-  driver().api.cuEventDestroy(event);
+  try {
+    AnyContext ctx;
+    driver().api.cuEventDestroy(event);
+  } catch (...) {
+  }
 }
 
 void synchronize_event(void* event) {
   const detail::Api& a = detail::api("wait for a CUDA event");
+  AnyContext ctx;
   detail::check(a.cuEventSynchronize(event), "cuEventSynchronize");
 }
 

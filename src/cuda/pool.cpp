@@ -118,6 +118,7 @@ void Pool::free_segment(Segment* s) noexcept {
   const Api& a = driver().api;
   try {
     if (device_ < 0) {
+      ContextGuard g(0);
       a.cuMemFreeHost(reinterpret_cast<void*>(s->base));
     } else {
       ContextGuard g(device_);
@@ -200,9 +201,10 @@ std::shared_ptr<Buffer> Pool::allocate(size_t nbytes, intptr_t stream) {
   } else {
     ++stats_.misses;
     if (cls <= kSlabMax) {
-      Segment* seg = new_segment(kSegmentBytes, cls);
+      const size_t seg_bytes = std::max(kSegmentBytes, granularity_);  // a multiple of the granularity
+      Segment* seg = new_segment(seg_bytes, cls);
       // Every slot but the first goes to the cache.
-      for (size_t off = kSegmentBytes; off > cls;) {
+      for (size_t off = seg_bytes; off > cls;) {
         off -= cls;
         Block* s = nullptr;
         if (!spare_.empty()) {

@@ -124,7 +124,7 @@ void copy_any(const Tensor& src, const Tensor& dst, intptr_t stream) {
   }
   check_stream(dev, stream, "copy");
   // The copy's stream waits for the source's (a stream handle is relative to its device's context).
-  if (sk == Mem::device && src.stream()) stream_wait(src.device().id, *src.stream(), dev, stream);
+  if (sk == Mem::device && src.stream() && src.device().id == dev) stream_wait(dev, *src.stream(), dev, stream);
   const Layout& sl = src.layout();
   const Layout& dl = dst.layout();
 
@@ -136,17 +136,14 @@ void copy_any(const Tensor& src, const Tensor& dst, intptr_t stream) {
       hold(dev, stream, {src.buffer_ptr(), dst.buffer_ptr()});
       return;
     }
-    // Across devices: the bytes cross dense, in the destination's order where it is dense.
+    // Across devices: through pinned host memory, dense, in the destination's order where it is dense. The
+    // source side runs on its own device's legacy stream (a stream handle names one context) after the source's
+    // stream, and the host waits for it before the destination side reads the staging buffer. Peer access is
+    // not assumed (VMM blocks are mapped for their own device only). Slower than a peer copy; correct everywhere.
     const Layout mid = dense_like(sl, dl);
-    Tensor a = same_dense(sl, mid) ? src : temp(src.device(), mid, stream);
-    if (a.buffer_ptr() != src.buffer_ptr()) {
-      check_stream(sdev, stream, "copy");
-      kernel_copy(sdev, src, a, stream);
-    }
-    Tensor b = same_dense(mid, dl) ? dst : temp(dst.device(), mid, stream);
-    byte_copy_async(dev, a, b, stream);
-    if (b.buffer_ptr() != dst.buffer_ptr()) kernel_copy(dev, b, dst, stream);
-    hold(dev, stream, {src.buffer_ptr(), dst.buffer_ptr(), a.buffer_ptr(), b.buffer_ptr()});
+    Tensor staged = temp(Device::cuda_host(), mid, 0);
+    copy_any(src, staged, kLegacyStream);  // device -> pinned: returns with the data there
+    copy_any(staged, dst, stream);
     return;
   }
 
@@ -170,9 +167,10 @@ void copy_any(const Tensor& src, const Tensor& dst, intptr_t stream) {
   Tensor packed = same_dense(sl, mid) ? src : temp(src.device(), mid, stream);
   if (packed.buffer_ptr() != src.buffer_ptr()) kernel_copy(dev, src, packed, stream);
   if (dk == Mem::pinned && same_dense(mid, dl)) {
-    if (dst.stream()) synchronize(0, *dst.stream());
-    byte_copy_async(dev, packed, dst, stream);  // asynchronous: the result is ordered on `stream`
-    hold(dev, stream, {src.buffer_ptr(), dst.buffer_ptr(), packed.buffer_ptr()});
+    // Pinned memory is host memory: every host reader (NumPy, the buffer protocol) reads it at once, so the copy
+    // into it completes before this returns, like one into pageable memory (but at full DMA speed).
+    byte_copy_async(dev, packed, dst, stream);
+    synchronize(dev, stream);
     return;
   }
   if (dk == Mem::pageable && same_dense(mid, dl)) {

@@ -123,7 +123,7 @@ DLManagedTensor* export_dlpack_legacy(const Tensor& t, const ExportRequest& r) {
 }
 
 bool import_may_copy(const ImportRequest& r, const ImportFacts& f) noexcept {
-  return f.byteswap || (r.copy == CopyMode::always && !f.producer_copied);
+  return f.byteswap || r.device.has_value() || (r.copy == CopyMode::always && !f.producer_copied);
 }
 
 Tensor finish_import(Tensor t, const ImportRequest& r, const ImportFacts& f) {

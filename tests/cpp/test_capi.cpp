@@ -467,3 +467,48 @@ TEST(CApi, BadPublishSubscribeArguments) {
 }
 
 }  // namespace
+
+namespace {
+TEST(CApiCuda, StatusDevicesAndMovesBetweenDevices) {
+  const size_t n = tw_cuda_status(nullptr, 0);
+  EXPECT_GT(n, 0u);  // a description or a reason, never empty
+  std::string buf(n + 1, 'x');
+  EXPECT_EQ(tw_cuda_status(buf.data(), buf.size()), n);
+  EXPECT_EQ(buf[n], '\0');
+  char small[4];
+  EXPECT_EQ(tw_cuda_status(small, sizeof small), n);  // truncated, still terminated
+  EXPECT_EQ(small[3], '\0');
+  const int64_t shape[1] = {4};
+  const DLDataType f32{kDLFloat, 32, 1};
+  tw_tensor* t = nullptr;
+  ASSERT_EQ(tw_tensor_zeros(1, shape, f32, &t), TW_OK);
+  EXPECT_EQ(tw_tensor_stream(t), 0);
+  tw_tensor* same = nullptr;
+  ASSERT_EQ(tw_tensor_to(t, DLDevice{kDLCPU, 0}, 0, TW_COPY_NEVER, &same), TW_OK);
+  EXPECT_EQ(tw_tensor_data_borrowed(same), tw_tensor_data_borrowed(t));
+  tw_tensor* copied = nullptr;
+  ASSERT_EQ(tw_tensor_to(t, DLDevice{kDLCPU, 0}, 0, TW_COPY_ALWAYS, &copied), TW_OK);
+  EXPECT_NE(tw_tensor_data_borrowed(copied), tw_tensor_data_borrowed(t));
+  tw_tensor* bad = nullptr;
+  EXPECT_EQ(tw_tensor_to(t, DLDevice{kDLCPU, 0}, 0, 7, &bad), TW_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(bad, nullptr);
+  EXPECT_EQ(tw_tensor_to(t, DLDevice{kDLCUDA, 0}, 0, TW_COPY_NEVER, &bad), TW_ERR_COPY_REQUIRED);
+  if (!tw_cuda_is_available()) {
+    EXPECT_EQ(tw_cuda_device_count(), 0);
+    EXPECT_EQ(tw_tensor_to(t, DLDevice{kDLCUDA, 0}, 0, TW_COPY_IF_NEEDED, &bad), TW_ERR_DEVICE_UNAVAILABLE);
+    EXPECT_EQ(tw_tensor_pin(t, &bad), TW_ERR_DEVICE_UNAVAILABLE);
+    EXPECT_EQ(tw_tensor_empty_on(1, shape, f32, DLDevice{kDLCUDA, 0}, &bad), TW_ERR_DEVICE_UNAVAILABLE);
+    EXPECT_EQ(bad, nullptr);
+  } else {
+    tw_tensor* g = nullptr;
+    ASSERT_EQ(tw_tensor_to(t, DLDevice{kDLCUDA, 0}, 0, TW_COPY_IF_NEEDED, &g), TW_OK);
+    EXPECT_EQ(tw_tensor_device(g).device_type, kDLCUDA);
+    EXPECT_EQ(tw_tensor_stream(g), 1);
+    tw_tensor_free(g);
+  }
+  tw_tensor* e = nullptr;
+  ASSERT_EQ(tw_tensor_empty_on(1, shape, f32, DLDevice{kDLCPU, 0}, &e), TW_OK);
+  EXPECT_EQ(tw_tensor_numel(e), 4);
+  for (tw_tensor* x : {t, same, copied, e}) tw_tensor_free(x);
+}
+}  // namespace
