@@ -137,6 +137,19 @@ void Pool::free_segment(Segment* s) noexcept {
   if (it != segments_.end()) segments_.erase(it);
 }
 
+Block* Pool::new_block(uintptr_t ptr, size_t size, Segment* seg) {
+  Block* b = nullptr;
+  if (!spare_.empty()) {
+    b = spare_.back();
+    spare_.pop_back();
+  } else {
+    blocks_.push_back(std::make_unique<Block>());
+    b = blocks_.back().get();
+  }
+  *b = Block{ptr, size, seg, 0, 0, nullptr};
+  return b;
+}
+
 Block* Pool::take_cached(size_t cls, intptr_t stream, std::unique_lock<std::mutex>& lk) {
   auto it = free_.find(cls);
   if (it == free_.end() || it->second.empty()) return nullptr;
@@ -206,35 +219,12 @@ std::shared_ptr<Buffer> Pool::allocate(size_t nbytes, intptr_t stream) {
       // Every slot but the first goes to the cache.
       for (size_t off = seg_bytes; off > cls;) {
         off -= cls;
-        Block* s = nullptr;
-        if (!spare_.empty()) {
-          s = spare_.back();
-          spare_.pop_back();
-        } else {
-          blocks_.push_back(std::make_unique<Block>());
-          s = blocks_.back().get();
-        }
-        *s = Block{seg->base + off, cls, seg, 0, 0, nullptr};
-        free_[cls].push_back(s);
+        free_[cls].push_back(new_block(seg->base + off, cls, seg));
       }
-      if (!spare_.empty()) {
-        b = spare_.back();
-        spare_.pop_back();
-      } else {
-        blocks_.push_back(std::make_unique<Block>());
-        b = blocks_.back().get();
-      }
-      *b = Block{seg->base, cls, seg, 0, 0, nullptr};
+      b = new_block(seg->base, cls, seg);
     } else {
       Segment* seg = new_segment(cls, 0);
-      if (!spare_.empty()) {
-        b = spare_.back();
-        spare_.pop_back();
-      } else {
-        blocks_.push_back(std::make_unique<Block>());
-        b = blocks_.back().get();
-      }
-      *b = Block{seg->base, cls, seg, 0, 0, nullptr};
+      b = new_block(seg->base, cls, seg);
     }
   }
   if (b->segment->slot_size) ++b->segment->slots_out;

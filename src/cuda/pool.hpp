@@ -79,6 +79,7 @@ class Pool {
  private:
   void give_back(Block* b) noexcept;
   Segment* new_segment(size_t bytes, size_t slot_size);
+  Block* new_block(uintptr_t ptr, size_t size, Segment* seg);  // a Block object (reused from spare_) for a slot
   void free_segment(Segment* s) noexcept;
   Block* take_cached(size_t cls, intptr_t stream, std::unique_lock<std::mutex>& lk);
   size_t granularity();
