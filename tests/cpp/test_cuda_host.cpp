@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cstddef>
 #include <cstdlib>
@@ -46,6 +47,7 @@ struct Fake {
   int launches_transpose = 0;
   int memcpys = 0;
   int syncs = 0;
+  std::atomic<bool> events_done{true};  // false: every event reports CUDA_ERROR_NOT_READY (queued work pending)
   std::set<std::string> names;
   int ctx[4] = {};
   int foreign_ctx = 0;
@@ -120,7 +122,7 @@ d::Api fake_api() {
     return 0;
   };
   a.cuEventRecord = [](d::CUevent, d::CUstream) { return 0; };
-  a.cuEventQuery = [](d::CUevent) { return 0; };
+  a.cuEventQuery = [](d::CUevent) { return g_fake->events_done ? 0 : d::kErrorNotReady; };
   a.cuEventSynchronize = [](d::CUevent) { return 0; };
   a.cuEventDestroy = [](d::CUevent e) {
     std::lock_guard lk(g_fake->mu);
@@ -505,15 +507,21 @@ TEST_F(FakeDriver, PinKeepsLayoutAndMetadata) {
 }
 
 TEST_F(FakeDriver, HeldBuffersOutliveTheirTensorsUntilTheWorkIsDone) {
-  // The source of an asynchronous copy may be dropped at once: the copy keeps it (pinned staging included).
-  const void* staged = nullptr;
+  // While the queued copy is pending, its pinned staging and device buffers stay out of the pools even though
+  // every tensor naming them is gone; once its event completes they come back.
+  g_fake->events_done = false;
   {
     Tensor h = Tensor::zeros({1000}, DType::float64());
     Tensor g = h.to(Device::cuda(0));
-    staged = g.data_ptr();
+    EXPECT_EQ(tw::cuda::pinned_pool_stats().in_use_bytes, 8192u);  // the staging block, 8000 bytes in class 8192
   }
-  EXPECT_NE(staged, nullptr);
-  EXPECT_GT(tw::cuda::pinned_pool_stats().reserved_bytes, 0u);
+  (void)Tensor::empty({1}, DType::uint8(), Device::cuda(1));  // any CUDA call polls the held buffers
+  EXPECT_EQ(tw::cuda::pinned_pool_stats().in_use_bytes, 8192u);  // still pending: still held
+  EXPECT_EQ(tw::cuda::device_pool_stats(0).in_use_bytes, 8192u);
+  g_fake->events_done = true;
+  (void)Tensor::empty({1}, DType::uint8(), Device::cuda(1));
+  EXPECT_EQ(tw::cuda::pinned_pool_stats().in_use_bytes, 0u);
+  EXPECT_EQ(tw::cuda::device_pool_stats(0).in_use_bytes, 0u);
   expect_no_leaks();
 }
 
