@@ -7,6 +7,7 @@
 // installed, every question gets a clear "no device runtime is installed" answer, never a silent skip.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -19,6 +20,40 @@ namespace tw {
 
 class Buffer;
 class Tensor;
+
+/// Device memory another process can open (CUDA IPC; the publish/subscribe transport's device path).
+struct DeviceExport {
+  enum class Kind : uint8_t {
+    none = 0,    ///< no zero-copy path: `why` says why (a stream-ordered pool, memory another process exported...)
+    vmm = 1,     ///< a VMM allocation exported as a POSIX fd (`fd`, owned by the caller)
+    legacy = 2,  ///< a cudaMalloc allocation, by its CUipcMemHandle (`handle`, of the allocation's base)
+  };
+  Kind kind = Kind::none;
+  int device = -1;
+  uintptr_t base = 0;          ///< where the exported range starts in this process
+  uint64_t bytes = 0;          ///< its size
+  uint64_t handle_offset = 0;  ///< legacy: `base` minus the start of the allocation the handle opens (vmm: 0)
+  int fd = -1;                 ///< vmm: the caller closes it
+  std::array<uint8_t, 64> handle{};
+  std::array<uint8_t, 16> device_uuid{};
+  std::shared_ptr<void> owner;  ///< allocate_exportable: frees the memory when the last copy goes (null otherwise)
+  std::string why;
+};
+
+/// An interprocess event: created here (its handle crosses to another process) or opened from such a handle.
+struct IpcEvent {
+  std::shared_ptr<void> event;  ///< the CUevent (get()); destroyed with the last copy
+  std::array<uint8_t, 64> handle{};
+  int device = -1;
+};
+
+/// Memory another process exported, opened here.
+struct DeviceImport {
+  uintptr_t base = 0;           ///< the exported range, in this process
+  uint64_t bytes = 0;
+  int device = -1;              ///< this process's ordinal of the device
+  std::shared_ptr<void> owner;  ///< closes the handle (unmaps) when the last copy goes
+};
 
 class DeviceRuntime {
  public:
@@ -49,6 +84,31 @@ class DeviceRuntime {
   /// Makes `consumer` wait for the work queued so far on `producer` (an event recorded on one and waited on by the
   /// other, on `device`), without blocking the host. Equal streams: nothing to do.
   virtual void stream_wait(Device device, intptr_t producer, intptr_t consumer) const = 0;
+
+  // ---- between processes (CUDA IPC). The defaults answer "not supported by this runtime". ----
+  /// How another process can open the allocation holding [ptr, ptr + span) on `device` without a copy: a VMM fd, a
+  /// legacy handle, or Kind::none with the reason (memory from a stream-ordered pool, a range that crosses
+  /// allocations, memory this process opened from another's handle, a driver without IPC).
+  virtual DeviceExport export_memory(Device device, uintptr_t ptr, uint64_t span) const;
+  /// A device allocation of its own (never shared with other blocks) that export_memory can send: VMM with a POSIX
+  /// fd. `owner` in the result frees it. Throws Error naming why (out_of_memory, no VMM support).
+  virtual DeviceExport allocate_exportable(Device device, size_t nbytes) const;
+  /// An interprocess event on `device` (timing disabled), with its handle.
+  virtual IpcEvent create_ipc_event(Device device) const;
+  /// Records `event` on `stream`; with `chain`, `stream` first waits for the event's previous record, so the new
+  /// record completes only after everything it covered before (an event re-recorded while a consumer may still
+  /// wait on it never covers less).
+  virtual void record_ipc_event(const IpcEvent& event, intptr_t stream, bool chain) const;
+  /// Opens another process's event on the device with `uuid`.
+  virtual IpcEvent open_ipc_event(const std::array<uint8_t, 16>& uuid, const std::array<uint8_t, 64>& handle) const;
+  /// Opens another process's export (`fd` for vmm, borrowed; `handle` + `handle_offset` for legacy) of `bytes` on
+  /// the device with `uuid`. Throws Error(device_unavailable) when this process has no such device.
+  virtual DeviceImport open_memory(DeviceExport::Kind kind, const std::array<uint8_t, 16>& uuid, int fd,
+                                   const std::array<uint8_t, 64>& handle, uint64_t handle_offset,
+                                   uint64_t bytes) const;
+  /// Makes this process's receive stream of the event's device wait for `event` (queued: the host never waits);
+  /// returns that stream, on which received tensors are ordered.
+  virtual intptr_t wait_ipc_event(const IpcEvent& event) const;
 };
 
 /// The installed runtime, or one that answers "no device runtime is installed" to everything.

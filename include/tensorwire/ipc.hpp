@@ -80,6 +80,22 @@ struct Message {
   std::vector<std::string> keys;  ///< dict only: one per tensor, unique
 };
 
+/// How one send() goes (the overloads without it take the defaults).
+struct SendOptions {
+  /// Merged into each tensor's metadata (these win).
+  Metadata metadata{};
+  Timeout timeout = std::nullopt;
+  /// nullopt: without a copy where a zero-copy path exists (a loan; a caller's CUDA allocation the driver can
+  /// share), else exactly one copy into the pool. false: never copy — Error(copy_required) naming why, when
+  /// there is no zero-copy path. true: always one copy into the pool (the caller may reuse its memory at once).
+  std::optional<bool> copy = std::nullopt;
+  /// CUDA tensors: the stream (a CUstream handle; 1 legacy default, 2 per-thread default) whose work wrote the
+  /// tensor. The publisher records an interprocess event there before the message goes out, and subscribers'
+  /// streams wait on that event (never the host). nullopt: the stream the tensor carries (Tensor::stream(), set
+  /// when it was imported or made on a stream), else the legacy default. Host tensors: must be nullopt.
+  std::optional<intptr_t> stream = std::nullopt;
+};
+
 struct PublisherOptions {
   /// Messages each subscriber's ring holds (>= 1).
   size_t depth = 8;
@@ -118,6 +134,10 @@ struct PublisherOptions {
 struct SubscriberOptions {
   /// Accept a publisher of another user (the default accepts the subscriber's own uid only).
   bool allow_other_users = false;
+  /// Deliver every tensor on this device: what arrives elsewhere is copied there on receive (Device::cpu() on a
+  /// machine without a GPU receives CUDA tensors as host copies). nullopt: tensors arrive where they were sent,
+  /// and a CUDA tensor this process cannot open (no driver, no such GPU) is an error at recv naming why.
+  std::optional<Device> device = std::nullopt;
 
   // -- across machines (UCX) --
   /// Subscribe to a remote publisher at "host:port" (its PublisherOptions::listen) instead of shared memory.
@@ -169,14 +189,20 @@ class Publisher {
   /// block when nothing can be dropped) for at most `timeout` (TimeoutError). Throws Error(out_of_memory) when the
   /// machine cannot provide the buffer.
   Tensor loan(const Shape& shape, DType dtype, Timeout timeout = std::nullopt);
+  /// The same on `device`: Device::cpu() as above; Device::cuda(n) a device buffer of the publisher's IPC pool
+  /// (a VMM allocation of its own, exported as a POSIX fd), ordered on the legacy default stream: fill it on any
+  /// stream and send it with SendOptions::stream naming that stream. Throws Error(device_unavailable) without a
+  /// driver or such a device.
+  Tensor loan(const Shape& shape, DType dtype, Device device, Timeout timeout = std::nullopt);
 
   /// Delivers `t` to every current subscriber, or to none: with t.metadata() merged with `extra` (extra wins). A
   /// tensor that is a view of a pool buffer (from loan()) crosses with no copy, keeping its strides and offset;
-  /// any other host tensor is packed into a pool buffer with one tw::copy. A loan someone could still write after
+  /// any other host tensor is packed into a pool buffer with one tw::copy (received tensors say "shm" or
+  /// "shm-copy" in Buffer::transport; CUDA tensors "cuda-vmm", "cuda-ipc" or "cuda-copy"). A loan someone could still write after
   /// this call (this overload keeps the caller's handle) becomes read-only in this process until loaned again, so
   /// a stale write faults instead of changing what subscribers hold (PublisherOptions::protect_sent_loans).
   /// Returns the number of subscribers that got it. Throws Error(invalid_argument) when closed or in a fork()ed
-  /// child, Error(unsupported) for non-host memory, Error(invalid_argument) for oversized metadata,
+  /// child, Error(unsupported) for memory other than host or CUDA, Error(invalid_argument) for oversized metadata,
   /// WouldBlockError under OnFull::raise, TimeoutError when `timeout` passes first (then nobody got it).
   size_t send(const Tensor& t, const Metadata& extra = {}, Timeout timeout = std::nullopt);
   /// Delivers several tensors as one message, atomically: a subscriber's recv_message() returns them with the same
@@ -190,6 +216,12 @@ class Publisher {
   /// loan with no other views, copies or escaped raw pointers (Buffer::escaped) is not made read-only (faster).
   /// The tensor is consumed only when the send succeeds.
   size_t send(Tensor&& t, const Metadata& extra = {}, Timeout timeout = std::nullopt);
+  /// The same four with SendOptions (copy, stream). CUDA tensors cross as (allocation handle, offset, layout,
+  /// device, event): see "CUDA between processes" in the README.
+  size_t send(const Tensor& t, const SendOptions& options);
+  size_t send(Tensor&& t, const SendOptions& options);
+  size_t send(const Message& message, const SendOptions& options);
+  size_t send(Message&& message, const SendOptions& options);
 
   /// Ends the stream: subscribers drain what is queued, then see end-of-stream. Loaned tensors stay valid.
   /// Idempotent.

@@ -48,6 +48,10 @@ tw::DType parse_dtype(nb::handle h);
 /// Parses the `device=` argument: None, "cpu", "cuda:1", a tw.Device, or a (device_type, id) tuple.
 std::optional<tw::Device> parse_device(nb::handle h);
 
+/// Parses a `stream=` argument: None, an int handle (1 legacy default, 2 per-thread default), or a stream object
+/// (__cuda_stream__, torch's .cuda_stream, CuPy's .ptr).
+std::optional<intptr_t> parse_stream(nb::handle h);
+
 /// The tw.Tensor Python type, and wrapping/unwrapping.
 nb::object wrap(tw::Tensor t);
 bool is_tensor(nb::handle h);

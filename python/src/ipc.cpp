@@ -145,7 +145,17 @@ nb::object wrap_received(tw::Subscriber::Received&& r) {
 
 // Publisher.send of a dict / list / tuple: one message of several tensors. Loans among them cross with no copy
 // and are spent once it is sent; every value is converted with tw.asarray first.
-size_t send_message(tw::Publisher& p, nb::handle obj, nb::handle metadata, nb::handle timeout) {
+// SendOptions from the keyword arguments (timeout is applied in slices by the caller).
+tw::SendOptions send_options(nb::handle metadata, std::optional<bool> copy, nb::handle stream) {
+  tw::SendOptions o;
+  o.metadata = metadata_from(metadata);
+  o.copy = copy;
+  o.stream = parse_stream(stream);
+  return o;
+}
+
+size_t send_message(tw::Publisher& p, nb::handle obj, nb::handle metadata, nb::handle timeout,
+                    std::optional<bool> copy, nb::handle stream) {
   tw::Message m;
   std::vector<nb::object> values;  // the Python objects, kept alive for the send
   if (PyDict_Check(obj.ptr())) {
@@ -189,13 +199,16 @@ size_t send_message(tw::Publisher& p, nb::handle obj, nb::handle metadata, nb::h
     srcs.push_back(&t);
     loaned.push_back(owned);
   }
-  const tw::Metadata extra = metadata_from(metadata);  // (before anything is moved: it may raise)
+  tw::SendOptions o = send_options(metadata, copy, stream);  // (before anything is moved: it may raise)
   // Loans are handed over (moved: their Python objects are spent once the message is sent, and get them back if
   // it is not); everything else is shared.
   m.tensors.reserve(srcs.size());
   for (size_t i = 0; i < srcs.size(); ++i) m.tensors.push_back(loaned[i] ? std::move(*srcs[i]) : *srcs[i]);
   try {
-    return sliced(timeout, [&](tw::Timeout slice) { return p.send(std::move(m), extra, slice); });
+    return sliced(timeout, [&](tw::Timeout slice) {
+      o.timeout = slice;
+      return p.send(std::move(m), o);
+    });
   } catch (...) {
     for (size_t i = 0; i < srcs.size(); ++i)
       if (loaned[i]) *srcs[i] = std::move(m.tensors[i]);
@@ -295,11 +308,12 @@ void register_ipc(nb::module_& m) {
            "(no host: loopback only; a reachable address needs token='secret' or insecure=True; data is not "
            "encrypted); keepalive: seconds of silence after which a remote subscriber is dropped.")
       .def("send",
-           [](tw::Publisher& p, nb::handle obj, nb::handle metadata, nb::handle timeout) -> size_t {
+           [](tw::Publisher& p, nb::handle obj, nb::handle metadata, nb::handle timeout, std::optional<bool> copy,
+              nb::handle stream) -> size_t {
              if (p.closed())
                throw tw::Error(tw::ErrorCode::invalid_argument, "send on a closed tensorwire.Publisher('" + p.name() + "')");
              if (PyDict_Check(obj.ptr()) || PyList_Check(obj.ptr()) || PyTuple_Check(obj.ptr()))
-               return send_message(p, obj, metadata, timeout);
+               return send_message(p, obj, metadata, timeout, copy, stream);
              nb::object converted;
              const bool is_t = is_tensor(obj);
              if (!is_t) converted = nb::module_::import_("tensorwire").attr("asarray")(obj);
@@ -308,7 +322,7 @@ void register_ipc(nb::module_& m) {
                throw tw::Error(tw::ErrorCode::invalid_argument,
                                "Publisher.send: this tensor is spent (a loan is handed over by the send that "
                                "delivers it; loan again, or send a copy)");
-             tw::Metadata extra = metadata_from(metadata);
+             tw::SendOptions o = send_options(metadata, copy, stream);
              bool loaned;
              {
                nb::gil_scoped_release nogil;
@@ -318,24 +332,36 @@ void register_ipc(nb::module_& m) {
                throw nb::buffer_error("tensorwire.Publisher.send: this loaned tensor has other live exports "
                                       "(views, NumPy arrays, memoryviews or DLPack capsules); release them "
                                       "before sending, or send a copy");
-             if (!loaned) return sliced(timeout, [&](tw::Timeout slice) { return p.send(src, extra, slice); });
+             if (!loaned || copy == true)
+               return sliced(timeout, [&](tw::Timeout slice) {
+                 o.timeout = slice;
+                 return p.send(src, o);
+               });
              // A loan is handed over whole: the Python object is spent once it is sent (and stays usable when the
              // send fails: an rvalue send consumes only on success).
              tw::Tensor t = std::move(src);
              try {
-               return sliced(timeout, [&](tw::Timeout slice) { return p.send(std::move(t), extra, slice); });
+               return sliced(timeout, [&](tw::Timeout slice) {
+                 o.timeout = slice;
+                 return p.send(std::move(t), o);
+               });
              } catch (...) {
                src = std::move(t);
                throw;
              }
            },
-           "obj"_a, "metadata"_a = nb::none(), nb::kw_only(), "timeout"_a = nb::none(),
+           "obj"_a, "metadata"_a = nb::none(), nb::kw_only(), "timeout"_a = nb::none(), "copy"_a = nb::none(),
+           "stream"_a = nb::none(),
            "Delivers obj (anything tw.asarray accepts) to every current subscriber, or to none, with its metadata "
-           "merged with `metadata`; returns how many subscribers got it. A loan()ed tensor crosses with no copy and is spent afterwards (its memory "
-           "becomes read-only here); anything else is copied once. Waits for full subscribers (on_full='block') "
+           "merged with `metadata`; returns how many subscribers got it. A loan()ed tensor crosses with no copy and "
+           "is spent afterwards (its memory becomes read-only here); a CUDA tensor crosses by its allocation's "
+           "handle where the driver can share it; anything else is copied once. copy=False raises tw.CopyError "
+           "when there is no zero-copy path; copy=True always copies. stream: the CUDA stream that wrote the "
+           "tensor (subscribers wait on an event recorded there). Waits for full subscribers (on_full='block') "
            "at most `timeout` seconds, then raises TimeoutError naming the subscriber; nobody got the message then.")
       .def("loan",
-           [](tw::Publisher& p, nb::handle shape, nb::handle dtype, nb::handle timeout) -> nb::object {
+           [](tw::Publisher& p, nb::handle shape, nb::handle dtype, nb::handle timeout, nb::handle device) -> nb::object {
+             const tw::Device dev = parse_device(device).value_or(tw::Device::cpu());
              // Several loans at once: a dict of name -> shape (or (shape, dtype)), or a list of them; one shape is
              // an int or a tuple/list of ints.
              auto one = [&](nb::handle spec) {
@@ -347,7 +373,7 @@ void register_ipc(nb::module_& m) {
                }
                const tw::Dims s = shape_from(sh);
                const tw::DType d = parse_dtype(dt);
-               return wrap(sliced(timeout, [&](tw::Timeout slice) { return p.loan(s, d, slice); }));
+               return wrap(sliced(timeout, [&](tw::Timeout slice) { return p.loan(s, d, dev, slice); }));
              };
              if (PyDict_Check(shape.ptr())) {
                nb::dict out;
@@ -364,8 +390,9 @@ void register_ipc(nb::module_& m) {
              }
              return one(shape);
            },
-           "shape"_a, "dtype"_a = "float32", nb::kw_only(), "timeout"_a = nb::none(),
-           "A writable tensor in shared memory: fill it, then send() it with no copy. Waits at most `timeout` "
+           "shape"_a, "dtype"_a = "float32", nb::kw_only(), "timeout"_a = nb::none(), "device"_a = nb::none(),
+           "A writable tensor in shared memory (device='cuda:0': in the publisher's CUDA IPC pool): fill it, then "
+           "send() it with no copy. Waits at most `timeout` "
            "seconds for a free pool buffer (TimeoutError names who holds them); MemoryError when the machine "
            "cannot provide it. Several at once: a dict of name -> shape or (shape, dtype), or a list of them, "
            "returns the same structure of loans (send it as one message).")
@@ -409,8 +436,10 @@ void register_ipc(nb::module_& m) {
                              "returns a read-only tw.Tensor (zero-copy), raising TimeoutError or EOFError at "
                              "end-of-stream; iterate until end-of-stream; fileno() for selectors and asyncio.")
       .def("__init__", [](tw::Subscriber* self, const std::string& name, std::optional<std::string> connect,
-                          std::optional<std::string> token, double keepalive, uint64_t max_message_bytes) {
+                          std::optional<std::string> token, double keepalive, uint64_t max_message_bytes,
+                          nb::handle device) {
              tw::SubscriberOptions o;
+             o.device = parse_device(device);
              o.connect = connect.value_or("");
              o.token = token.value_or("");
              if (token && token->empty()) throw nb::value_error("token must not be empty (omit it, or give a secret)");
@@ -419,11 +448,13 @@ void register_ipc(nb::module_& m) {
              nb::gil_scoped_release nogil;
              new (self) tw::Subscriber(name, o);
            }, "name"_a, nb::kw_only(), "connect"_a = nb::none(), "token"_a = nb::none(), "keepalive"_a = 10.0,
-           "max_message_bytes"_a = uint64_t{1} << 34,
+           "max_message_bytes"_a = uint64_t{1} << 34, "device"_a = nb::none(),
            "Subscribe to topic `name`; the publisher may start before or after, and each message sent while "
            "connected arrives once. connect='host:port' subscribes to a publisher on another machine (its "
            "listen=) over UCX, retrying until it is there; token= proves the shared secret (and checks the "
-           "publisher's proof); keepalive: seconds of publisher silence that end the stream.")
+           "publisher's proof); keepalive: seconds of publisher silence that end the stream. device='cpu' (or "
+           "'cuda:N') delivers every tensor there, copying what arrives elsewhere; without it a CUDA tensor this "
+           "process cannot open is an error at recv.")
       .def("recv", &recv, "timeout"_a = nb::none(),
            "The next message as a read-only tensor. timeout=None waits (interruptible, GIL released); raises "
            "TimeoutError when the timeout passes and EOFError at end-of-stream.")

@@ -381,6 +381,42 @@ tw::DType parse_dtype(nb::handle h) {
                       Py_TYPE(h.ptr())->tp_name + " (" + why + ")");
 }
 
+// A CUDA stream argument: an int handle (1 legacy default, 2 per-thread default), an object with
+// __cuda_stream__ (the CUDA stream protocol: returns (version, handle)), a torch.cuda.Stream (.cuda_stream) or a
+// cupy Stream (.ptr). None: nullopt.
+std::optional<intptr_t> parse_stream(nb::handle h) {
+  if (h.is_none()) return std::nullopt;
+  nb::object v;
+  bool object = true;
+  if (PyLong_Check(h.ptr()) && !PyBool_Check(h.ptr())) {
+    v = nb::borrow(h);
+    object = false;
+  } else if (nb::hasattr(h, "__cuda_stream__")) {
+    nb::object r = h.attr("__cuda_stream__")();
+    if (!nb::isinstance<nb::tuple>(r) || nb::len(r) != 2)
+      throw tw::Error(tw::ErrorCode::type_mismatch, "stream: __cuda_stream__() must return (version, handle)");
+    v = nb::borrow<nb::tuple>(r)[1];
+  } else if (nb::hasattr(h, "cuda_stream")) {
+    v = h.attr("cuda_stream");
+  } else if (nb::hasattr(h, "ptr") && !nb::isinstance<tw::Tensor>(h)) {
+    v = h.attr("ptr");
+  } else {
+    throw tw::Error(tw::ErrorCode::type_mismatch,
+                    std::string("stream must be None, an int handle, or a stream object (__cuda_stream__, "
+                                "torch.cuda.Stream, cupy.cuda.Stream), not ") + Py_TYPE(h.ptr())->tp_name);
+  }
+  if (!PyLong_Check(v.ptr()) || PyBool_Check(v.ptr()))
+    throw tw::Error(tw::ErrorCode::type_mismatch, "stream: the handle is not an int");
+  const int64_t x = int64_arg(v, "stream");
+  // A stream object's handle 0 is its library's default stream: torch's and CuPy's are the legacy one.
+  if (x == 0 && object) return intptr_t{1};
+  if (x == 0)
+    throw tw::Error(tw::ErrorCode::invalid_argument, "stream 0 is ambiguous (the legacy or the per-thread default "
+                                                     "stream); pass 1 (legacy), 2 (per-thread) or a stream handle");
+  if (x < 0) throw tw::Error(tw::ErrorCode::invalid_argument, "stream " + std::to_string(x) + " is not a stream");
+  return static_cast<intptr_t>(x);
+}
+
 namespace {
 
 nb::handle g_tensor_type;
@@ -421,41 +457,6 @@ tw::MemoryOrder parse_order(const std::string& order) {
 // Copies at least this big release the GIL.
 constexpr int64_t kReleaseGilBytes = 1 << 16;
 
-// A CUDA stream argument: an int handle (1 legacy default, 2 per-thread default), an object with
-// __cuda_stream__ (the CUDA stream protocol: returns (version, handle)), a torch.cuda.Stream (.cuda_stream) or a
-// cupy Stream (.ptr). None: nullopt.
-std::optional<intptr_t> parse_stream(nb::handle h) {
-  if (h.is_none()) return std::nullopt;
-  nb::object v;
-  bool object = true;
-  if (PyLong_Check(h.ptr()) && !PyBool_Check(h.ptr())) {
-    v = nb::borrow(h);
-    object = false;
-  } else if (nb::hasattr(h, "__cuda_stream__")) {
-    nb::object r = h.attr("__cuda_stream__")();
-    if (!nb::isinstance<nb::tuple>(r) || nb::len(r) != 2)
-      throw tw::Error(tw::ErrorCode::type_mismatch, "stream: __cuda_stream__() must return (version, handle)");
-    v = nb::borrow<nb::tuple>(r)[1];
-  } else if (nb::hasattr(h, "cuda_stream")) {
-    v = h.attr("cuda_stream");
-  } else if (nb::hasattr(h, "ptr") && !nb::isinstance<tw::Tensor>(h)) {
-    v = h.attr("ptr");
-  } else {
-    throw tw::Error(tw::ErrorCode::type_mismatch,
-                    std::string("stream must be None, an int handle, or a stream object (__cuda_stream__, "
-                                "torch.cuda.Stream, cupy.cuda.Stream), not ") + Py_TYPE(h.ptr())->tp_name);
-  }
-  if (!PyLong_Check(v.ptr()) || PyBool_Check(v.ptr()))
-    throw tw::Error(tw::ErrorCode::type_mismatch, "stream: the handle is not an int");
-  const int64_t x = int64_arg(v, "stream");
-  // A stream object's handle 0 is its library's default stream: torch's and CuPy's are the legacy one.
-  if (x == 0 && object) return intptr_t{1};
-  if (x == 0)
-    throw tw::Error(tw::ErrorCode::invalid_argument, "stream 0 is ambiguous (the legacy or the per-thread default "
-                                                     "stream); pass 1 (legacy), 2 (per-thread) or a stream handle");
-  if (x < 0) throw tw::Error(tw::ErrorCode::invalid_argument, "stream " + std::to_string(x) + " is not a stream");
-  return static_cast<intptr_t>(x);
-}
 
 nb::dict pool_stats_dict(const tw::cuda::PoolStats& st) {
   nb::dict d;

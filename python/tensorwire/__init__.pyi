@@ -188,18 +188,41 @@ class Publisher:
         keepalive: float = 10.0,
     ) -> None: ...
     def send(
-        self, obj: Any, metadata: dict[str, _MetaValue] | None = None, *, timeout: float | None = None
+        self,
+        obj: Any,
+        metadata: dict[str, _MetaValue] | None = None,
+        *,
+        timeout: float | None = None,
+        copy: bool | None = None,
+        stream: Any = None,
     ) -> int: ...
     @overload
     def loan(
-        self, shape: int | tuple[int, ...], dtype: DTypeLike = "float32", *, timeout: float | None = None
+        self,
+        shape: int | tuple[int, ...],
+        dtype: DTypeLike = "float32",
+        *,
+        timeout: float | None = None,
+        device: _DeviceLike | None = None,
     ) -> Tensor: ...
     @overload
     def loan(
-        self, shape: dict[str, Any], dtype: DTypeLike = "float32", *, timeout: float | None = None
+        self,
+        shape: dict[str, Any],
+        dtype: DTypeLike = "float32",
+        *,
+        timeout: float | None = None,
+        device: _DeviceLike | None = None,
     ) -> dict[str, Tensor]: ...
     @overload
-    def loan(self, shape: list[Any], dtype: DTypeLike = "float32", *, timeout: float | None = None) -> list[Tensor]: ...
+    def loan(
+        self,
+        shape: list[Any],
+        dtype: DTypeLike = "float32",
+        *,
+        timeout: float | None = None,
+        device: _DeviceLike | None = None,
+    ) -> list[Tensor]: ...
     def close(self) -> None: ...
     def __enter__(self) -> Publisher: ...
     def __exit__(self, *args: object) -> None: ...
@@ -227,6 +250,7 @@ class Subscriber:
         token: str | None = None,
         keepalive: float = 10.0,
         max_message_bytes: int = 17179869184,
+        device: _DeviceLike | None = None,
     ) -> None: ...
     # A Tensor, or the dict / list / tuple of Tensors a message of several tensors was sent as.
     def recv(self, timeout: float | None = None) -> Any: ...

@@ -28,7 +28,30 @@ class NoRuntime final : public DeviceRuntime {
 const NoRuntime g_none;
 std::atomic<const DeviceRuntime*> g_runtime{nullptr};
 
+[[noreturn]] void no_ipc(const DeviceRuntime& r, const char* what) {
+  const std::string st = r.status();
+  throw Error(ErrorCode::device_unavailable, std::string(what) + ": this device runtime has no CUDA IPC" +
+                                                 (st.empty() ? std::string() : " (" + st + ")"));
+}
+
 }  // namespace
+
+DeviceExport DeviceRuntime::export_memory(Device, uintptr_t, uint64_t) const {
+  DeviceExport e;
+  e.why = "this device runtime has no CUDA IPC";
+  return e;
+}
+DeviceExport DeviceRuntime::allocate_exportable(Device, size_t) const { no_ipc(*this, "allocate shareable device memory"); }
+IpcEvent DeviceRuntime::create_ipc_event(Device) const { no_ipc(*this, "create an interprocess event"); }
+void DeviceRuntime::record_ipc_event(const IpcEvent&, intptr_t, bool) const { no_ipc(*this, "record an interprocess event"); }
+IpcEvent DeviceRuntime::open_ipc_event(const std::array<uint8_t, 16>&, const std::array<uint8_t, 64>&) const {
+  no_ipc(*this, "open another process's event");
+}
+DeviceImport DeviceRuntime::open_memory(DeviceExport::Kind, const std::array<uint8_t, 16>&, int,
+                                        const std::array<uint8_t, 64>&, uint64_t, uint64_t) const {
+  no_ipc(*this, "open another process's device memory");
+}
+intptr_t DeviceRuntime::wait_ipc_event(const IpcEvent&) const { no_ipc(*this, "wait for another process's event"); }
 
 const DeviceRuntime& device_runtime() noexcept {
   const DeviceRuntime* r = g_runtime.load(std::memory_order_acquire);

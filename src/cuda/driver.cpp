@@ -87,6 +87,15 @@ Driver load_real() {
   TW_RESOLVE(cuMemUnmap);
   TW_RESOLVE(cuMemSetAccess);
   TW_RESOLVE(cuMemExportToShareableHandle);
+  TW_RESOLVE(cuMemImportFromShareableHandle);
+  TW_RESOLVE(cuMemRetainAllocationHandle);
+  TW_RESOLVE(cuIpcGetMemHandle);
+  TW_RESOLVE(cuIpcOpenMemHandle);
+  TW_RESOLVE(cuIpcCloseMemHandle);
+  TW_RESOLVE(cuIpcGetEventHandle);
+  TW_RESOLVE(cuIpcOpenEventHandle);
+  TW_RESOLVE(cuDeviceGetUuid);
+  TW_RESOLVE(cuStreamCreate);
 #undef TW_RESOLVE
   const std::pair<const char*, const void*> required[] = {
       {"cuInit", reinterpret_cast<const void*>(a.cuInit)},

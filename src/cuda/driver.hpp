@@ -48,6 +48,22 @@ inline constexpr int kMemHandleTypePosixFd = 1;          // CU_MEM_HANDLE_TYPE_P
 inline constexpr int kMemLocationTypeDevice = 1;         // CU_MEM_LOCATION_TYPE_DEVICE
 inline constexpr int kMemAccessReadWrite = 3;            // CU_MEM_ACCESS_FLAGS_PROT_READWRITE
 inline constexpr int kMemGranularityRecommended = 1;     // CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
+inline constexpr unsigned kEventInterprocess = 0x4;      // CU_EVENT_INTERPROCESS (with CU_EVENT_DISABLE_TIMING)
+inline constexpr unsigned kIpcLazyPeerAccess = 0x1;      // CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+inline constexpr unsigned kStreamNonBlocking = 0x1;      // CU_STREAM_NON_BLOCKING
+inline constexpr int kPointerAttrLegacyIpcCapable = 10;  // CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE
+inline constexpr int kPointerAttrAllowedHandleTypes = 14;  // CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES
+inline constexpr int kPointerAttrMempoolHandle = 17;     // CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE
+inline constexpr int kPointerAttrMappingSize = 18;       // CU_POINTER_ATTRIBUTE_MAPPING_SIZE
+inline constexpr int kPointerAttrMappingBase = 19;       // CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR
+
+/// CUipcMemHandle / CUipcEventHandle (CU_IPC_HANDLE_SIZE = 64 bytes, passed by value) and CUuuid.
+struct IpcHandle {
+  unsigned char bytes[64];
+};
+struct Uuid {
+  unsigned char bytes[16];
+};
 
 // CUmemLocation, CUmemAllocationProp, CUmemAccessDesc (driver API reference, "Virtual Memory Management").
 struct MemLocation {
@@ -113,6 +129,16 @@ struct Api {
   CUresult (*cuMemUnmap)(CUdeviceptr, size_t) = nullptr;
   CUresult (*cuMemSetAccess)(CUdeviceptr, size_t, const MemAccessDesc*, size_t) = nullptr;
   CUresult (*cuMemExportToShareableHandle)(void*, CUmemHandle, int, unsigned long long) = nullptr;
+  // optional: between processes
+  CUresult (*cuMemImportFromShareableHandle)(CUmemHandle*, void*, int) = nullptr;
+  CUresult (*cuMemRetainAllocationHandle)(CUmemHandle*, void*) = nullptr;
+  CUresult (*cuIpcGetMemHandle)(IpcHandle*, CUdeviceptr) = nullptr;
+  CUresult (*cuIpcOpenMemHandle)(CUdeviceptr*, IpcHandle, unsigned) = nullptr;  // _v2 at the 12.0 ABI
+  CUresult (*cuIpcCloseMemHandle)(CUdeviceptr) = nullptr;
+  CUresult (*cuIpcGetEventHandle)(IpcHandle*, CUevent) = nullptr;
+  CUresult (*cuIpcOpenEventHandle)(CUevent*, IpcHandle) = nullptr;
+  CUresult (*cuDeviceGetUuid)(Uuid*, CUdevice) = nullptr;  // _v2 at the 12.0 ABI
+  CUresult (*cuStreamCreate)(CUstream*, unsigned) = nullptr;
 };
 
 /// The loaded driver: its table, or why there is none.

@@ -4,6 +4,7 @@
 
 #include "cuda/copy.hpp"
 #include "cuda/driver.hpp"
+#include "cuda/ipc.hpp"
 #include "cuda/pool.hpp"
 #include "tensorwire/copy.hpp"
 #include "tensorwire/cuda.hpp"
@@ -220,6 +221,30 @@ class CudaRuntime final : public DeviceRuntime {
     check_stream(device.id, consumer, "order CUDA streams");
     detail::stream_wait(device.id, producer, consumer);
   }
+  DeviceExport export_memory(Device device, uintptr_t ptr, uint64_t span) const override {
+    check_device(device, "export CUDA memory");
+    return detail::export_memory(device.id, ptr, span);
+  }
+  DeviceExport allocate_exportable(Device device, size_t nbytes) const override {
+    check_device(device, "allocate shareable CUDA memory");
+    return detail::allocate_exportable(device.id, nbytes);
+  }
+  IpcEvent create_ipc_event(Device device) const override {
+    check_device(device, "create an interprocess CUDA event");
+    return detail::create_ipc_event(device.id);
+  }
+  void record_ipc_event(const IpcEvent& event, intptr_t stream, bool chain) const override {
+    detail::record_ipc_event(event, stream, chain);
+  }
+  IpcEvent open_ipc_event(const std::array<uint8_t, 16>& uuid, const std::array<uint8_t, 64>& handle) const override {
+    return detail::open_ipc_event(uuid, handle);
+  }
+  DeviceImport open_memory(DeviceExport::Kind kind, const std::array<uint8_t, 16>& uuid, int fd,
+                           const std::array<uint8_t, 64>& handle, uint64_t handle_offset,
+                           uint64_t bytes) const override {
+    return detail::open_memory(kind, uuid, fd, handle, handle_offset, bytes);
+  }
+  intptr_t wait_ipc_event(const IpcEvent& event) const override { return detail::wait_ipc_event(event); }
 };
 const CudaRuntime g_runtime;
 

@@ -70,6 +70,19 @@ bool SubscriberChannel::announce(size_t slot, uint64_t segment_id, uint64_t byte
   return false;
 }
 
+bool SubscriberChannel::announce_cuda(size_t slot, uint64_t segment_id, uint64_t bytes, const CudaSegmentInfo& info,
+                                      int fd) {
+  const CudaSegmentWire w = encode_cuda_segment(segment_id, bytes, info);
+  const SendResult r = os::send_packet(sock_.get(), &w, sizeof w,
+                                       fd >= 0 ? std::span<const int>(&fd, 1) : std::span<const int>(), 0);
+  if (r == SendResult::sent) {
+    announced[slot] = segment_id;
+    return true;
+  }
+  control_failed(r);
+  return false;
+}
+
 void SubscriberChannel::retire(size_t slot, uint64_t segment_id) {
   if (announced[slot] != segment_id) return;
   // Not sent: the subscriber keeps a stale mapping (harmless: no message names that segment again) unless it is

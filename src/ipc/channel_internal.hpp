@@ -54,6 +54,8 @@ class SubscriberChannel {
 
   /// Sends a segment's fd once; false when the subscriber could not take it (then it is stopped or dead).
   bool announce(size_t slot, uint64_t segment_id, uint64_t bytes, int fd);
+  /// The same for a CUDA segment (CUDA_SEGMENT): `fd` is the VMM fd, or -1 for a legacy handle.
+  bool announce_cuda(size_t slot, uint64_t segment_id, uint64_t bytes, const CudaSegmentInfo& info, int fd);
   /// Tells the subscriber a segment left the pool, if it had mapped it.
   void retire(size_t slot, uint64_t segment_id);
   /// Ends the stream (the publisher closes): the ring says closed, BYE goes out.

@@ -7,6 +7,7 @@
 // pure functions of their input so a fuzzer can feed them hostile bytes (fuzz/fuzz_ipc_message.cpp).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -56,7 +57,7 @@ std::string subscriber_address_prefix(std::string_view name);
 // ---- wire format ------------------------------------------------------------------------------------------------
 
 inline constexpr uint32_t kMagic = 0x50495754;  // "TWIP" little-endian
-inline constexpr uint16_t kWireVersion = 2;  // 2: groups of tensors, memory kind
+inline constexpr uint16_t kWireVersion = 3;  // 2: groups of tensors, memory kind; 3: CUDA segments, kPacked
 inline constexpr size_t kCacheLine = 64;
 
 /// Descriptor flags. A message of several tensors (a group) is one header cell (kGroupHead; `group` = the number
@@ -65,13 +66,20 @@ inline constexpr size_t kCacheLine = 64;
 /// every part; a publisher dropping the oldest drops whole groups.
 inline constexpr uint16_t kGroupHead = 1;
 inline constexpr uint16_t kGroupPart = 2;
-inline constexpr uint16_t kKnownFlags = kGroupHead | kGroupPart;
+/// The publisher copied the tensor into the pool buffer (it was not a loan or a zero-copy export): received
+/// tensors say "shm-copy" / "cuda-copy" in Tensor::transport.
+inline constexpr uint16_t kPacked = 4;
+inline constexpr uint16_t kKnownFlags = kGroupHead | kGroupPart | kPacked;
 /// Tensors in one message at most.
 inline constexpr uint32_t kMaxGroup = 256;
 
-/// Which memory a descriptor's segment is: the pool kind that owns it. Only host memory crosses today; a CUDA
-/// pool is the second kind.
+/// Which memory a descriptor's segment is: a host memfd (SEGMENT) or a CUDA allocation (CUDA_SEGMENT).
 enum class MemoryKind : uint8_t { host = 0, cuda = 1 };
+
+/// How a subscriber opens a CUDA segment: a VMM allocation's POSIX fd (crossing with SCM_RIGHTS; tensorwire's own
+/// pool, or a caller's cuMemCreate memory such as PyTorch's expandable segments), or a legacy CUipcMemHandle of a
+/// cudaMalloc allocation's base (PyTorch's caching allocator), opened once per process with cuIpcOpenMemHandle.
+enum class CudaHandle : uint8_t { vmm = 1, legacy = 2 };
 
 /// One message: which allocation, and the tensor's layout relative to it. Fixed size, trivially copyable; the
 /// encoded metadata follows it in the ring cell.
@@ -169,6 +177,7 @@ enum class ControlType : uint16_t {
   retire = 3,   ///< id: a segment that leaves the pool (drop the cached mapping)
   bye = 4,      ///< the publisher closes the stream
   refused = 5,  ///< the publisher turns this subscriber away; id: a RefuseReason
+  cuda_segment = 6,  ///< a CudaSegmentWire; fds: the VMM fd (CudaHandle::vmm) or none (legacy); id, size as SEGMENT
 };
 
 /// Why a publisher refused a subscriber (ControlType::refused).
@@ -187,19 +196,54 @@ struct ControlWire {
 };
 static_assert(std::is_trivially_copyable_v<ControlWire> && sizeof(ControlWire) == 32);
 
+/// A CUDA segment's announcement: the memory (a device allocation, or the part of one a slot exports) and the
+/// IPC event the publisher records on the producer's stream before each message naming the segment.
+struct CudaSegmentWire {
+  ControlWire head;          ///< type cuda_segment; id; size: the bytes a subscriber may address
+  int32_t device;            ///< the publisher's CUDA ordinal (subscribers on the same machine see the same GPUs)
+  uint8_t handle_kind;       ///< CudaHandle
+  uint8_t reserved0;
+  uint16_t reserved1;
+  uint64_t handle_offset;    ///< legacy: where the segment starts in the allocation the handle opens
+  uint8_t device_uuid[16];   ///< the device's UUID: ordinals differ between processes (CUDA_VISIBLE_DEVICES)
+  uint8_t mem_handle[64];    ///< legacy: the CUipcMemHandle (vmm: zero; the fd crosses with SCM_RIGHTS)
+  uint8_t event_handle[64];  ///< the CUipcEventHandle of the segment's event
+};
+static_assert(std::is_trivially_copyable_v<CudaSegmentWire> && std::is_standard_layout_v<CudaSegmentWire>);
+static_assert(offsetof(CudaSegmentWire, device) == 32);
+static_assert(offsetof(CudaSegmentWire, handle_offset) == 40);
+static_assert(offsetof(CudaSegmentWire, device_uuid) == 48);
+static_assert(offsetof(CudaSegmentWire, mem_handle) == 64);
+static_assert(offsetof(CudaSegmentWire, event_handle) == 128);
+static_assert(sizeof(CudaSegmentWire) == 192);
+
+/// What a valid CUDA_SEGMENT says beyond id and size.
+struct CudaSegmentInfo {
+  int device = 0;
+  CudaHandle handle = CudaHandle::vmm;
+  uint64_t handle_offset = 0;
+  std::array<uint8_t, 16> device_uuid{};
+  std::array<uint8_t, 64> mem_handle{};
+  std::array<uint8_t, 64> event_handle{};
+};
+
 struct ControlMessage {
   ControlType type;
   uint64_t id = 0;
   uint64_t size = 0;
   uint32_t pid = 0;
+  CudaSegmentInfo cuda;  ///< cuda_segment only
 };
 ControlWire encode_control(ControlType type, uint64_t id, uint64_t size);
-/// Validates one received control packet and the number of fds that came with it; throws Error(invalid_argument)
-/// naming the problem.
+CudaSegmentWire encode_cuda_segment(uint64_t id, uint64_t size, const CudaSegmentInfo& info);
+/// Validates one received control packet (a ControlWire, or a CudaSegmentWire) and the number of fds that came
+/// with it; throws Error(invalid_argument) naming the problem.
 ControlMessage decode_control(std::span<const uint8_t> bytes, size_t nfds);
 
 /// What a valid message says (one tensor cell).
 struct DecodedMessage {
+  MemoryKind memory = MemoryKind::host;
+  bool packed = false;  ///< kPacked: the publisher copied the tensor
   uint64_t sequence = 0;
   uint64_t segment_id = 0;
   uint64_t alloc_offset = 0;
@@ -219,7 +263,7 @@ DecodedMessage decode_message(const MessageDescriptor& d, std::string_view metad
 /// Fills a descriptor for `layout` in an allocation (a tensor cell: `flags` 0 or kGroupPart with `group` = index).
 void encode_message(MessageDescriptor& d, const Layout& layout, uint64_t sequence, uint64_t segment_id,
                     uint64_t alloc_offset, uint64_t alloc_bytes, uint32_t lease_slot, uint32_t metadata_bytes,
-                    uint16_t flags = 0, uint16_t group = 0);
+                    uint16_t flags = 0, uint16_t group = 0, MemoryKind memory = MemoryKind::host);
 /// Fills a group header cell: `count` tensor cells follow; `metadata_bytes` of structure follow the descriptor.
 void encode_group_head(MessageDescriptor& d, uint64_t sequence, uint16_t count, uint32_t metadata_bytes);
 

@@ -11,6 +11,7 @@ namespace tw::ipc_detail {
 namespace {
 
 constexpr size_t kMinSegment = 4096;
+constexpr size_t kMinDeviceSegment = size_t{2} << 20;  // the usual VMM granularity
 
 class HostSegments final : public SegmentSource {
  public:
@@ -42,6 +43,36 @@ struct SlotRef {
 };
 
 }  // namespace
+
+// A CUDA segment leaves only after the work last recorded on its event is done (the producer may still be
+// writing it); the allocation itself goes with `owner`.
+Segment::~Segment() {
+  if (device >= 0 && recorded && event.event) {
+    try {
+      device_runtime().synchronize_event(event.event.get());
+    } catch (...) {
+    }
+  }
+}
+
+Segment& Segment::operator=(Segment&& o) noexcept {
+  if (this == &o) return *this;
+  Segment old(std::move(*this));  // destroyed (synchronised) here
+  fd = std::move(o.fd);
+  map = std::move(o.map);
+  device = o.device;
+  device_base = o.device_base;
+  device_bytes = o.device_bytes;
+  cuda = o.cuda;
+  event = std::move(o.event);
+  recorded = o.recorded;
+  owner = std::move(o.owner);
+  keep = std::move(o.keep);
+  foreign = o.foreign;
+  o.device = -1;
+  o.recorded = false;
+  return *this;
+}
 
 std::shared_ptr<const void> Pool::hold(size_t i) {
   return std::make_shared<SlotRef>(shared_from_this(), i, &Slot::holds);
@@ -81,13 +112,15 @@ long Pool::find(const Buffer& b, size_t& off) const noexcept {
 
 bool Pool::is_free(size_t i, const std::function<bool(size_t)>& held) const {
   const Slot& s = slots_[i];
+  // (A foreign slot's keep list is cleared by release_free_foreign, which is what frees it.)
   return s.segment_id && !s.reserved && s.loans.load(std::memory_order_acquire) == 0 &&
          s.holds.load(std::memory_order_acquire) == 0 && !held(i);
 }
 
 std::optional<size_t> Pool::try_take(size_t nbytes, const std::function<bool(size_t)>& held,
-                                     const std::function<void(size_t, uint64_t)>& on_retire, const std::string& what) {
-  const size_t cls = std::bit_ceil(std::max(nbytes, kMinSegment));
+                                     const std::function<void(size_t, uint64_t)>& on_retire, const std::string& what,
+                                     int device) {
+  const size_t cls = std::bit_ceil(std::max(nbytes, device >= 0 ? kMinDeviceSegment : kMinSegment));
   for (;;) {
     long empty = -1, exact = -1, larger = -1, other = -1;
     uint64_t total = 0;
@@ -100,6 +133,10 @@ std::optional<size_t> Pool::try_take(size_t nbytes, const std::function<bool(siz
       }
       total += s.size();
       if (!is_free(i, held)) continue;
+      if (s.seg.foreign || s.seg.device != device) {  // free, but not for this request: room to make
+        if (other < 0) other = static_cast<long>(i);
+        continue;
+      }
       if (s.size() == cls) {
         exact = static_cast<long>(i);
         break;
@@ -113,7 +150,11 @@ std::optional<size_t> Pool::try_take(size_t nbytes, const std::function<bool(siz
       const size_t i = static_cast<size_t>(empty);
       Slot& s = slots_[i];
       const uint64_t id = next_segment_id_++;
-      s.seg = source_->create(cls, "tensorwire:" + name_ + ":" + std::to_string(id) + " (" + what + ")");
+      if (device >= 0) {
+        s.seg = device_segment(device, cls);
+      } else {
+        s.seg = source_->create(cls, "tensorwire:" + name_ + ":" + std::to_string(id) + " (" + what + ")");
+      }
       s.segment_id = id;
       s.writable = true;
       end_ = std::max(end_, i + 1);
@@ -133,20 +174,99 @@ Tensor Pool::loan(size_t i, Layout layout) {
   Slot& s = slots_[i];
   make_writable(i);
   auto owner = std::make_shared<SlotRef>(shared_from_this(), i, &Slot::loans);
-  auto buf = std::make_shared<Buffer>(s.data(), s.size(), Device::cpu(), std::move(owner));
-  return Tensor::make(std::move(buf), std::move(layout), false);
+  const Device dev = s.seg.device >= 0 ? Device::cuda(s.seg.device) : Device::cpu();
+  auto buf = std::make_shared<Buffer>(s.data(), s.size(), dev, std::move(owner));
+  Tensor t = Tensor::make(std::move(buf), std::move(layout), false);
+  if (s.seg.device >= 0) t.set_stream(1);
+  return t;
+}
+
+Segment Pool::device_segment(int device, size_t bytes) {
+  const DeviceRuntime& rt = device_runtime();
+  DeviceExport e = rt.allocate_exportable(Device::cuda(device), bytes);
+  Segment seg;
+  seg.fd = os::Fd(e.fd);
+  seg.device = device;
+  seg.device_base = e.base;
+  seg.device_bytes = e.bytes;
+  seg.owner = std::move(e.owner);
+  seg.cuda.device = device;
+  seg.cuda.handle = CudaHandle::vmm;
+  seg.cuda.device_uuid = e.device_uuid;
+  seg.event = rt.create_ipc_event(Device::cuda(device));
+  seg.cuda.event_handle = seg.event.handle;
+  return seg;
+}
+
+long Pool::find_foreign(int device, uintptr_t base) const noexcept {
+  for (size_t i = 0; i < end_; ++i) {
+    const Slot& s = slots_[i];
+    if (s.segment_id && s.seg.foreign && s.seg.device == device && s.seg.device_base == base) return static_cast<long>(i);
+  }
+  return -1;
+}
+
+std::optional<size_t> Pool::adopt(DeviceExport e, const std::function<bool(size_t)>& held,
+                                  const std::function<void(size_t, uint64_t)>& on_retire) {
+  os::Fd fd(e.fd);  // ours from here, whatever happens
+  long empty = -1;
+  for (size_t i = 0; i < count_ && empty < 0; ++i)
+    if (!slots_[i].segment_id) empty = static_cast<long>(i);
+  if (empty < 0) {  // make room: a free segment goes
+    for (size_t i = 0; i < end_ && empty < 0; ++i)
+      if (is_free(i, held)) {
+        on_retire(i, slots_[i].segment_id);
+        slots_[i].segment_id = 0;
+        slots_[i].seg = Segment();
+        slots_[i].writable = true;
+        empty = static_cast<long>(i);
+      }
+  }
+  if (empty < 0) return std::nullopt;
+  const auto i = static_cast<size_t>(empty);
+  Slot& s = slots_[i];
+  Segment seg;
+  seg.fd = std::move(fd);
+  seg.device = e.device;
+  seg.device_base = e.base;
+  seg.device_bytes = e.bytes;
+  seg.foreign = true;
+  seg.cuda.device = e.device;
+  seg.cuda.handle = e.kind == DeviceExport::Kind::vmm ? CudaHandle::vmm : CudaHandle::legacy;
+  seg.cuda.device_uuid = e.device_uuid;
+  seg.cuda.mem_handle = e.handle;
+  seg.cuda.handle_offset = e.handle_offset;
+  seg.event = device_runtime().create_ipc_event(Device::cuda(e.device));
+  seg.cuda.event_handle = seg.event.handle;
+  s.seg = std::move(seg);
+  s.segment_id = next_segment_id_++;
+  s.writable = true;
+  end_ = std::max(end_, i + 1);
+  return i;
+}
+
+void Pool::release_free_foreign(const std::function<bool(size_t)>& held,
+                                const std::function<void(size_t, uint64_t)>& on_retire) {
+  for (size_t i = 0; i < end_; ++i) {
+    Slot& s = slots_[i];
+    if (s.segment_id && s.seg.foreign && is_free(i, held)) {
+      on_retire(i, s.segment_id);
+      s.segment_id = 0;
+      s.seg = Segment();
+    }
+  }
 }
 
 void Pool::make_writable(size_t i) {
   Slot& s = slots_[i];
-  if (s.writable) return;
+  if (s.writable || s.seg.device >= 0) return;  // (device memory cannot be protected from the host)
   if (!source_->protect(s.seg, true)) os::throw_errno("mprotect of a pool buffer");
   s.writable = true;
 }
 
 void Pool::protect_sent(size_t i) noexcept {
   Slot& s = slots_[i];
-  if (s.writable && source_->protect(s.seg, false)) s.writable = false;
+  if (s.seg.device < 0 && s.writable && source_->protect(s.seg, false)) s.writable = false;
 }
 
 void Pool::release_unloaned() noexcept {

@@ -18,17 +18,36 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "ipc/ipc_internal.hpp"
 #include "os/os_internal.hpp"
+#include "tensorwire/device_runtime.hpp"
 #include "tensorwire/tensor.hpp"
 
 namespace tw::ipc_detail {
 
-/// One segment's memory: the fd a peer maps, and this process's mapping of it.
+/// One segment's memory: the fd a peer maps, and this process's mapping of it — or, for CUDA memory, the device
+/// range, how a peer opens it, and the interprocess event recorded before each message that names it.
 struct Segment {
   os::Fd fd;
   os::Mapping map;
+  // -- CUDA (device >= 0) --
+  int device = -1;
+  uintptr_t device_base = 0;
+  uint64_t device_bytes = 0;
+  CudaSegmentInfo cuda;                      ///< what CUDA_SEGMENT tells subscribers
+  IpcEvent event;                            ///< recorded on the producer's stream before each message
+  bool recorded = false;                     ///< the event was recorded at least once
+  std::shared_ptr<void> owner;               ///< the pool's allocation (allocate_exportable)
+  std::vector<std::shared_ptr<const void>> keep;  ///< foreign: the sent tensors' buffers, until no lease holds them
+  bool foreign = false;                      ///< a caller's allocation (zero-copy): never handed out by try_take
+  size_t size() const noexcept { return device >= 0 ? static_cast<size_t>(device_bytes) : map.size(); }
+  char* data() const noexcept { return device >= 0 ? reinterpret_cast<char*>(device_base) : map.data(); }
+  ~Segment();
+  Segment() = default;
+  Segment(Segment&&) noexcept = default;
+  Segment& operator=(Segment&&) noexcept;
 };
 
 /// Where a pool's memory comes from (see the top of this file).
@@ -55,8 +74,8 @@ class Pool : public std::enable_shared_from_this<Pool> {
     std::atomic<int32_t> holds{0};  ///< transports still reading it (remote sends in flight)
     bool writable = true;           ///< false once a loan of it was sent and protected: read-only here
     bool reserved = false;          ///< packed by the send in progress, not yet pushed
-    size_t size() const noexcept { return seg.map.size(); }
-    char* data() const noexcept { return seg.map.data(); }
+    size_t size() const noexcept { return seg.size(); }
+    char* data() const noexcept { return seg.data(); }
   };
 
   Pool(std::unique_ptr<SegmentSource> source, size_t max_buffers, size_t pool_bytes, std::string name);
@@ -79,9 +98,20 @@ class Pool : public std::enable_shared_from_this<Pool> {
   /// One attempt, never waiting: a free slot of at least `nbytes`, reusing, creating or (to make room) retiring
   /// segments; nullopt when every buffer is in use. `what` names the caller in errors (out_of_memory).
   std::optional<size_t> try_take(size_t nbytes, const std::function<bool(size_t)>& held,
-                                 const std::function<void(size_t, uint64_t)>& on_retire, const std::string& what);
+                                 const std::function<void(size_t, uint64_t)>& on_retire, const std::string& what,
+                                 int device = -1);
+  /// The slot exporting a caller's CUDA allocation at (device, base), or -1.
+  long find_foreign(int device, uintptr_t base) const noexcept;
+  /// A slot for a caller's CUDA allocation (zero-copy): an empty slot, retiring free ones to make room; nullopt
+  /// when every slot is in use. The segment keeps nothing alive yet (the caller adds to seg.keep).
+  std::optional<size_t> adopt(DeviceExport e, const std::function<bool(size_t)>& held,
+                              const std::function<void(size_t, uint64_t)>& on_retire);
+  /// Retires every free foreign slot (no lease, no hold): their tensors are let go and subscribers close them.
+  void release_free_foreign(const std::function<bool(size_t)>& held,
+                            const std::function<void(size_t, uint64_t)>& on_retire);
 
   /// A writable, C-contiguous tensor over slot i (a loan): the slot's loan count holds it until the last view goes.
+  /// A CUDA slot's loan is ordered on the legacy default stream (send(stream=) names another).
   Tensor loan(size_t i, Layout layout);
   /// Keeps slot i out of reuse (and mapped) while the returned object lives: a transport still reading it.
   std::shared_ptr<const void> hold(size_t i);
@@ -93,6 +123,7 @@ class Pool : public std::enable_shared_from_this<Pool> {
   void release_unloaned() noexcept;
 
  private:
+  Segment device_segment(int device, size_t bytes);  // a VMM allocation with its fd and event
   std::unique_ptr<SegmentSource> source_;
   std::unique_ptr<Slot[]> slots_;
   size_t count_, end_ = 0, max_bytes_;

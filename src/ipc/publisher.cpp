@@ -189,16 +189,36 @@ class PublisherImpl {
     return pool_->buffers();
   }
 
-  Tensor loan(const Shape& shape, DType dtype, Timeout timeout) {
+  Tensor loan(const Shape& shape, DType dtype, Device device, Timeout timeout) {
     Layout l{dtype, shape, Layout::contiguous_strides(shape), 0, false};
     l.validate();
+    const int dev = device_index(device, "loan");
     const Deadline deadline(timeout);
     check_usable("loan");  // before send_mu_: in a fork()ed child it may be held by a thread that is not there
     const SendLock send_lock(*this, deadline, "loan");
     std::unique_lock lock(mu_);
     check_usable("loan");
-    const size_t slot = acquire_slot(static_cast<size_t>(l.nbytes()), deadline, lock, "loan");
+    const size_t slot = acquire_slot(static_cast<size_t>(l.nbytes()), deadline, lock, "loan", dev);
+    Segment& seg = pool_->slot(slot).seg;
+    // A device buffer loaned again: whatever last wrote it is done before the caller writes it on any stream
+    // (usually long ago: its subscribers let it go).
+    if (seg.device >= 0 && seg.recorded) device_runtime().synchronize_event(seg.event.event.get());
     return pool_->loan(slot, std::move(l));
+  }
+
+  // -1 for host memory, the ordinal for a CUDA device this process has; throws naming what is wrong.
+  static int device_index(Device d, const char* what) {
+    if (d.type == kDLCPU) return -1;
+    if (d.type != kDLCUDA)
+      throw Error(ErrorCode::unsupported, std::string("Publisher::") + what + ": " + d.str() +
+                                              " memory cannot be published (host and CUDA memory can)");
+    const DeviceRuntime& rt = device_runtime();
+    if (!rt.available())
+      throw Error(ErrorCode::device_unavailable, std::string("Publisher::") + what + " on " + d.str() + ": " + rt.status());
+    if (d.id < 0 || d.id >= rt.device_count())
+      throw Error(ErrorCode::device_unavailable, std::string("Publisher::") + what + ": " + d.str() + " does not exist (" +
+                                                     std::to_string(rt.device_count()) + " CUDA devices)");
+    return d.id;
   }
 
   bool owns(const Tensor& t) {
@@ -209,12 +229,12 @@ class PublisherImpl {
   }
 
   // `consumed`: the caller hands its handle over (send(Tensor&&)); otherwise it may keep writing through it.
-  size_t send(const Tensor& t, const Metadata& extra, Timeout timeout, bool consumed) {
+  size_t send(const Tensor& t, const SendOptions& o, bool consumed) {
     const Tensor* one = &t;
-    return send_parts(std::span<const Tensor* const>(&one, 1), nullptr, nullptr, extra, timeout, consumed);
+    return send_parts(std::span<const Tensor* const>(&one, 1), nullptr, nullptr, o, consumed);
   }
 
-  size_t send(const Message& m, const Metadata& extra, Timeout timeout, bool consumed) {
+  size_t send(const Message& m, const SendOptions& o, bool consumed) {
     if (m.tensors.empty()) throw Error(ErrorCode::invalid_argument, "Publisher::send: a message of no tensors");
     if (m.tensors.size() > kMaxGroup)
       throw Error(ErrorCode::invalid_argument, "Publisher::send: a message of " + std::to_string(m.tensors.size()) +
@@ -238,7 +258,7 @@ class PublisherImpl {
     const std::string head = encode_metadata(structure);
     std::vector<const Tensor*> ts;
     for (const Tensor& t : m.tensors) ts.push_back(&t);
-    return send_parts(ts, &head, &m, extra, timeout, consumed);
+    return send_parts(ts, &head, &m, o, consumed);
   }
 
   // Holds send_mu_, taken before the deadline. Without one it simply waits: the holder notices close() within
@@ -279,7 +299,94 @@ class PublisherImpl {
     Layout layout;
     size_t slot = 0, alloc_offset = 0, alloc_bytes = 0;
     bool loan = false;
+    bool packed = false;   // copied into the pool (kPacked)
+    int device = -1;       // CUDA ordinal, -1 for host memory
+    intptr_t stream = 1;   // CUDA: the producer's stream
   };
+
+  // copy=False with nobody to send to: the same refusal a send with subscribers would give.
+  void check_zero_copy(std::vector<Part>& parts) {
+    for (Part& p : parts) {
+      size_t off;
+      if (pool_->find(p.t->buffer(), off) >= 0) continue;
+      if (p.device < 0)
+        throw Error(ErrorCode::copy_required,
+                    "Publisher::send: copy=False, but this tensor is not in the publisher's pool (only a loan() "
+                    "crosses host memory without a copy); loan, fill and send it, or allow the copy");
+      const std::string why = zero_copy_refusal(*p.t);
+      if (!why.empty())
+        throw Error(ErrorCode::copy_required, "Publisher::send: this CUDA tensor has no zero-copy path (" + why +
+                                                  "); send with copy=None to copy it once into the pool");
+    }
+  }
+
+  // Why a caller's CUDA tensor cannot cross without a copy ("" when it can).
+  static std::string zero_copy_refusal(const Tensor& t) {
+    if (const char* tr = t.buffer().transport(); tr && std::string_view(tr).substr(0, 4) == "cuda")
+      return "it is a tensor this process received from another publisher; its memory is that process's";
+    if (t.numel() == 0) return "";
+    const ByteSpan sp = t.layout().byte_span();
+    const auto lo = reinterpret_cast<uintptr_t>(t.data_ptr()) + static_cast<uintptr_t>(sp.begin);
+    DeviceExport e = device_runtime().export_memory(t.device(), lo, static_cast<uint64_t>(sp.size()));
+    if (e.fd >= 0) ::close(e.fd);
+    return e.kind == DeviceExport::Kind::none ? e.why : "";
+  }
+
+  // Sends a caller's CUDA tensor by the handle of its allocation: a slot exporting that allocation (found or
+  // adopted) keeps the tensor's memory alive until no lease holds it. False (with why) when it cannot.
+  bool adopt_foreign(Part& p, std::string& why) {
+    const Tensor& t = *p.t;
+    if (const char* tr = t.buffer().transport(); tr && std::string_view(tr).substr(0, 4) == "cuda") {
+      why = "it is a tensor this process received from another publisher; its memory is that process's";
+      return false;
+    }
+    const ByteSpan sp = t.layout().byte_span();
+    const auto lo = reinterpret_cast<uintptr_t>(t.data_ptr()) + static_cast<uintptr_t>(sp.begin);
+    DeviceExport e = device_runtime().export_memory(t.device(), lo, static_cast<uint64_t>(sp.size()));
+    if (e.kind == DeviceExport::Kind::none) {
+      why = e.why;
+      return false;
+    }
+    long slot = pool_->find_foreign(p.device, e.base);
+    if (slot >= 0 && pool_->slot(static_cast<size_t>(slot)).size() != e.bytes) {
+      // The allocator freed that allocation and made another at the same address: a new segment.
+      const auto old = static_cast<size_t>(slot);
+      if (held(old)) slot = -1;  // (subscribers still read the old one: it stays until they let go)
+      else {
+        retired(old, pool_->slot(old).segment_id);
+        pool_->slot(old).segment_id = 0;
+        pool_->slot(old).seg = Segment();
+        slot = -1;
+      }
+    }
+    if (slot >= 0) {
+      if (e.fd >= 0) ::close(e.fd);
+    } else {
+      const auto is_held = [this](size_t i) { return held(i); };
+      const auto on_retire = [this](size_t i, uint64_t segment_id) { retired(i, segment_id); };
+      const auto taken = pool_->adopt(std::move(e), is_held, on_retire);
+      if (!taken) {
+        why = "every pool slot is in use";
+        return false;
+      }
+      slot = static_cast<long>(*taken);
+    }
+    Pool::Slot& s = pool_->slot(static_cast<size_t>(slot));
+    s.seg.keep.push_back(t.buffer_ptr());
+    p.slot = static_cast<size_t>(slot);
+    p.alloc_offset = static_cast<size_t>(lo - s.seg.device_base);
+    p.alloc_bytes = static_cast<size_t>(sp.size());
+    p.layout = t.layout();
+    p.layout.byte_offset = -sp.begin;
+    return true;
+  }
+
+  // Lets go of callers' CUDA allocations no subscriber holds any more.
+  void release_foreign() {
+    const auto is_held = [this](size_t i) { return held(i); };
+    const auto on_retire = [this](size_t i, uint64_t segment_id) { retired(i, segment_id); };
+    pool_->release_free_foreign(is_held, on_retire);
+  }
 
   // Slots taken by a send in progress (packed, not yet pushed) stay out of acquire_slot's reach until it ends.
   struct Reservation {
@@ -383,18 +490,29 @@ class PublisherImpl {
   // The send path of one tensor (head == nullptr) or of a group (head: the encoded structure).
   // `group`: the message the tensors come from (its kind and keys), with `head` its encoded structure.
   size_t send_parts(std::span<const Tensor* const> ts, const std::string* head, const Message* group,
-                    const Metadata& extra, Timeout timeout, bool consumed) {
+                    const SendOptions& o, bool consumed) {
+    const Metadata& extra = o.metadata;
     std::vector<Part> parts(ts.size());
+    bool any_device = false;
     for (size_t i = 0; i < ts.size(); ++i) {
       const Tensor& t = *ts[i];
       const std::string which = head ? " (tensor " + std::to_string(i) + " of the message)" : "";
       if (!t.defined())
         throw Error(ErrorCode::invalid_argument, "Publisher::send: the tensor" + which +
                                                      " is undefined (a loan can be sent once: send consumes it)");
-      if (t.device().type != kDLCPU && t.device().type != kDLCUDAHost)
-        throw Error(ErrorCode::unsupported, "Publisher::send: a tensor on " + t.device().str() + which +
-                                                " cannot be published: shared memory and UCX carry host memory only today; copy it "
-                                                "to the host first (PyTorch: x.cpu(); CuPy: x.get())");
+      const Device dev = t.device();
+      if (dev.type == kDLCUDA) {
+        parts[i].device = device_index(dev, "send");
+        parts[i].stream = o.stream ? *o.stream : t.stream().value_or(1);
+        any_device = true;
+      } else if (dev.type != kDLCPU && dev.type != kDLCUDAHost) {
+        throw Error(ErrorCode::unsupported, "Publisher::send: a tensor on " + dev.str() + which +
+                                                " cannot be published: host and CUDA device memory can; copy it to "
+                                                "the host first");
+      } else if (o.stream) {
+        throw Error(ErrorCode::invalid_argument, "Publisher::send: stream= orders CUDA work, but the tensor" + which +
+                                                     " is in host memory (" + dev.str() + "); leave stream unset");
+      }
       parts[i].t = &t;
       if (!t.metadata().empty() || !extra.empty()) {
         Metadata m = t.metadata();
@@ -416,21 +534,30 @@ class PublisherImpl {
                                                    " tensors takes " + std::to_string(cells) +
                                                    " ring cells, more than depth (" + std::to_string(opt_.depth) +
                                                    "); create the publisher with depth >= " + std::to_string(cells));
-    const Deadline deadline(timeout);
+    const Deadline deadline(o.timeout);
     check_usable("send");  // before send_mu_: in a fork()ed child it may be held by a thread that is not there
     const SendLock send_lock(*this, deadline, "send");
     std::unique_lock lock(mu_);
     check_usable("send");
     reap();
-    if (active_count() == 0 && remote_count() == 0) return 0;
+    release_foreign();
+    if (active_count() == 0 && remote_count() == 0) {
+      if (o.copy == false) check_zero_copy(parts);  // the same answer with or without subscribers
+      return 0;
+    }
+    if (any_device && remote_count() > 0)
+      throw Error(ErrorCode::unsupported, "Publisher::send on '" + name_ + "': CUDA tensors do not cross to remote "
+                                          "(UCX) subscribers yet; copy them to the host first (x.cpu())");
     // 1. Room in every ring first (nothing is packed twice when a wait is retried).
     wait_for_room(deadline, lock, cells);
     const bool remote = remote_count() > 0;
-    // 2. The buffers: loans as they are, anything else packed into pool buffers reserved until pushed.
+    // 2. The buffers: loans as they are, a caller's CUDA allocation by its handle, anything else packed into pool
+    //    buffers reserved until pushed.
     Reservation reserved{*this, {}};
+    const DeviceRuntime& rt = device_runtime();
     for (Part& p : parts) {
       const Tensor& t = *p.t;
-      const long found = pool_->find(t.buffer(), p.alloc_offset);
+      const long found = o.copy == true ? -1 : pool_->find(t.buffer(), p.alloc_offset);
       if (found >= 0) {  // a view of a pool buffer: crosses as it is, with no copy
         p.loan = true;
         p.slot = static_cast<size_t>(found);
@@ -438,8 +565,20 @@ class PublisherImpl {
         p.alloc_bytes = t.buffer().size();
         continue;
       }
+      if (p.device >= 0 && o.copy != true && t.numel() > 0) {  // a caller's CUDA memory: zero-copy if it can be
+        std::string why;
+        if (adopt_foreign(p, why)) continue;
+        if (o.copy == false)
+          throw Error(ErrorCode::copy_required, "Publisher::send: this CUDA tensor has no zero-copy path (" + why +
+                                                    "); send with copy=None to copy it once into the pool");
+      } else if (o.copy == false) {
+        throw Error(ErrorCode::copy_required,
+                    "Publisher::send: copy=False, but this tensor is not in the publisher's pool (only a loan() "
+                    "crosses host memory without a copy); loan, fill and send it, or allow the copy");
+      }
+      p.packed = true;
       p.layout = Layout{t.dtype(), t.shape(), Layout::contiguous_strides(t.shape()), 0, t.subbyte_padded()};
-      p.slot = acquire_slot(static_cast<size_t>(p.layout.nbytes()), deadline, lock, "send");
+      p.slot = acquire_slot(static_cast<size_t>(p.layout.nbytes()), deadline, lock, "send", p.device);
       Pool::Slot& s = pool_->slot(p.slot);
       s.reserved = true;
       reserved.slots.push_back(p.slot);
@@ -447,6 +586,15 @@ class PublisherImpl {
       p.alloc_offset = 0;
       p.alloc_bytes = s.size();
       char* dst = s.data();
+      if (p.device >= 0) {
+        // One device copy on the producer's stream, after whatever last wrote this buffer.
+        if (s.seg.recorded) rt.record_ipc_event(s.seg.event, p.stream, true);
+        if (t.numel() > 0) {
+          auto dst_buf = std::make_shared<Buffer>(dst, p.alloc_bytes, Device::cuda(p.device), nullptr);
+          rt.copy(t, Tensor::make(std::move(dst_buf), p.layout, false), p.stream);
+        }
+        continue;
+      }
       // The slot is ours until pushed (reserved, and send_mu_ orders every taker): pack without mu_.
       lock.unlock();
       if (t.numel() > 0 && t.is_contiguous()) {
@@ -459,6 +607,15 @@ class PublisherImpl {
       }
       lock.lock();
       check_usable("send");
+    }
+    // 2a. CUDA parts: the producer's work is recorded on the segment's interprocess event before any subscriber
+    //     can see the message. Re-recorded while a subscriber may still wait on the previous record, the stream
+    //     first waits for that record, so the event never covers less than it did.
+    for (Part& p : parts) {
+      if (p.device < 0) continue;
+      Segment& seg = pool_->slot(p.slot).seg;
+      rt.record_ipc_event(seg.event, p.stream, seg.recorded && held(p.slot));
+      seg.recorded = true;
     }
     // 2b. What remote subscribers get: the same buffers, held until every remote send of them is done.
     std::shared_ptr<net_detail::OutMessage> out;
@@ -485,7 +642,11 @@ class PublisherImpl {
       bool announced = true;
       for (const Part& p : parts) {
         const Pool::Slot& ps = pool_->slot(p.slot);
-        if (sub.announced[p.slot] != ps.segment_id && !sub.announce(p.slot, ps.segment_id, ps.size(), ps.seg.fd.get())) {
+        if (sub.announced[p.slot] == ps.segment_id) continue;
+        const bool ok = ps.seg.device >= 0
+                            ? sub.announce_cuda(p.slot, ps.segment_id, ps.size(), ps.seg.cuda, ps.seg.fd.get())
+                            : sub.announce(p.slot, ps.segment_id, ps.size(), ps.seg.fd.get());
+        if (!ok) {
           announced = false;
           break;
         }
@@ -501,7 +662,8 @@ class PublisherImpl {
         const Part& p = parts[i - first];
         encode_message(c.msg, p.layout, seqno, pool_->slot(p.slot).segment_id, p.alloc_offset, p.alloc_bytes,
                        static_cast<uint32_t>(p.slot), static_cast<uint32_t>(p.meta.size()),
-                       head ? kGroupPart : uint16_t{0}, static_cast<uint16_t>(i - first));
+                       static_cast<uint16_t>((head ? kGroupPart : 0) | (p.packed ? kPacked : 0)),
+                       static_cast<uint16_t>(i - first), p.device >= 0 ? MemoryKind::cuda : MemoryKind::host);
         if (!p.meta.empty()) std::memcpy(sub.ring.cell_metadata(c), p.meta.data(), p.meta.size());
         ++sub.sent[p.slot];
       });
@@ -601,14 +763,15 @@ class PublisherImpl {
 
   // A free pool slot of at least `nbytes` (the pool reuses, creates or retires segments as its budget allows);
   // follows the OnFull policy when the pool is exhausted, waiting (without mu_) until the deadline.
-  size_t acquire_slot(size_t nbytes, const Deadline& deadline, std::unique_lock<std::mutex>& lock, const char* what) {
+  size_t acquire_slot(size_t nbytes, const Deadline& deadline, std::unique_lock<std::mutex>& lock, const char* what,
+                      int device = -1) {
     const auto is_held = [this](size_t i) { return held(i); };
     const auto on_retire = [this](size_t i, uint64_t segment_id) { retired(i, segment_id); };
     const std::string who = std::string("Publisher::") + what + " on '" + name_ + "'";
     Backoff backoff;
     for (;;) {
       reap();
-      if (const auto slot = pool_->try_take(nbytes, is_held, on_retire, who)) {
+      if (const auto slot = pool_->try_take(nbytes, is_held, on_retire, who, device)) {
         waiting_for_.clear();
         return *slot;
       }
@@ -934,23 +1097,47 @@ ipc_detail::PublisherImpl& get(const std::unique_ptr<ipc_detail::PublisherImpl>&
 }
 }  // namespace
 
+namespace {
+SendOptions with(const Metadata& extra, Timeout timeout) {
+  SendOptions o;
+  o.metadata = extra;
+  o.timeout = timeout;
+  return o;
+}
+}  // namespace
+
 Tensor Publisher::loan(const Shape& shape, DType dtype, Timeout timeout) {
-  return get(impl_, "loan").loan(shape, dtype, timeout);
+  return get(impl_, "loan").loan(shape, dtype, Device::cpu(), timeout);
+}
+Tensor Publisher::loan(const Shape& shape, DType dtype, Device device, Timeout timeout) {
+  return get(impl_, "loan").loan(shape, dtype, device, timeout);
 }
 size_t Publisher::send(const Tensor& t, const Metadata& extra, Timeout timeout) {
-  return get(impl_, "send").send(t, extra, timeout, false);
+  return send(t, with(extra, timeout));
 }
 size_t Publisher::send(const Message& message, const Metadata& extra, Timeout timeout) {
-  return get(impl_, "send").send(message, extra, timeout, false);
+  return send(message, with(extra, timeout));
 }
 size_t Publisher::send(Message&& message, const Metadata& extra, Timeout timeout) {
-  const size_t n = get(impl_, "send").send(message, extra, timeout, true);
+  return send(std::move(message), with(extra, timeout));
+}
+size_t Publisher::send(Tensor&& t, const Metadata& extra, Timeout timeout) {
+  return send(std::move(t), with(extra, timeout));
+}
+size_t Publisher::send(const Tensor& t, const SendOptions& options) {
+  return get(impl_, "send").send(t, options, false);
+}
+size_t Publisher::send(const Message& message, const SendOptions& options) {
+  return get(impl_, "send").send(message, options, false);
+}
+size_t Publisher::send(Message&& message, const SendOptions& options) {
+  const size_t n = get(impl_, "send").send(message, options, true);
   message.tensors.clear();  // consumed only once delivered
   message.keys.clear();
   return n;
 }
-size_t Publisher::send(Tensor&& t, const Metadata& extra, Timeout timeout) {
-  const size_t n = get(impl_, "send").send(t, extra, timeout, true);
+size_t Publisher::send(Tensor&& t, const SendOptions& options) {
+  const size_t n = get(impl_, "send").send(t, options, true);
   t = Tensor();  // consumed only once delivered: a failed send leaves the caller's tensor usable
   return n;
 }

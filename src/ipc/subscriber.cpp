@@ -23,6 +23,7 @@
 #include "ipc/fork_internal.hpp"
 #include "net/net_internal.hpp"
 #include "ipc/ipc_internal.hpp"
+#include "tensorwire/device_runtime.hpp"
 
 namespace tw {
 namespace ipc_detail {
@@ -45,7 +46,7 @@ struct Channel {
 
 // Owner of a received tensor's Buffer.
 struct Lease {
-  Lease(std::shared_ptr<Channel> c, std::shared_ptr<Mapping> s, uint32_t sl)
+  Lease(std::shared_ptr<Channel> c, std::shared_ptr<const void> s, uint32_t sl)
       : chan(std::move(c)), segment(std::move(s)), slot(sl) {}
   Lease(const Lease&) = delete;
   Lease& operator=(const Lease&) = delete;
@@ -54,8 +55,24 @@ struct Lease {
     if (uint32_t* r = chan->ring.released(slot)) aref(*r).fetch_add(1, std::memory_order_release);
   }
   std::shared_ptr<Channel> chan;
-  std::shared_ptr<Mapping> segment;
+  std::shared_ptr<const void> segment;  // the host mapping, or the opened CUDA memory
   uint32_t slot;
+};
+
+// A CUDA segment the publisher announced: how to open it, opened while any lease uses it (then closed), and its
+// event (opened once).
+struct CudaSegment {
+  CudaSegmentInfo info;
+  uint64_t size = 0;
+  Fd fd;                                // VMM: the allocation's fd (kept to reopen it)
+  std::weak_ptr<const DeviceImport> opened;
+  IpcEvent event;
+};
+
+struct SegmentRef {
+  std::shared_ptr<Mapping> host;
+  std::shared_ptr<CudaSegment> cuda;
+  uint64_t size() const noexcept { return host ? host->size() : cuda ? cuda->size : 0; }
 };
 
 std::atomic<uint32_t> g_listener_counter{0};
@@ -394,7 +411,7 @@ class SubscriberImpl {
   void process_control() {
     if (!chan_ || peer_gone_) return;
     for (int i = 0; i < 4096; ++i) {
-      alignas(8) uint8_t buf[sizeof(ControlWire) + 8];
+      alignas(8) uint8_t buf[sizeof(CudaSegmentWire) + 8];
       std::vector<Fd> fds;
       const long n = recv_packet(chan_->conn.get(), buf, sizeof buf, fds);
       if (n == -1) return;
@@ -440,7 +457,16 @@ class SubscriberImpl {
       case ControlType::segment: {
         if (segments_.size() >= kMaxSegments) broken(name_, "more than 65536 segments announced");
         check_sealed(fds[0].get(), m.size);
-        segments_[m.id] = std::make_shared<Mapping>(Mapping::map(fds[0].get(), m.size, false, true));
+        segments_[m.id] = SegmentRef{std::make_shared<Mapping>(Mapping::map(fds[0].get(), m.size, false, true)), {}};
+        break;
+      }
+      case ControlType::cuda_segment: {
+        if (segments_.size() >= kMaxSegments) broken(name_, "more than 65536 segments announced");
+        auto cs = std::make_shared<CudaSegment>();
+        cs->info = m.cuda;
+        cs->size = m.size;
+        if (!fds.empty()) cs->fd = std::move(fds[0]);
+        segments_[m.id] = SegmentRef{{}, std::move(cs)};  // opened when a message names it
         break;
       }
       case ControlType::retire: segments_.erase(m.id); break;
@@ -478,7 +504,7 @@ class SubscriberImpl {
 
   // Builds the tensor of a popped tensor cell (its lease is ours: released on any failure).
   Tensor take_tensor(const MessageDescriptor& d, const std::string& meta) {
-    std::shared_ptr<Mapping> seg;
+    SegmentRef seg;
     auto it = segments_.find(d.segment_id);
     if (it == segments_.end()) {  // announced just before the message: read the socket
       try {
@@ -492,18 +518,67 @@ class SubscriberImpl {
     if (it != segments_.end()) seg = it->second;
     DecodedMessage m;
     try {
-      m = decode_message(d, meta, seg ? seg->size() : 0, chan_->ring.lease_slots(), chan_->ring.max_metadata_bytes());
+      m = decode_message(d, meta, seg.size(), chan_->ring.lease_slots(), chan_->ring.max_metadata_bytes());
+      if ((m.memory == MemoryKind::cuda) != (seg.cuda != nullptr))
+        bad_message("a message whose memory kind differs from its segment's");
     } catch (const Error& e) {
       release_slot(d.lease_slot);
       peer_gone_ = broken_ = true;  // one malformed message ends the stream: the publisher cannot be trusted
       throw Error(e.code(), "Subscriber('" + name_ + "'): " + e.what() + "; the stream is ended");
     }
-    char* base = seg->data() + m.alloc_offset;
-    auto lease = std::make_shared<Lease>(chan_, std::move(seg), m.lease_slot);
-    auto buf = std::make_shared<Buffer>(base, static_cast<size_t>(m.alloc_bytes), Device::cpu(), std::move(lease));
-    buf->set_transport("shm");
-    Tensor t = Tensor::make(std::move(buf), std::move(m.layout), true);
+    Tensor t;
+    if (seg.cuda) {
+      try {
+        t = cuda_tensor(*seg.cuda, m);
+      } catch (const Error& e) {
+        release_slot(m.lease_slot);  // this message is dropped; the stream goes on
+        throw Error(e.code(), "Subscriber('" + name_ + "'): a CUDA tensor arrived that this process cannot open: " +
+                                  e.what());
+      }
+    } else {
+      char* base = seg.host->data() + m.alloc_offset;
+      auto lease = std::make_shared<Lease>(chan_, std::move(seg.host), m.lease_slot);
+      auto buf = std::make_shared<Buffer>(base, static_cast<size_t>(m.alloc_bytes), Device::cpu(), std::move(lease));
+      buf->set_transport(m.packed ? "shm-copy" : "shm");
+      t = Tensor::make(std::move(buf), std::move(m.layout), true);
+    }
     t.metadata() = std::move(m.metadata);
+    if (opt_.device && !(t.device() == *opt_.device)) {  // SubscriberOptions::device: one copy, here
+      const char* how = t.buffer().transport();
+      Metadata md = std::move(t.metadata());
+      t = t.to(*opt_.device);
+      t.buffer_ptr()->set_transport(how);
+      t.metadata() = std::move(md);
+    }
+    return t;
+  }
+
+  [[noreturn]] static void bad_message(const std::string& what) {
+    throw Error(ErrorCode::invalid_argument, "tensorwire ipc: malformed message (" + what + ")");
+  }
+
+  // A CUDA tensor over the segment's memory (opened now, or still open for another lease), ordered on this
+  // process's receive stream after the publisher's event.
+  Tensor cuda_tensor(CudaSegment& cs, DecodedMessage& m) {
+    const DeviceRuntime& rt = device_runtime();
+    if (!rt.available()) throw Error(ErrorCode::device_unavailable, rt.status());
+    std::shared_ptr<const DeviceImport> opened = cs.opened.lock();
+    if (!opened) {
+      const auto kind = cs.info.handle == CudaHandle::vmm ? DeviceExport::Kind::vmm : DeviceExport::Kind::legacy;
+      auto imp = std::make_shared<DeviceImport>(
+          rt.open_memory(kind, cs.info.device_uuid, cs.fd.get(), cs.info.mem_handle, cs.info.handle_offset, cs.size));
+      opened = imp;
+      cs.opened = opened;
+    }
+    if (!cs.event.event) cs.event = rt.open_ipc_event(cs.info.device_uuid, cs.info.event_handle);
+    const intptr_t stream = rt.wait_ipc_event(cs.event);
+    auto* base = reinterpret_cast<char*>(opened->base) + m.alloc_offset;
+    const int device = opened->device;
+    auto lease = std::make_shared<Lease>(chan_, std::move(opened), m.lease_slot);
+    auto buf = std::make_shared<Buffer>(base, static_cast<size_t>(m.alloc_bytes), Device::cuda(device), std::move(lease));
+    buf->set_transport(m.packed ? "cuda-copy" : cs.info.handle == CudaHandle::vmm ? "cuda-vmm" : "cuda-ipc");
+    Tensor t = Tensor::make(std::move(buf), std::move(m.layout), true);
+    t.set_stream(stream);
     return t;
   }
 
@@ -590,7 +665,7 @@ class SubscriberImpl {
   mutable std::mutex mu_;
   Fd listener_, efd_, epfd_;
   std::shared_ptr<Channel> chan_;
-  std::unordered_map<uint64_t, std::shared_ptr<Mapping>> segments_;
+  std::unordered_map<uint64_t, SegmentRef> segments_;
   Clock::time_point last_peer_check_{};
   uint64_t dropped_ = 0;
   int32_t publisher_pid_ = 0;

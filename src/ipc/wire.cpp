@@ -179,12 +179,12 @@ bool Ring::empty() const noexcept {
 
 void encode_message(MessageDescriptor& d, const Layout& layout, uint64_t sequence, uint64_t segment_id,
                     uint64_t alloc_offset, uint64_t alloc_bytes, uint32_t lease_slot, uint32_t metadata_bytes,
-                    uint16_t flags, uint16_t group) {
+                    uint16_t flags, uint16_t group, MemoryKind memory) {
   d.magic = kMagic;
   d.version = kWireVersion;
   d.flags = flags;
   d.group = group;
-  d.memory_kind = static_cast<uint8_t>(MemoryKind::host);
+  d.memory_kind = static_cast<uint8_t>(memory);
   d.sequence = sequence;
   d.segment_id = segment_id;
   d.alloc_offset = alloc_offset;
@@ -246,10 +246,8 @@ DecodedMessage decode_message(const MessageDescriptor& d, std::string_view metad
   if (d.magic != kMagic) bad("descriptor magic");
   if (d.version != kWireVersion) bad("descriptor version " + std::to_string(d.version));
   if ((d.flags & ~kKnownFlags) != 0 || (d.flags & kGroupHead)) bad("descriptor flags " + std::to_string(d.flags));
-  if (d.memory_kind != static_cast<uint8_t>(MemoryKind::host))
-    throw Error(ErrorCode::unsupported, "tensorwire ipc: the publisher sent memory of kind " +
-                                            std::to_string(d.memory_kind) +
-                                            ", which this build cannot map (host memory only)");
+  if (d.memory_kind > static_cast<uint8_t>(MemoryKind::cuda)) bad("memory kind " + std::to_string(d.memory_kind));
+  if (d.reserved != 0) bad("reserved descriptor byte");
   if (d.ndim > kMaxRank) bad("rank " + std::to_string(d.ndim));
   if (d.lease_slot >= lease_slots) bad("lease slot " + std::to_string(d.lease_slot));
   if (d.metadata_bytes > max_metadata_bytes || d.metadata_bytes != metadata.size())
@@ -260,6 +258,8 @@ DecodedMessage decode_message(const MessageDescriptor& d, std::string_view metad
         ") outside its segment of " + std::to_string(segment_bytes) + " bytes");
   if (d.alloc_bytes > static_cast<uint64_t>(INT64_MAX)) bad("allocation size");
   DecodedMessage m;
+  m.memory = static_cast<MemoryKind>(d.memory_kind);
+  m.packed = (d.flags & kPacked) != 0;
   m.sequence = d.sequence;
   m.segment_id = d.segment_id;
   m.alloc_offset = d.alloc_offset;
@@ -297,8 +297,21 @@ ControlWire encode_control(ControlType type, uint64_t id, uint64_t size) {
   return w;
 }
 
+CudaSegmentWire encode_cuda_segment(uint64_t id, uint64_t size, const CudaSegmentInfo& info) {
+  CudaSegmentWire w{};
+  w.head = encode_control(ControlType::cuda_segment, id, size);
+  w.device = info.device;
+  w.handle_kind = static_cast<uint8_t>(info.handle);
+  w.handle_offset = info.handle_offset;
+  std::memcpy(w.device_uuid, info.device_uuid.data(), sizeof w.device_uuid);
+  std::memcpy(w.mem_handle, info.mem_handle.data(), sizeof w.mem_handle);
+  std::memcpy(w.event_handle, info.event_handle.data(), sizeof w.event_handle);
+  return w;
+}
+
 ControlMessage decode_control(std::span<const uint8_t> bytes, size_t nfds) {
-  if (bytes.size() != sizeof(ControlWire)) bad("control packet of " + std::to_string(bytes.size()) + " bytes");
+  if (bytes.size() != sizeof(ControlWire) && bytes.size() != sizeof(CudaSegmentWire))
+    bad("control packet of " + std::to_string(bytes.size()) + " bytes");
   ControlWire w;
   std::memcpy(&w, bytes.data(), sizeof w);
   if (w.magic != kMagic) bad("control magic");
@@ -322,11 +335,35 @@ ControlMessage decode_control(std::span<const uint8_t> bytes, size_t nfds) {
       if (w.id == 0) bad("segment id 0");
       if (w.size == 0 || w.size > (uint64_t{1} << 46)) bad("segment size " + std::to_string(w.size));
       break;
+    case static_cast<uint16_t>(ControlType::cuda_segment): {
+      m.type = ControlType::cuda_segment;
+      if (bytes.size() != sizeof(CudaSegmentWire)) bad("a CUDA segment packet of " + std::to_string(bytes.size()) + " bytes");
+      CudaSegmentWire c;
+      std::memcpy(&c, bytes.data(), sizeof c);
+      if (w.id == 0) bad("segment id 0");
+      if (w.size == 0 || w.size > (uint64_t{1} << 46)) bad("segment size " + std::to_string(w.size));
+      if (c.device < 0 || c.device > 1023) bad("CUDA device " + std::to_string(c.device));
+      if (c.handle_kind != static_cast<uint8_t>(CudaHandle::vmm) && c.handle_kind != static_cast<uint8_t>(CudaHandle::legacy))
+        bad("CUDA handle kind " + std::to_string(c.handle_kind));
+      if (c.reserved0 != 0 || c.reserved1 != 0) bad("reserved CUDA segment fields");
+      m.cuda.device = c.device;
+      m.cuda.handle = static_cast<CudaHandle>(c.handle_kind);
+      want = m.cuda.handle == CudaHandle::vmm ? 1 : 0;
+      if (m.cuda.handle == CudaHandle::vmm && c.handle_offset != 0) bad("a VMM segment with a handle offset");
+      if (c.handle_offset > (uint64_t{1} << 46)) bad("CUDA handle offset " + std::to_string(c.handle_offset));
+      m.cuda.handle_offset = c.handle_offset;
+      std::memcpy(m.cuda.device_uuid.data(), c.device_uuid, sizeof c.device_uuid);
+      std::memcpy(m.cuda.mem_handle.data(), c.mem_handle, sizeof c.mem_handle);
+      std::memcpy(m.cuda.event_handle.data(), c.event_handle, sizeof c.event_handle);
+      break;
+    }
     case static_cast<uint16_t>(ControlType::retire): m.type = ControlType::retire; break;
     case static_cast<uint16_t>(ControlType::bye): m.type = ControlType::bye; break;
     case static_cast<uint16_t>(ControlType::refused): m.type = ControlType::refused; break;
     default: bad("control type " + std::to_string(w.type));
   }
+  if (bytes.size() != sizeof(ControlWire) && m.type != ControlType::cuda_segment)
+    bad("control packet of " + std::to_string(bytes.size()) + " bytes");
   if (nfds != want) bad("control packet with " + std::to_string(nfds) + " fds, expected " + std::to_string(want));
   return m;
 }

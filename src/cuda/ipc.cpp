@@ -1,0 +1,379 @@
+// CUDA memory and events between processes (see ipc.hpp).
+#include "cuda/ipc.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "cuda/driver.hpp"
+#include "tensorwire/error.hpp"
+
+namespace tw::cuda::detail {
+namespace {
+
+std::string uuid_text(const std::array<uint8_t, 16>& u) {
+  // The form nvidia-smi prints: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx.
+  std::string s = "GPU-";
+  char b[3];
+  for (size_t i = 0; i < u.size(); ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) s += '-';
+    std::snprintf(b, sizeof b, "%02x", u[i]);
+    s += b;
+  }
+  return s;
+}
+
+template <class T>
+bool pointer_attr(const Api& a, int attr, uintptr_t ptr, T& out) {
+  out = T{};
+  return a.cuPointerGetAttribute(&out, attr, static_cast<CUdeviceptr>(ptr)) == kSuccess;
+}
+
+DeviceExport refuse(std::string why) {
+  DeviceExport e;
+  e.why = std::move(why);
+  return e;
+}
+
+// Process-wide state, reset when a test swaps the driver.
+struct State {
+  std::mutex mu;
+  // Legacy handles open in this process, by handle bytes: cuIpcOpenMemHandle opens one allocation once per process.
+  std::map<std::array<uint8_t, 64>, std::weak_ptr<void>> legacy;
+  std::map<int, CUstream> receive_streams;  // device -> this process's receive stream
+};
+State& state() {
+  static State* s = [] {
+    auto* st = new State();  // never destroyed: received tensors may outlive static destruction
+    register_reset([] {
+      std::lock_guard lk(state().mu);
+      state().legacy.clear();
+      state().receive_streams.clear();
+    });
+    return st;
+  }();
+  return *s;
+}
+
+}  // namespace
+
+std::array<uint8_t, 16> device_uuid(int device) {
+  const Api& a = api("CUDA device UUID");
+  if (!a.cuDeviceGetUuid) throw Error(ErrorCode::device_unavailable, "the NVIDIA driver lacks cuDeviceGetUuid");
+  CUdevice dev = 0;
+  check(a.cuDeviceGet(&dev, device), "cuDeviceGet");
+  Uuid u{};
+  check(a.cuDeviceGetUuid(&u, dev), "cuDeviceGetUuid");
+  std::array<uint8_t, 16> out{};
+  std::memcpy(out.data(), u.bytes, out.size());
+  return out;
+}
+
+int device_of_uuid(const std::array<uint8_t, 16>& uuid) {
+  const int n = driver().devices;
+  for (int i = 0; i < n; ++i)
+    if (device_uuid(i) == uuid) return i;
+  throw Error(ErrorCode::device_unavailable,
+              "the publisher's GPU " + uuid_text(uuid) + " is not visible to this process (" + std::to_string(n) +
+                  " CUDA device" + (n == 1 ? "" : "s") +
+                  " here; check CUDA_VISIBLE_DEVICES, or subscribe with device='cpu' to receive copies)");
+}
+
+DeviceExport export_memory(int device, uintptr_t ptr, uint64_t span) {
+  const Api& a = api("export CUDA memory to another process");
+  ContextGuard g(device);
+  uintptr_t pool = 0;
+  if (pointer_attr(a, kPointerAttrMempoolHandle, ptr, pool) && pool != 0)
+    return refuse("it comes from a stream-ordered memory pool (cudaMallocAsync), which has no IPC handle per allocation");
+  DeviceExport e;
+  e.device = device;
+  e.device_uuid = device_uuid(device);
+  CUmemHandle h = 0;
+  if (a.cuMemRetainAllocationHandle &&
+      a.cuMemRetainAllocationHandle(&h, reinterpret_cast<void*>(ptr)) == kSuccess) {  // VMM memory
+    struct Release {
+      const Api& a;
+      CUmemHandle h;
+      ~Release() { a.cuMemRelease(h); }
+    } release{a, h};
+    unsigned long long allowed = 0;
+    if (!pointer_attr(a, kPointerAttrAllowedHandleTypes, ptr, allowed) || !(allowed & kMemHandleTypePosixFd))
+      return refuse("its VMM allocation was made without a POSIX file-descriptor handle type");
+    uintptr_t base = 0;
+    size_t size = 0;
+    if (!pointer_attr(a, kPointerAttrMappingBase, ptr, base) || !pointer_attr(a, kPointerAttrMappingSize, ptr, size) ||
+        size == 0)
+      return refuse("the driver cannot say which VMM mapping holds it");
+    if (ptr < base || span > size || ptr - base > size - span)
+      return refuse("it spans more than one VMM allocation");
+    if (!a.cuMemExportToShareableHandle) return refuse("the NVIDIA driver lacks cuMemExportToShareableHandle");
+    int fd = -1;
+    if (CUresult r = a.cuMemExportToShareableHandle(&fd, h, kMemHandleTypePosixFd, 0); r != kSuccess || fd < 0)
+      return refuse("cuMemExportToShareableHandle failed: " + result_name(r));
+    e.kind = DeviceExport::Kind::vmm;
+    e.fd = fd;
+    e.base = base;
+    e.bytes = size;
+    return e;
+  }
+  if (!a.cuIpcGetMemHandle) return refuse("the NVIDIA driver lacks cuIpcGetMemHandle");
+  int capable = 0;
+  if (pointer_attr(a, kPointerAttrLegacyIpcCapable, ptr, capable) && capable == 0)
+    return refuse("the driver says its allocation cannot be shared with a CUDA IPC handle (memory opened from "
+                  "another process's handle, or allocated by a mechanism without one)");
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  if (CUresult r = a.cuMemGetAddressRange(&base, &size, static_cast<CUdeviceptr>(ptr)); r != kSuccess || size == 0)
+    return refuse("cuMemGetAddressRange failed: " + result_name(r));
+  if (ptr < base || span > size || ptr - base > size - span) return refuse("it spans more than one allocation");
+  IpcHandle ih{};
+  if (CUresult r = a.cuIpcGetMemHandle(&ih, base); r != kSuccess)
+    return refuse("cuIpcGetMemHandle failed: " + result_name(r));
+  e.kind = DeviceExport::Kind::legacy;
+  std::memcpy(e.handle.data(), ih.bytes, e.handle.size());
+  e.base = static_cast<uintptr_t>(base);
+  e.bytes = size;
+  return e;
+}
+
+DeviceExport allocate_exportable(int device, size_t nbytes) {
+  const Api& a = api("allocate shareable CUDA memory");
+  if (!a.cuMemCreate || !a.cuMemGetAllocationGranularity || !a.cuMemAddressReserve || !a.cuMemMap ||
+      !a.cuMemSetAccess || !a.cuMemUnmap || !a.cuMemAddressFree || !a.cuMemRelease || !a.cuMemExportToShareableHandle)
+    throw Error(ErrorCode::unsupported, "the NVIDIA driver lacks the virtual memory management API");
+  ContextGuard g(device);
+  CUdevice dev = 0;
+  check(a.cuDeviceGet(&dev, device), "cuDeviceGet");
+  int vmm = 0, fds = 0;
+  a.cuDeviceGetAttribute(&vmm, kAttrVmmSupported, dev);
+  a.cuDeviceGetAttribute(&fds, kAttrPosixFdSupported, dev);
+  if (!vmm || !fds)
+    throw Error(ErrorCode::unsupported, "cuda:" + std::to_string(device) +
+                                            " does not support VMM allocations with POSIX file-descriptor handles");
+  MemAllocationProp prop{};
+  prop.type = kMemAllocationTypePinned;
+  prop.requested_handle_types = kMemHandleTypePosixFd;
+  prop.location = MemLocation{kMemLocationTypeDevice, device};
+  size_t gran = 0;
+  check(a.cuMemGetAllocationGranularity(&gran, &prop, kMemGranularityRecommended), "cuMemGetAllocationGranularity");
+  if (gran == 0) gran = size_t{2} << 20;
+  const size_t bytes = (std::max<size_t>(nbytes, 1) + gran - 1) / gran * gran;
+  CUmemHandle h = 0;
+  check(a.cuMemCreate(&h, bytes, &prop, 0), "cuMemCreate");
+  CUdeviceptr va = 0;
+  CUresult r = a.cuMemAddressReserve(&va, bytes, gran, 0, 0);
+  if (r != kSuccess) {
+    a.cuMemRelease(h);
+    check(r, "cuMemAddressReserve");
+  }
+  r = a.cuMemMap(va, bytes, 0, h, 0);
+  if (r == kSuccess) {
+    MemAccessDesc acc{MemLocation{kMemLocationTypeDevice, device}, kMemAccessReadWrite};
+    r = a.cuMemSetAccess(va, bytes, &acc, 1);
+    if (r != kSuccess) a.cuMemUnmap(va, bytes);
+  }
+  int fd = -1;
+  if (r == kSuccess) {
+    r = a.cuMemExportToShareableHandle(&fd, h, kMemHandleTypePosixFd, 0);
+    if (r != kSuccess) a.cuMemUnmap(va, bytes);
+  }
+  if (r != kSuccess) {
+    a.cuMemAddressFree(va, bytes);
+    a.cuMemRelease(h);
+    check(r, "cuMemMap/cuMemSetAccess/cuMemExportToShareableHandle");
+  }
+  DeviceExport e;
+  e.kind = DeviceExport::Kind::vmm;
+  e.device = device;
+  e.device_uuid = device_uuid(device);
+  e.base = static_cast<uintptr_t>(va);
+  e.bytes = bytes;
+  e.fd = fd;
+  // The last owner frees it: the caller orders that after every use (the publisher, once no lease holds it and the
+  // work recorded on its event is done).
+  e.owner = std::shared_ptr<void>(reinterpret_cast<void*>(va), [device, bytes, h](void* p) {
+    const Api& a2 = driver().api;
+    if (!a2.cuMemUnmap) return;
+    try {
+      ContextGuard g2(device);
+      a2.cuMemUnmap(reinterpret_cast<CUdeviceptr>(p), bytes);
+      a2.cuMemAddressFree(reinterpret_cast<CUdeviceptr>(p), bytes);
+      a2.cuMemRelease(h);
+    } catch (...) {
+    }
+  });
+  return e;
+}
+
+IpcEvent create_ipc_event(int device) {
+  const Api& a = api("create an interprocess CUDA event");
+  if (!a.cuIpcGetEventHandle) throw Error(ErrorCode::unsupported, "the NVIDIA driver lacks cuIpcGetEventHandle");
+  ContextGuard g(device);
+  CUevent ev = nullptr;
+  check(a.cuEventCreate(&ev, kEventDisableTiming | kEventInterprocess), "cuEventCreate(interprocess)");
+  IpcEvent out;
+  out.device = device;
+  out.event = std::shared_ptr<void>(ev, [device](void* e) {
+    try {
+      ContextGuard g2(device);
+      driver().api.cuEventDestroy(static_cast<CUevent>(e));
+    } catch (...) {
+    }
+  });
+  IpcHandle h{};
+  check(a.cuIpcGetEventHandle(&h, ev), "cuIpcGetEventHandle");
+  std::memcpy(out.handle.data(), h.bytes, out.handle.size());
+  return out;
+}
+
+void record_ipc_event(const IpcEvent& event, intptr_t stream, bool chain) {
+  const Api& a = api("record an interprocess CUDA event");
+  ContextGuard g(event.device);
+  auto* ev = static_cast<CUevent>(event.event.get());
+  if (chain) check(a.cuStreamWaitEvent(as_stream(stream), ev, 0), "cuStreamWaitEvent");
+  check(a.cuEventRecord(ev, as_stream(stream)), "cuEventRecord");
+}
+
+IpcEvent open_ipc_event(const std::array<uint8_t, 16>& uuid, const std::array<uint8_t, 64>& handle) {
+  const Api& a = api("open another process's CUDA event");
+  if (!a.cuIpcOpenEventHandle) throw Error(ErrorCode::unsupported, "the NVIDIA driver lacks cuIpcOpenEventHandle");
+  const int device = device_of_uuid(uuid);
+  ContextGuard g(device);
+  IpcHandle h{};
+  std::memcpy(h.bytes, handle.data(), handle.size());
+  CUevent ev = nullptr;
+  if (CUresult r = a.cuIpcOpenEventHandle(&ev, h); r != kSuccess)
+    throw Error(ErrorCode::invalid_argument, "the publisher's CUDA event handle cannot be opened (" + result_name(r) +
+                                                 "): a forged or stale handle, or a publisher that is gone");
+  IpcEvent out;
+  out.device = device;
+  out.handle = handle;
+  out.event = std::shared_ptr<void>(ev, [device](void* e) {
+    try {
+      ContextGuard g2(device);
+      driver().api.cuEventDestroy(static_cast<CUevent>(e));
+    } catch (...) {
+    }
+  });
+  return out;
+}
+
+DeviceImport open_memory(DeviceExport::Kind kind, const std::array<uint8_t, 16>& uuid, int fd,
+                         const std::array<uint8_t, 64>& handle, uint64_t handle_offset, uint64_t bytes) {
+  const Api& a = api("open another process's CUDA memory");
+  const int device = device_of_uuid(uuid);
+  ContextGuard g(device);
+  DeviceImport out;
+  out.device = device;
+  out.bytes = bytes;
+  if (kind == DeviceExport::Kind::vmm) {
+    if (!a.cuMemImportFromShareableHandle || !a.cuMemAddressReserve || !a.cuMemMap || !a.cuMemSetAccess)
+      throw Error(ErrorCode::unsupported, "the NVIDIA driver lacks cuMemImportFromShareableHandle");
+    CUmemHandle h = 0;
+    if (CUresult r = a.cuMemImportFromShareableHandle(&h, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
+                                                      kMemHandleTypePosixFd);
+        r != kSuccess)
+      throw Error(ErrorCode::invalid_argument, "the publisher's CUDA memory fd cannot be imported (" + result_name(r) +
+                                                   "): not a CUDA allocation, or one of another device");
+    const auto sz = static_cast<size_t>(bytes);
+    CUdeviceptr va = 0;
+    CUresult r = a.cuMemAddressReserve(&va, sz, 0, 0, 0);
+    if (r == kSuccess) {
+      r = a.cuMemMap(va, sz, 0, h, 0);
+      if (r == kSuccess) {
+        MemAccessDesc acc{MemLocation{kMemLocationTypeDevice, device}, kMemAccessReadWrite};
+        r = a.cuMemSetAccess(va, sz, &acc, 1);
+        if (r != kSuccess) a.cuMemUnmap(va, sz);
+      }
+      if (r != kSuccess) a.cuMemAddressFree(va, sz);
+    }
+    if (r != kSuccess) {
+      a.cuMemRelease(h);
+      throw Error(ErrorCode::invalid_argument, "the publisher's CUDA allocation of " + std::to_string(bytes) +
+                                                   " bytes cannot be mapped (" + result_name(r) +
+                                                   "): its announced size does not match the allocation");
+    }
+    out.base = static_cast<uintptr_t>(va);
+    out.owner = std::shared_ptr<void>(reinterpret_cast<void*>(va), [device, sz, h](void* p) {
+      try {
+        const Api& a2 = driver().api;
+        ContextGuard g2(device);
+        a2.cuMemUnmap(reinterpret_cast<CUdeviceptr>(p), sz);
+        a2.cuMemAddressFree(reinterpret_cast<CUdeviceptr>(p), sz);
+        a2.cuMemRelease(h);
+      } catch (...) {
+      }
+    });
+    return out;
+  }
+  if (kind != DeviceExport::Kind::legacy) throw Error(ErrorCode::invalid_argument, "open_memory: no handle to open");
+  if (!a.cuIpcOpenMemHandle || !a.cuIpcCloseMemHandle)
+    throw Error(ErrorCode::unsupported, "the NVIDIA driver lacks cuIpcOpenMemHandle");
+  State& st = state();
+  std::lock_guard lk(st.mu);
+  std::shared_ptr<void> opened = st.legacy[handle].lock();
+  if (!opened) {
+    IpcHandle h{};
+    std::memcpy(h.bytes, handle.data(), handle.size());
+    CUdeviceptr p = 0;
+    if (CUresult r = a.cuIpcOpenMemHandle(&p, h, kIpcLazyPeerAccess); r != kSuccess) {
+      st.legacy.erase(handle);
+      throw Error(ErrorCode::invalid_argument, "the publisher's CUDA IPC memory handle cannot be opened (" +
+                                                   result_name(r) +
+                                                   "): a forged or stale handle, or memory that was freed");
+    }
+    opened = std::shared_ptr<void>(reinterpret_cast<void*>(p), [device, handle](void* q) {
+      State& s2 = state();
+      std::lock_guard lk2(s2.mu);  // closed before anyone can open the same handle again
+      try {
+        ContextGuard g2(device);
+        driver().api.cuIpcCloseMemHandle(reinterpret_cast<CUdeviceptr>(q));
+      } catch (...) {
+      }
+      auto it = s2.legacy.find(handle);
+      if (it != s2.legacy.end() && it->second.expired()) s2.legacy.erase(it);
+    });
+    st.legacy[handle] = opened;
+  }
+  // The size the allocation really has is not known here; the publisher's announcement is trusted only as far as
+  // the driver maps (an out-of-bounds read is a device fault in this process, never another process's memory).
+  out.base = reinterpret_cast<uintptr_t>(opened.get()) + handle_offset;
+  out.owner = std::move(opened);
+  return out;
+}
+
+intptr_t wait_ipc_event(const IpcEvent& event) {
+  const Api& a = api("wait for another process's CUDA event");
+  ContextGuard g(event.device);
+  State& st = state();
+  CUstream s = nullptr;
+  {
+    std::lock_guard lk(st.mu);
+    auto it = st.receive_streams.find(event.device);
+    if (it == st.receive_streams.end()) {
+      if (!a.cuStreamCreate) throw Error(ErrorCode::unsupported, "the NVIDIA driver lacks cuStreamCreate");
+      check(a.cuStreamCreate(&s, kStreamNonBlocking), "cuStreamCreate");  // lives as long as the process
+      st.receive_streams[event.device] = s;
+    } else {
+      s = it->second;
+    }
+  }
+  check(a.cuStreamWaitEvent(s, static_cast<CUevent>(event.event.get()), 0), "cuStreamWaitEvent");
+  return reinterpret_cast<intptr_t>(s);
+}
+
+size_t open_legacy_handles() {
+  State& st = state();
+  std::lock_guard lk(st.mu);
+  size_t n = 0;
+  for (const auto& [h, w] : st.legacy) n += w.expired() ? 0u : 1u;
+  return n;
+}
+
+}  // namespace tw::cuda::detail
