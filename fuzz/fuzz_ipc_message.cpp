@@ -75,7 +75,12 @@ void fuzz_message(const uint8_t* p, size_t n) {
 void fuzz_control(const uint8_t* p, size_t n, size_t nfds) {
   try {
     ipc::ControlMessage m = ipc::decode_control(std::span<const uint8_t>(p, n), nfds);
-    TW_FUZZ_CHECK(n == sizeof(ipc::ControlWire), "accepted a packet of %zu bytes", n);
+    TW_FUZZ_CHECK(n == (m.type == ipc::ControlType::cuda_segment ? sizeof(ipc::CudaSegmentWire) : sizeof(ipc::ControlWire)),
+                  "accepted a packet of %zu bytes", n);
+    if (m.type == ipc::ControlType::cuda_segment)
+      TW_FUZZ_CHECK(m.id != 0 && m.size != 0 && nfds == (m.cuda.handle == ipc::CudaHandle::vmm ? 1u : 0u) &&
+                        m.cuda.device >= 0,
+                    "a CUDA segment with id 0, size 0, a negative device or the wrong fds");
     if (m.type == ipc::ControlType::segment) TW_FUZZ_CHECK(nfds == 1 && m.id != 0, "segment without fd or with id 0");
     if (m.type == ipc::ControlType::welcome) TW_FUZZ_CHECK(nfds == 2, "welcome without its two fds");
   } catch (const tw::Error&) {

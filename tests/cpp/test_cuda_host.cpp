@@ -3,6 +3,10 @@
 // pool bookkeeping, stream rules, copy planning and the kernels' parameters are tested everywhere. The GPU suite
 // (test_cuda_gpu.cpp, `make test-gpu`) runs the same paths on a real device.
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -19,11 +23,14 @@
 #include "copy/plan.hpp"
 #include "cuda/copy.hpp"
 #include "cuda/driver.hpp"
+#include "cuda/ipc.hpp"
 #include "cuda/kernel_abi.h"
 #include "cuda/pool.hpp"
 #include "tensorwire/copy.hpp"
 #include "tensorwire/cuda.hpp"
+#include "ipc/ipc_internal.hpp"
 #include "tensorwire/device_runtime.hpp"
+#include "tensorwire/ipc.hpp"
 #include "tensorwire/tensor.hpp"
 #include "tw_test_util.hpp"
 
@@ -51,6 +58,16 @@ struct Fake {
   std::set<std::string> names;
   int ctx[4] = {};
   int foreign_ctx = 0;
+  // VMM, modelled with memfds so that an exported fd imported and mapped again aliases the same bytes.
+  std::map<d::CUmemHandle, std::pair<int, size_t>> vmm;  // handle -> (memfd, size)
+  std::map<uintptr_t, d::CUmemHandle> mapped;             // VA -> handle mapped there
+  d::CUmemHandle next_handle = 0;
+  std::map<uintptr_t, size_t> plain;  // cuMemAlloc allocations (legacy IPC)
+  int ipc_opens = 0;                  // cuIpcOpenMemHandle minus cuIpcCloseMemHandle
+  int ipc_event_opens = 0;
+  int records = 0;                    // cuEventRecord calls
+  int stream_creates = 0;
+  int stream_slot = 0;                // the address of a created stream
 };
 Fake* g_fake = nullptr;
 thread_local d::CUcontext t_current = nullptr;
@@ -121,7 +138,7 @@ d::Api fake_api() {
     g_fake->events.insert(reinterpret_cast<uintptr_t>(*e));
     return 0;
   };
-  a.cuEventRecord = [](d::CUevent, d::CUstream) { return 0; };
+  a.cuEventRecord = [](d::CUevent, d::CUstream) { ++g_fake->records; return 0; };
   a.cuEventQuery = [](d::CUevent) { return g_fake->events_done ? 0 : d::kErrorNotReady; };
   a.cuEventSynchronize = [](d::CUevent) { return 0; };
   a.cuEventDestroy = [](d::CUevent e) {
@@ -155,11 +172,13 @@ d::Api fake_api() {
     *p = reinterpret_cast<d::CUdeviceptr>(aligned(n));
     std::lock_guard lk(g_fake->mu);
     g_fake->device_mem[*p] = n;
+    g_fake->plain[*p] = n;
     return 0;
   };
   a.cuMemFree = [](d::CUdeviceptr p) {
     std::lock_guard lk(g_fake->mu);
     g_fake->device_mem.erase(p);
+    g_fake->plain.erase(p);
     std::free(reinterpret_cast<void*>(p));
     return 0;
   };
@@ -211,27 +230,166 @@ d::Api fake_api() {
     EXPECT_EQ(n % (size_t(2) << 20), 0u);
     EXPECT_EQ(p->type, d::kMemAllocationTypePinned);
     EXPECT_EQ(p->location.type, d::kMemLocationTypeDevice);
-    *h = static_cast<d::CUmemHandle>(++g_fake->handles);
+    const int fd = memfd_create("fake-vmm", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, static_cast<off_t>(n)) != 0) return 2;
+    void* m = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    std::memset(m, 0xAB, n);  // fresh device memory is not zero: tests must not depend on it
+    munmap(m, n);
+    std::lock_guard lk(g_fake->mu);
+    *h = ++g_fake->next_handle;
+    g_fake->vmm[*h] = {fd, n};
+    ++g_fake->handles;
     return 0;
   };
-  a.cuMemRelease = [](d::CUmemHandle) { --g_fake->handles; return 0; };
+  a.cuMemRelease = [](d::CUmemHandle h) {
+    std::lock_guard lk(g_fake->mu);
+    auto it = g_fake->vmm.find(h);
+    if (it == g_fake->vmm.end()) return 1;
+    close(it->second.first);
+    g_fake->vmm.erase(it);
+    --g_fake->handles;
+    return 0;
+  };
   a.cuMemAddressReserve = [](d::CUdeviceptr* p, size_t n, size_t, d::CUdeviceptr, unsigned long long) {
-    *p = reinterpret_cast<d::CUdeviceptr>(aligned(n));
+    void* m = mmap(nullptr, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return 2;
+    *p = reinterpret_cast<d::CUdeviceptr>(m);
     std::lock_guard lk(g_fake->mu);
     g_fake->device_mem[*p] = n;
     return 0;
   };
-  a.cuMemAddressFree = [](d::CUdeviceptr p, size_t) {
+  a.cuMemAddressFree = [](d::CUdeviceptr p, size_t n) {
     std::lock_guard lk(g_fake->mu);
     g_fake->device_mem.erase(p);
-    std::free(reinterpret_cast<void*>(p));
+    munmap(reinterpret_cast<void*>(p), n);
     return 0;
   };
-  a.cuMemMap = [](d::CUdeviceptr, size_t, size_t, d::CUmemHandle, unsigned long long) { return 0; };
-  a.cuMemUnmap = [](d::CUdeviceptr, size_t) { return 0; };
+  a.cuMemMap = [](d::CUdeviceptr va, size_t n, size_t off, d::CUmemHandle h, unsigned long long) {
+    std::lock_guard lk(g_fake->mu);
+    auto it = g_fake->vmm.find(h);
+    if (it == g_fake->vmm.end() || off != 0 || n > it->second.second) return 1;
+    if (mmap(reinterpret_cast<void*>(va), n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, it->second.first, 0) ==
+        MAP_FAILED)
+      return 2;
+    g_fake->mapped[va] = h;
+    return 0;
+  };
+  a.cuMemUnmap = [](d::CUdeviceptr va, size_t n) {
+    std::lock_guard lk(g_fake->mu);
+    g_fake->mapped.erase(va);
+    mmap(reinterpret_cast<void*>(va), n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    return 0;
+  };
   a.cuMemSetAccess = [](d::CUdeviceptr, size_t, const d::MemAccessDesc* acc, size_t n) {
     EXPECT_EQ(n, 1u);
     EXPECT_EQ(acc->flags, d::kMemAccessReadWrite);
+    return 0;
+  };
+  a.cuMemExportToShareableHandle = [](void* out, d::CUmemHandle h, int type, unsigned long long) {
+    EXPECT_EQ(type, d::kMemHandleTypePosixFd);
+    std::lock_guard lk(g_fake->mu);
+    auto it = g_fake->vmm.find(h);
+    if (it == g_fake->vmm.end()) return 1;
+    *static_cast<int*>(out) = fcntl(it->second.first, F_DUPFD_CLOEXEC, 0);
+    return 0;
+  };
+  a.cuMemImportFromShareableHandle = [](d::CUmemHandle* h, void* os, int type) {
+    EXPECT_EQ(type, d::kMemHandleTypePosixFd);
+    const int fd = static_cast<int>(reinterpret_cast<intptr_t>(os));
+    struct stat st {};
+    if (fstat(fd, &st) != 0 || st.st_size == 0) return 400;  // CUDA_ERROR_INVALID_HANDLE
+    std::lock_guard lk(g_fake->mu);
+    *h = ++g_fake->next_handle;
+    g_fake->vmm[*h] = {fcntl(fd, F_DUPFD_CLOEXEC, 0), static_cast<size_t>(st.st_size)};
+    ++g_fake->handles;
+    return 0;
+  };
+  a.cuMemRetainAllocationHandle = [](d::CUmemHandle* h, void* addr) {
+    std::lock_guard lk(g_fake->mu);
+    const auto p = reinterpret_cast<uintptr_t>(addr);
+    for (const auto& [va, mh] : g_fake->mapped) {
+      const size_t n = g_fake->vmm.at(mh).second;
+      if (p >= va && p < va + n) {
+        *h = ++g_fake->next_handle;
+        g_fake->vmm[*h] = {fcntl(g_fake->vmm.at(mh).first, F_DUPFD_CLOEXEC, 0), n};
+        ++g_fake->handles;
+        return 0;
+      }
+    }
+    return 1;  // CUDA_ERROR_INVALID_VALUE: not VMM memory
+  };
+  a.cuPointerGetAttribute = [](void* out, int attr, d::CUdeviceptr ptr) {
+    std::lock_guard lk(g_fake->mu);
+    const auto p = static_cast<uintptr_t>(ptr);
+    uintptr_t mbase = 0;
+    size_t msize = 0;
+    for (const auto& [va, mh] : g_fake->mapped)
+      if (p >= va && p < va + g_fake->vmm.at(mh).second) mbase = va, msize = g_fake->vmm.at(mh).second;
+    switch (attr) {
+      case d::kPointerAttrMappingBase: *static_cast<uintptr_t*>(out) = mbase; return mbase ? 0 : 1;
+      case d::kPointerAttrMappingSize: *static_cast<size_t*>(out) = msize; return mbase ? 0 : 1;
+      case d::kPointerAttrAllowedHandleTypes:
+        *static_cast<unsigned long long*>(out) = mbase ? d::kMemHandleTypePosixFd : 0;
+        return 0;
+      case d::kPointerAttrMempoolHandle: *static_cast<uintptr_t*>(out) = 0; return 0;
+      case d::kPointerAttrLegacyIpcCapable: *static_cast<int*>(out) = mbase ? 0 : 1; return 0;
+      default: *static_cast<int*>(out) = 0; return 0;
+    }
+  };
+  a.cuMemGetAddressRange = [](d::CUdeviceptr* base, size_t* size, d::CUdeviceptr ptr) {
+    std::lock_guard lk(g_fake->mu);
+    for (const auto& [b, n] : g_fake->plain)
+      if (ptr >= b && ptr < b + n) {
+        if (base) *base = b;
+        if (size) *size = n;
+        return 0;
+      }
+    return 1;
+  };
+  // Legacy IPC, within one process: a handle carries the base address; opening it aliases the same memory.
+  a.cuIpcGetMemHandle = [](d::IpcHandle* h, d::CUdeviceptr p) {
+    std::memset(h->bytes, 0, sizeof h->bytes);
+    std::memcpy(h->bytes, "fakeipc", 7);
+    std::memcpy(h->bytes + 8, &p, sizeof p);
+    return 0;
+  };
+  a.cuIpcOpenMemHandle = [](d::CUdeviceptr* p, d::IpcHandle h, unsigned flags) {
+    EXPECT_EQ(flags, d::kIpcLazyPeerAccess);
+    if (std::memcmp(h.bytes, "fakeipc", 7) != 0) return 400;  // a forged handle
+    std::memcpy(p, h.bytes + 8, sizeof *p);
+    std::lock_guard lk(g_fake->mu);
+    if (!g_fake->plain.count(*p)) return 400;  // freed meanwhile: stale
+    ++g_fake->ipc_opens;
+    return 0;
+  };
+  a.cuIpcCloseMemHandle = [](d::CUdeviceptr) {
+    std::lock_guard lk(g_fake->mu);
+    --g_fake->ipc_opens;
+    return 0;
+  };
+  a.cuIpcGetEventHandle = [](d::IpcHandle* h, d::CUevent e) {
+    std::memset(h->bytes, 0, sizeof h->bytes);
+    std::memcpy(h->bytes, "fakeevt", 7);
+    std::memcpy(h->bytes + 8, &e, sizeof e);
+    return 0;
+  };
+  a.cuIpcOpenEventHandle = [](d::CUevent* e, d::IpcHandle h) {
+    if (std::memcmp(h.bytes, "fakeevt", 7) != 0) return 400;
+    *e = new int(0);
+    std::lock_guard lk(g_fake->mu);
+    g_fake->events.insert(reinterpret_cast<uintptr_t>(*e));
+    ++g_fake->ipc_event_opens;
+    return 0;
+  };
+  a.cuDeviceGetUuid = [](d::Uuid* u, d::CUdevice dev) {
+    std::memset(u->bytes, 0, sizeof u->bytes);
+    u->bytes[0] = static_cast<unsigned char>(0xF0 + dev);
+    return 0;
+  };
+  a.cuStreamCreate = [](d::CUstream* s, unsigned flags) {
+    EXPECT_EQ(flags, d::kStreamNonBlocking);
+    ++g_fake->stream_creates;
+    *s = &g_fake->stream_slot;
     return 0;
   };
   return a;
@@ -533,3 +691,241 @@ TEST_F(FakeDriver, CopyFalseAndSameDevice) {
 }
 
 }  // namespace
+
+// ---- CUDA tensors between publisher and subscriber (issue 10), with the fake driver ------------------------------
+// One process plays both sides: the fake's legacy handles carry the address (opening one aliases the same memory)
+// and its VMM allocations are memfds (an exported fd imported and mapped again aliases the same bytes), so values,
+// handle bookkeeping, events and leases are all checked here; the GPU suite runs the same across real processes.
+
+std::string ipc_topic(const char* what) {
+  static std::atomic<int> n{0};
+  return "test/cudaipc/" + std::to_string(::getpid()) + "/" + what + "/" + std::to_string(n++);
+}
+
+// A caller's cudaMalloc allocation (the fake's cuMemAlloc), as PyTorch's caching allocator would hold it: `n`
+// float32 values 0, 1, 2, ...; `freed` turns true when tensorwire lets the memory go.
+Tensor foreign_floats(size_t n, std::shared_ptr<std::atomic<bool>> freed) {
+  d::CUdeviceptr p = 0;
+  EXPECT_EQ(d::driver().api.cuMemAlloc(&p, n * 4), 0);
+  auto* f = reinterpret_cast<float*>(p);
+  for (size_t i = 0; i < n; ++i) f[i] = static_cast<float>(i);
+  std::shared_ptr<void> owner(f, [freed](void* q) {
+    freed->store(true);
+    d::driver().api.cuMemFree(reinterpret_cast<d::CUdeviceptr>(q));
+  });
+  auto buf = std::make_shared<tw::Buffer>(f, n * 4, Device::cuda(0), owner);
+  return Tensor::make(buf, tw::Layout{DType::float32(), {static_cast<int64_t>(n)}, {1}, 0, false}, false);
+}
+
+std::vector<float> host_values(const Tensor& t) {
+  Tensor h = t.to(Device::cpu());
+  Tensor c = h.contiguous();
+  return std::vector<float>(c.data<const float>(), c.data<const float>() + c.numel());
+}
+
+TEST_F(FakeDriver, IpcTheStackedPlaneArrivesWithItsOffset) {
+  // The seed bug: two 2x3 tensors stacked, the second plane sent; the values 6..11 must arrive, not 0..5.
+  const std::string name = ipc_topic("stack");
+  auto freed = std::make_shared<std::atomic<bool>>(false);
+  {
+    tw::Publisher pub(name);
+    tw::Subscriber sub(name);
+    ASSERT_TRUE(sub.connected());
+    Tensor stacked = foreign_floats(12, freed).view({2, 2, 3});
+    Tensor plane = stacked.select(0, 1);
+    const int waits = g_fake->stream_waits;
+    ASSERT_EQ(pub.send(plane, tw::Metadata{{"step", 7}}), 1u);
+    stacked = Tensor();
+    plane = Tensor();
+    EXPECT_FALSE(freed->load()) << "the publisher keeps the caller's allocation while a subscriber may read it";
+    auto t = sub.recv(std::chrono::seconds(5));
+    ASSERT_TRUE(t);
+    EXPECT_EQ(std::string(t->buffer().transport()), "cuda-ipc");
+    EXPECT_EQ(t->device(), Device::cuda(0));
+    EXPECT_EQ(t->shape(), (tw::Shape{2, 3}));
+    EXPECT_EQ(host_values(*t), (std::vector<float>{6, 7, 8, 9, 10, 11}));
+    EXPECT_EQ(t->metadata().at("step").as_int(), 7);
+    EXPECT_TRUE(t->stream().has_value());
+    EXPECT_GT(g_fake->stream_waits, waits) << "the receive stream waits on the publisher's event";
+    EXPECT_GE(g_fake->records, 1);
+    EXPECT_EQ(g_fake->ipc_opens, 1);
+    EXPECT_EQ(d::open_legacy_handles(), 1u);
+    // A second message from the same allocation reuses the open handle.
+    auto t2 = sub.recv(std::chrono::milliseconds(0));
+    EXPECT_FALSE(t2);
+    t.reset();
+    EXPECT_EQ(g_fake->ipc_opens, 0) << "the handle closes when no lease uses it";
+    EXPECT_EQ(d::open_legacy_handles(), 0u);
+    // The publisher lets the caller's memory go at its next send (or close) once nobody holds it.
+    pub.close();
+  }
+  EXPECT_TRUE(freed->load());
+  expect_no_leaks();
+}
+
+TEST_F(FakeDriver, IpcEveryLayoutOfALoanArrivesBitExact) {
+  const std::string name = ipc_topic("loan");
+  {
+    tw::Publisher pub(name, tw::PublisherOptions{.depth = 16});
+    tw::Subscriber sub(name);
+    ASSERT_TRUE(sub.connected());
+    Tensor loan = pub.loan({4, 6}, DType::float32(), Device::cuda(0));
+    EXPECT_EQ(loan.device(), Device::cuda(0));
+    EXPECT_TRUE(pub.owns(loan));
+    auto* f = reinterpret_cast<float*>(loan.data_ptr());
+    for (int i = 0; i < 24; ++i) f[i] = static_cast<float>(i);
+    const std::vector<float> all = host_values(loan);
+    std::vector<Tensor> views = {loan, loan.transpose(0, 1), loan.slice(1, 1, 6, 2), loan.slice(0, std::nullopt, std::nullopt, -1),
+                                 loan.select(1, 2), loan.slice(0, 0, 1).expand({3, 6})};
+    for (const Tensor& v : views) {
+      tw::SendOptions o;
+      o.stream = 1;
+      ASSERT_EQ(pub.send(v, o), 1u);
+      auto t = sub.recv(std::chrono::seconds(5));
+      ASSERT_TRUE(t);
+      EXPECT_EQ(std::string(t->buffer().transport()), "cuda-vmm");
+      EXPECT_EQ(t->shape(), v.shape());
+      EXPECT_EQ(t->strides(), v.strides());
+      EXPECT_EQ(host_values(*t), host_values(v));
+      EXPECT_NE(t->data_ptr(), v.data_ptr()) << "imported at an address of its own";
+    }
+    EXPECT_EQ(host_values(loan), all);
+  }
+  expect_no_leaks();
+}
+
+TEST_F(FakeDriver, IpcCopiesWhatHasNoZeroCopyPathAndRefusesWithCopyFalse) {
+  const std::string a = ipc_topic("first"), b = ipc_topic("second");
+  auto freed = std::make_shared<std::atomic<bool>>(false);
+  {
+    tw::Publisher pub_a(a);
+    tw::Subscriber sub_a(a);
+    tw::Publisher pub_b(b);
+    tw::Subscriber sub_b(b);
+    ASSERT_TRUE(sub_a.connected() && sub_b.connected());
+    pub_a.send(foreign_floats(8, freed));
+    auto got = sub_a.recv(std::chrono::seconds(5));
+    ASSERT_TRUE(got);
+    // A received tensor belongs to the other process: re-sending it needs one copy.
+    tw::SendOptions never;
+    never.copy = false;
+    try {
+      pub_b.send(*got, never);
+      ADD_FAILURE() << "copy=false sent a received tensor";
+    } catch (const tw::Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::copy_required);
+      EXPECT_NE(std::string(e.what()).find("received"), std::string::npos) << e.what();
+    }
+    const int copies = g_fake->memcpys;
+    ASSERT_EQ(pub_b.send(*got), 1u);
+    auto again = sub_b.recv(std::chrono::seconds(5));
+    ASSERT_TRUE(again);
+    EXPECT_EQ(std::string(again->buffer().transport()), "cuda-copy");
+    EXPECT_EQ(g_fake->memcpys, copies + 1) << "exactly one device-to-device copy";
+    EXPECT_EQ(host_values(*again), host_values(*got));
+    // copy=true copies even what could cross without one.
+    tw::SendOptions always;
+    always.copy = true;
+    pub_a.send(foreign_floats(4, std::make_shared<std::atomic<bool>>(false)), always);
+    auto copied = sub_a.recv(std::chrono::seconds(5));
+    ASSERT_TRUE(copied);
+    EXPECT_EQ(std::string(copied->buffer().transport()), "cuda-copy");
+    EXPECT_EQ(host_values(*copied), (std::vector<float>{0, 1, 2, 3}));
+  }
+  EXPECT_TRUE(freed->load());
+  expect_no_leaks();
+}
+
+TEST_F(FakeDriver, IpcSubscriberDeviceCpuReceivesHostCopies) {
+  const std::string name = ipc_topic("tocpu");
+  {
+    tw::Publisher pub(name);
+    tw::SubscriberOptions so;
+    so.device = Device::cpu();
+    tw::Subscriber sub(name, so);
+    ASSERT_TRUE(sub.connected());
+    pub.send(foreign_floats(6, std::make_shared<std::atomic<bool>>(false)).view({2, 3}).transpose(0, 1));
+    auto t = sub.recv(std::chrono::seconds(5));
+    ASSERT_TRUE(t);
+    EXPECT_EQ(t->device(), Device::cpu());
+    EXPECT_EQ(std::string(t->buffer().transport()), "cuda-ipc");
+    EXPECT_EQ(host_values(*t), (std::vector<float>{0, 3, 1, 4, 2, 5}));
+    EXPECT_EQ(g_fake->ipc_opens, 0) << "the device memory is let go once copied";
+  }
+  expect_no_leaks();
+}
+
+TEST_F(FakeDriver, IpcAForgedHandleIsAnErrorAtRecvAndTheStreamGoesOn) {
+  // The publisher side is real; the subscriber opens what the driver refuses (the fake refuses a handle whose
+  // allocation was freed: a stale handle).
+  const std::string name = ipc_topic("stale");
+  {
+    tw::Publisher pub(name);
+    tw::Subscriber sub(name);
+    ASSERT_TRUE(sub.connected());
+    Tensor x = foreign_floats(4, std::make_shared<std::atomic<bool>>(false));
+    pub.send(x);
+    // Free the allocation behind the publisher's back before the subscriber opens it.
+    {
+      std::lock_guard lk(g_fake->mu);
+      g_fake->plain.clear();
+    }
+    try {
+      (void)sub.recv(std::chrono::seconds(5));
+      ADD_FAILURE() << "a stale handle was opened";
+    } catch (const tw::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("cannot open"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("stale"), std::string::npos) << e.what();
+    }
+    Tensor h = Tensor::empty({3}, DType::int32());
+    pub.send(h);
+    auto t = sub.recv(std::chrono::seconds(5));
+    ASSERT_TRUE(t) << "the stream goes on after a message that could not be opened";
+    EXPECT_EQ(std::string(t->buffer().transport()), "shm-copy");
+    {
+      std::lock_guard lk(g_fake->mu);
+      g_fake->plain[reinterpret_cast<uintptr_t>(x.buffer().base())] = 16;  // (so the owner's cuMemFree matches)
+    }
+  }
+}
+
+TEST_F(FakeDriver, IpcWireRefusesBadCudaSegments) {
+  namespace ipc = tw::ipc_detail;
+  ipc::CudaSegmentInfo info;
+  info.device = 0;
+  info.handle = ipc::CudaHandle::legacy;
+  ipc::CudaSegmentWire w = ipc::encode_cuda_segment(5, 4096, info);
+  auto decode = [](const ipc::CudaSegmentWire& x, size_t nfds) {
+    return ipc::decode_control(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(&x), sizeof x), nfds);
+  };
+  const ipc::ControlMessage m = decode(w, 0);
+  EXPECT_EQ(m.type, ipc::ControlType::cuda_segment);
+  EXPECT_EQ(m.cuda.handle, ipc::CudaHandle::legacy);
+  EXPECT_THROW(decode(w, 1), tw::Error);  // a legacy handle comes with no fd
+  ipc::CudaSegmentWire v = w;
+  v.handle_kind = 9;
+  EXPECT_THROW(decode(v, 0), tw::Error);
+  v = w;
+  v.device = -1;
+  EXPECT_THROW(decode(v, 0), tw::Error);
+  v = w;
+  v.head.size = 0;
+  EXPECT_THROW(decode(v, 0), tw::Error);
+  info.handle = ipc::CudaHandle::vmm;
+  ipc::CudaSegmentWire vm = ipc::encode_cuda_segment(5, 4096, info);
+  EXPECT_THROW(decode(vm, 0), tw::Error);  // a VMM segment needs its fd
+  EXPECT_EQ(decode(vm, 1).cuda.handle, ipc::CudaHandle::vmm);
+}
+
+TEST_F(FakeDriver, IpcADeviceThisProcessLacksIsNamed) {
+  std::array<uint8_t, 16> uuid{};
+  uuid[0] = 0x42;
+  try {
+    (void)d::device_of_uuid(uuid);
+    ADD_FAILURE();
+  } catch (const tw::Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::device_unavailable);
+    EXPECT_NE(std::string(e.what()).find("GPU-42000000"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(d::device_of_uuid(d::device_uuid(1)), 1);
+}

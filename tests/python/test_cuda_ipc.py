@@ -1,0 +1,224 @@
+"""CUDA tensors between real processes (issue 10) on a GPU: the seed bug (a plane of a torch.stack result arrives
+with its offset), every layout from PyTorch and CuPy producers, four subscribers, metadata, expandable segments,
+ordering against a kernel still running when send returns, device loans, and SIGKILL of a subscriber with no
+device memory leaked. Skips on a machine without a CUDA device (TW_REQUIRE_CUDA=1 makes that a failure); the
+bookkeeping runs everywhere against a fake driver (tests/cpp/test_cuda_host.cpp, FakeDriver.Ipc*)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+import tensorwire as tw
+
+REQUIRED = os.environ.get("TW_REQUIRE_CUDA") == "1"
+pytestmark = pytest.mark.skipif(not REQUIRED and not tw.cuda.is_available(),
+                                reason=f"no CUDA device: {tw.cuda.status()}")
+
+SLEEP_CYCLES = 300_000_000  # ~0.15 s of GPU time: a consumer not ordered after it reads the old values
+CTX = mp.get_context("spawn")
+
+
+def topic(what: str) -> str:
+    return f"test/cudaipc/{what}/{uuid.uuid4().hex[:10]}"
+
+
+def _receiver(name, n, ready, out, device=None):
+    # A subscriber process: receives n tensors and sends back (values, transport, device, metadata).
+    import torch
+
+    import tensorwire as tw2
+    sub = tw2.Subscriber(name, device=device) if device else tw2.Subscriber(name)
+    ready.set()
+    for _ in range(n):
+        t = sub.recv(timeout=30)
+        if t.device.type == "cuda":
+            y = torch.from_dlpack(t)  # waits on the publisher's event (a stream the consumer uses)
+            vals = y.cpu().numpy()
+        else:
+            vals = np.asarray(t).copy()
+        out.put((vals, t.transport, str(t.device), dict(t.metadata)))
+
+
+def start_receivers(name, n, k=1, device=None):
+    out = CTX.Queue()
+    procs, readies = [], []
+    for _ in range(k):
+        ready = CTX.Event()
+        p = CTX.Process(target=_receiver, args=(name, n, ready, out, device), daemon=True)
+        p.start()
+        procs.append(p)
+        readies.append(ready)
+    for r in readies:
+        assert r.wait(60)
+    return procs, out
+
+
+def wait_subscribers(pub, k):
+    deadline = time.monotonic() + 30
+    while pub.subscribers < k and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pub.subscribers == k
+
+
+def test_the_second_plane_of_a_stack_arrives_as_six_to_eleven():
+    torch = pytest.importorskip("torch")
+    name = topic("seed")
+    with tw.Publisher(name) as pub:
+        procs, out = start_receivers(name, 1)
+        wait_subscribers(pub, 1)
+        a = torch.arange(6, dtype=torch.float32, device="cuda").reshape(2, 3)
+        b = torch.arange(6, 12, dtype=torch.float32, device="cuda").reshape(2, 3)
+        x = torch.stack([a, b])
+        pub.send(x[1], metadata={"step": 7})
+        vals, transport, device, meta = out.get(timeout=60)
+        np.testing.assert_array_equal(vals, np.arange(6, 12, dtype=np.float32).reshape(2, 3))
+        assert transport == "cuda-ipc"
+        assert device == "cuda:0"
+        assert meta == {"step": 7}
+        for p in procs:
+            p.join(30)
+
+
+def test_every_layout_from_torch_and_cupy_and_four_subscribers():
+    torch = pytest.importorskip("torch")
+    name = topic("layouts")
+    base = torch.arange(4 * 6 * 5, dtype=torch.float32, device="cuda").reshape(4, 6, 5)
+    views = [base, base[1], base[:, 2:5], base.permute(2, 0, 1), base[:, ::2, 1:], base[2:3].expand(3, 6, 5),
+             base[..., 3]]
+    expected = [v.cpu().numpy() for v in views]
+    cupy_views = []
+    try:
+        import cupy
+        c = cupy.arange(40, dtype=cupy.int32).reshape(5, 8)
+        cupy_views = [c[::-1], c[:, ::-3], c.T]
+        expected += [cupy.asnumpy(v) for v in cupy_views]
+    except ImportError:
+        pass
+    with tw.Publisher(name, depth=32) as pub:
+        procs, out = start_receivers(name, len(expected), k=4)
+        wait_subscribers(pub, 4)
+        for v in views + cupy_views:
+            pub.send(v)
+        got = [out.get(timeout=60) for _ in range(4 * len(expected))]
+        for p in procs:
+            p.join(30)
+    by_shape = {}
+    for vals, transport, _, _ in got:
+        assert transport in ("cuda-ipc", "cuda-vmm", "cuda-copy")
+        by_shape.setdefault(vals.tobytes(), 0)
+        by_shape[vals.tobytes()] += 1
+    for e in expected:
+        assert by_shape.get(np.ascontiguousarray(e).tobytes(), 0) >= 4, f"a {e.shape} view did not arrive intact"
+
+
+def test_a_kernel_still_writing_when_send_returns_is_waited_for():
+    torch = pytest.importorskip("torch")
+    name = topic("order")
+    with tw.Publisher(name) as pub:
+        procs, out = start_receivers(name, 1)
+        wait_subscribers(pub, 1)
+        s = torch.cuda.Stream()
+        x = torch.zeros(1 << 20, device="cuda")
+        torch.cuda.synchronize()
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(SLEEP_CYCLES)
+            x.fill_(3.0)
+        pub.send(x, stream=s)  # returns at once; the subscriber's stream waits on the event
+        vals, _, _, _ = out.get(timeout=60)
+        assert (vals == 3.0).all()
+        for p in procs:
+            p.join(30)
+
+
+def test_a_device_loan_crosses_without_a_copy():
+    torch = pytest.importorskip("torch")
+    name = topic("loan")
+    with tw.Publisher(name) as pub:
+        procs, out = start_receivers(name, 1)
+        wait_subscribers(pub, 1)
+        buf = pub.loan((8, 3, 4), "float16", device="cuda:0")
+        y = torch.from_dlpack(buf)
+        y.copy_(torch.arange(96, device="cuda", dtype=torch.float16).reshape(8, 3, 4))
+        pub.send(buf, stream=torch.cuda.current_stream())
+        vals, transport, _, _ = out.get(timeout=60)
+        assert transport == "cuda-vmm"
+        np.testing.assert_array_equal(vals, np.arange(96, dtype=np.float16).reshape(8, 3, 4))
+        for p in procs:
+            p.join(30)
+
+
+def test_a_cpu_subscriber_receives_a_host_copy():
+    torch = pytest.importorskip("torch")
+    name = topic("cpu")
+    with tw.Publisher(name) as pub:
+        procs, out = start_receivers(name, 1, device="cpu")
+        wait_subscribers(pub, 1)
+        pub.send(torch.arange(10, device="cuda").reshape(2, 5).T)
+        vals, transport, device, _ = out.get(timeout=60)
+        assert device == "cpu" and transport == "cuda-ipc"
+        np.testing.assert_array_equal(vals, np.arange(10).reshape(2, 5).T)
+        for p in procs:
+            p.join(30)
+
+
+def _expandable_sender(name, ready, done):
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    import torch
+
+    import tensorwire as tw2
+    with tw2.Publisher(name) as pub:
+        ready.set()
+        deadline = time.monotonic() + 30
+        while pub.subscribers == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        x = torch.arange(1000, dtype=torch.float32, device="cuda")
+        pub.send(x[100:200])
+        done.wait(60)
+
+
+def test_expandable_segments_cross_by_their_posix_handle():
+    pytest.importorskip("torch")
+    name = topic("expandable")
+    ready, done = CTX.Event(), CTX.Event()
+    p = CTX.Process(target=_expandable_sender, args=(name, ready, done), daemon=True)
+    p.start()
+    assert ready.wait(60)
+    with tw.Subscriber(name) as sub:
+        t = sub.recv(timeout=60)
+        import torch
+        vals = torch.from_dlpack(t).cpu().numpy()
+        np.testing.assert_array_equal(vals, np.arange(100, 200, dtype=np.float32))
+        assert t.transport in ("cuda-vmm", "cuda-copy"), t.transport
+        del t
+    done.set()
+    p.join(30)
+
+
+def test_sigkill_of_a_subscriber_leaks_no_device_memory():
+    torch = pytest.importorskip("torch")
+    name = topic("kill")
+    free_before = torch.cuda.mem_get_info()[0]
+    with tw.Publisher(name) as pub:
+        procs, out = start_receivers(name, 1000)
+        wait_subscribers(pub, 1)
+        for _ in range(4):
+            buf = pub.loan(1 << 22, "float32", device="cuda:0")
+            torch.from_dlpack(buf).fill_(1.0)
+            pub.send(buf, stream=torch.cuda.current_stream())
+        out.get(timeout=60)
+        os.kill(procs[0].pid, signal.SIGKILL)
+        procs[0].join(30)
+        deadline = time.monotonic() + 30
+        while pub.subscribers and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pub.subscribers == 0
+    torch.cuda.synchronize()
+    free_after = torch.cuda.mem_get_info()[0]
+    assert free_after >= free_before - (64 << 20), (free_before, free_after)
