@@ -100,7 +100,7 @@ def test_runtime_signature_matches_the_stub(qualname, obj):
 def test_classes_have_signatures_and_help_shows_them():
     assert str(inspect.signature(tw.Publisher)).startswith("(name, *, depth=8, on_full='block'")
     assert str(inspect.signature(tw.Subscriber)) == (
-        "(name, *, connect=None, token=None, keepalive=10.0, max_message_bytes=17179869184)")
+        "(name, *, connect=None, token=None, keepalive=10.0, max_message_bytes=17179869184, device=None)")
     assert str(inspect.signature(tw.empty)) == "(shape, dtype='float32', order='C', *, device=None, pinned=False)"
     assert str(inspect.signature(tw.Tensor.slice)) == "(self, /, dim, start=None, stop=None, step=1)"
     text = pydoc.render_doc(tw.empty, renderer=pydoc.plaintext)
