@@ -322,27 +322,33 @@ class PublisherImpl {
 
   // Why a caller's CUDA tensor cannot cross without a copy ("" when it can).
   static std::string zero_copy_refusal(const Tensor& t) {
-    if (const char* tr = t.buffer().transport(); tr && std::string_view(tr).substr(0, 4) == "cuda")
-      return "it is a tensor this process received from another publisher; its memory is that process's";
     if (t.numel() == 0) return "";
-    const ByteSpan sp = t.layout().byte_span();
-    const auto lo = reinterpret_cast<uintptr_t>(t.data_ptr()) + static_cast<uintptr_t>(sp.begin);
-    DeviceExport e = device_runtime().export_memory(t.device(), lo, static_cast<uint64_t>(sp.size()));
+    uintptr_t lo = 0;
+    DeviceExport e = export_of(t, lo);
     if (e.fd >= 0) ::close(e.fd);
     return e.kind == DeviceExport::Kind::none ? e.why : "";
+  }
+
+  // How another process could open the allocation under a caller's CUDA tensor (Kind::none with why when it
+  // cannot); `lo` gets the address of the tensor's lowest byte.
+  static DeviceExport export_of(const Tensor& t, uintptr_t& lo) {
+    const ByteSpan sp = t.layout().byte_span();
+    lo = reinterpret_cast<uintptr_t>(t.data_ptr()) + static_cast<uintptr_t>(sp.begin);
+    if (const char* tr = t.buffer().transport(); tr && std::string_view(tr).substr(0, 4) == "cuda") {
+      DeviceExport none;
+      none.why = "it is a tensor this process received from another publisher; its memory is that process's";
+      return none;
+    }
+    return device_runtime().export_memory(t.device(), lo, static_cast<uint64_t>(sp.size()));
   }
 
   // Sends a caller's CUDA tensor by the handle of its allocation: a slot exporting that allocation (found or
   // adopted) keeps the tensor's memory alive until no lease holds it. False (with why) when it cannot.
   bool adopt_foreign(Part& p, std::string& why) {
     const Tensor& t = *p.t;
-    if (const char* tr = t.buffer().transport(); tr && std::string_view(tr).substr(0, 4) == "cuda") {
-      why = "it is a tensor this process received from another publisher; its memory is that process's";
-      return false;
-    }
     const ByteSpan sp = t.layout().byte_span();
-    const auto lo = reinterpret_cast<uintptr_t>(t.data_ptr()) + static_cast<uintptr_t>(sp.begin);
-    DeviceExport e = device_runtime().export_memory(t.device(), lo, static_cast<uint64_t>(sp.size()));
+    uintptr_t lo = 0;
+    DeviceExport e = export_of(t, lo);
     if (e.kind == DeviceExport::Kind::none) {
       why = e.why;
       return false;
@@ -571,7 +577,7 @@ class PublisherImpl {
         if (o.copy == false)
           throw Error(ErrorCode::copy_required, "Publisher::send: this CUDA tensor has no zero-copy path (" + why +
                                                     "); send with copy=None to copy it once into the pool");
-      } else if (o.copy == false) {
+      } else if (o.copy == false && p.device < 0) {  // (an empty CUDA tensor has nothing to copy)
         throw Error(ErrorCode::copy_required,
                     "Publisher::send: copy=False, but this tensor is not in the publisher's pool (only a loan() "
                     "crosses host memory without a copy); loan, fill and send it, or allow the copy");
