@@ -1,11 +1,14 @@
-// client.cpp — the subscriber's remote side (net_internal.hpp): a thread owning a UCX worker and one endpoint.
+// client.cpp — the subscriber's remote side (net_internal.hpp): one endpoint on the process's UCX engine
+// (engine.hpp), whose thread does all of the following.
 //
-// The thread connects (and retries every 200 ms until a publisher listens there), answers the token challenge,
+// It connects (and retries every 200 ms until a publisher listens there), answers the token challenge,
 // then lands each DATA message in a buffer of its own — straight into place by UCX (rendezvous, an iov that puts
 // each run where the layout wants it) or copied out of UCX's eager buffer — and queues it in arrival order. recv()
 // takes from that queue under mu_ and gives credit back. Nothing UCX owns is ever handed to the user.
 #include <netinet/in.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <bit>
@@ -16,7 +19,7 @@
 #include <mutex>
 #include <thread>
 
-#include "net/loop.hpp"
+#include "net/engine.hpp"
 #include "net/net_internal.hpp"
 #include "net/sha256.hpp"
 
@@ -97,7 +100,7 @@ struct Landing {
   std::vector<ucp_dt_iov_t> iov;
 };
 
-class ClientImpl final : public Client {
+class ClientImpl final : public Client, public Session {
  public:
   ClientImpl(std::string topic, ClientOptions o) : topic_(std::move(topic)), opt_(std::move(o)) {
     hp_ = parse_host_port(opt_.connect, "connect");
@@ -107,17 +110,10 @@ class ClientImpl final : public Client {
     if (opt_.keepalive < std::chrono::milliseconds(100))
       throw Error(ErrorCode::invalid_argument, "keepalive must be at least 0.1 s");
     addr_ = resolve(hp_, false, "connect='" + opt_.connect + "'");
-    loop_ = std::make_unique<Loop>();
-    ucp_am_handler_param_t hp{};
-    hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
-    hp.id = kAmToSubscriber;
-    hp.cb = &ClientImpl::on_am;
-    hp.arg = this;
-    const ucs_status_t st = ucx().set_am_recv_handler(loop_->worker(), &hp);
-    if (st != UCS_OK) throw Error(ErrorCode::unsupported, "tensorwire net: " + ucx_status(st));
+    engine_ = &Engine::get();
     event_ = os::Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
     if (!event_) os::throw_errno("eventfd");
-    thread_ = std::thread([this] { run(); });
+    engine_->attach(this, [] {});  // it connects from its first tick
   }
 
   ~ClientImpl() override { close(); }
@@ -160,16 +156,13 @@ class ClientImpl final : public Client {
   void close() noexcept override {
     {
       std::lock_guard lock(mu_);
-      if (closed_ && !thread_.joinable()) return;
       closed_ = true;
       queue_.clear();
       signal_locked();
     }
     cv_.notify_all();
     stop_.store(true);
-    if (loop_) loop_->wake();
-    if (thread_.joinable()) thread_.join();
-    loop_.reset();
+    engine_->detach(this);  // bounded: at most 2 s for receives UCX has in flight
   }
 
  private:
@@ -183,7 +176,7 @@ class ClientImpl final : public Client {
       queue_.pop_front();
       if (on_full_ != Policy::drop_oldest) {
         credits_.fetch_add(1, std::memory_order_relaxed);
-        loop_->wake();
+        engine_->wake();
       }
       if (queue_.empty() && !ended_ && !closed_) {
         uint64_t v;
@@ -224,17 +217,18 @@ class ClientImpl final : public Client {
 
   // ---- UCX callbacks ----------------------------------------------------------------------------------------------
 
-  static void on_ep_error(void* arg, ucp_ep_h, ucs_status_t st) {
-    auto* self = static_cast<ClientImpl*>(arg);
-    self->ep_failed_ = true;
-    self->ep_error_ = ucx_status(st);
+  void on_ep_error(ucp_ep_h ep, ucs_status_t st) override {
+    if (ep != ep_) return;
+    ep_failed_ = true;
+    ep_error_ = ucx_status(st);
   }
 
-  static ucs_status_t on_am(void* arg, const void* header, size_t header_length, void* data, size_t length,
-                            const ucp_am_recv_param_t* param) {
-    auto* self = static_cast<ClientImpl*>(arg);
-    if (self->state_ == State::ended || self->ep_failed_) return UCS_OK;
+  ucs_status_t on_am(unsigned id, ucp_ep_h ep, const void* header, size_t header_length, void* data, size_t length,
+                     const ucp_am_recv_param_t* param) override {
+    ClientImpl* self = this;
+    if (ep != ep_ || self->state_ == State::ended || self->ep_failed_) return UCS_OK;
     try {
+      if (id != kAmToSubscriber) throw Error(ErrorCode::invalid_argument, "a message only subscribers send");
       const auto bytes = std::span<const uint8_t>(static_cast<const uint8_t*>(header), header_length);
       const NetHeader h = decode_header(bytes);
       self->last_heard_ = Clock::now();
@@ -404,7 +398,7 @@ class ClientImpl final : public Client {
     }
     ++receiving_;
     ucs_status_t st;
-    const ucs_status_ptr_t r = ucx().am_recv_data_nbx(loop_->worker(), data, const_cast<void*>(buf), count, &rp);
+    const ucs_status_ptr_t r = ucx().am_recv_data_nbx(engine_->worker(), data, const_cast<void*>(buf), count, &rp);
     if (done_now(r, st)) {
       --receiving_;
       complete(lp, st);
@@ -413,6 +407,11 @@ class ClientImpl final : public Client {
 
   static void recv_done(void* request, ucs_status_t st, size_t, void* user) noexcept {
     auto* lp = static_cast<Landing*>(user);
+    if (!lp->owner) {  // its subscriber finished without it (abandon_landing): only the Landing is left
+      delete lp;
+      if (request) ucx().request_free(request);
+      return;
+    }
     --lp->owner->receiving_;
     try {
       lp->owner->complete(lp, st);
@@ -454,7 +453,7 @@ class ClientImpl final : public Client {
 
   // Moves landed messages, in arrival order, to the user's queue.
   void deliver() {
-    while (!landing_.empty() && landing_.front()->ready) {
+    while (!abandoned_ && !landing_.empty() && landing_.front()->ready) {
       std::unique_ptr<Landing> l = std::move(landing_.front());
       landing_.pop_front();
       if (l->lost) {
@@ -528,16 +527,12 @@ class ClientImpl final : public Client {
 
   void connect() {
     ucp_ep_params_t p{};
-    p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                   UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR;
     p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
     p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr_);
     p.sockaddr.addrlen = addr_.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
-    p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    p.err_handler.cb = &ClientImpl::on_ep_error;
-    p.err_handler.arg = this;
     ep_failed_ = false;
-    const ucs_status_t st = ucx().ep_create(loop_->worker(), &p, &ep_);
+    const ucs_status_t st = engine_->create_ep(this, p, &ep_);
     if (st != UCS_OK) {
       ep_ = nullptr;
       note_attempt(ucx_status(st));
@@ -547,28 +542,34 @@ class ClientImpl final : public Client {
     since_ = last_heard_ = last_sent_ = Clock::now();
   }
 
+  // The engine closes it in the background; nothing about it reaches this session any more.
   void close_ep(bool force) {
-    if (!ep_) return;
-    ucp_request_param_t rp{};
-    rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    rp.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-    const ucs_status_ptr_t r = ucx().ep_close_nbx(ep_, &rp);
+    engine_->close_ep(ep_, force);
     ep_ = nullptr;
-    if (r && !UCS_PTR_IS_ERR(r)) {
-      const auto until = Clock::now() + std::chrono::seconds(2);
-      while (ucx().request_check_status(r) == UCS_INPROGRESS && Clock::now() < until) loop_->run_once(1);
-      ucx().request_free(r);
-    }
   }
 
-  void run() {
-    Clock::time_point next_try{};
-    while (!stop_.load()) {
-      loop_->run_once(0);
-      const auto now = Clock::now();
-      if (state_ == State::idle && now >= next_try) {
+  bool tick(Clock::time_point now) override {
+    if (stop_.load()) {
+      if (!stopping_) {
+        stopping_ = true;
+        stop_by_ = now + std::chrono::seconds(2);
+        abandon_landing();
+      }
+      if (receiving_ > 0 && now < stop_by_) return true;  // UCX fails them once the endpoint is closed
+      // A receive UCX still has is left to it: its Landing (and buffer) goes when it completes, if ever.
+      for (auto& l : landing_)
+        if (!l->ready) {
+          l->owner = nullptr;
+          (void)l.release();
+        }
+      landing_.clear();
+      receiving_ = 0;
+      return false;
+    }
+    {
+      if (state_ == State::idle && now >= next_try_) {
         connect();
-        next_try = now + kRetryEvery;
+        next_try_ = now + kRetryEvery;
       }
       if (ep_failed_ && ep_) {
         if (state_ == State::active) {
@@ -602,31 +603,27 @@ class ClientImpl final : public Client {
         }
       }
       if (state_ == State::ended && ep_) close_ep(true);
-      loop_->run_once(50);
     }
-    abandon_landing();
+    return true;
   }
 
-  // Closes the endpoint (UCX then fails the receives in flight) and drops the messages still landing. A receive
-  // UCX never completes keeps its Landing: leaked, never freed under UCX's feet.
+  // Closes the endpoint (UCX then fails the receives in flight) and delivers nothing more: the messages still
+  // landing are dropped when this session finishes (never freed under UCX's feet while a receive is in flight).
   void abandon_landing() {
     close_ep(true);
-    const auto until = Clock::now() + std::chrono::seconds(2);
-    while (receiving_ > 0 && Clock::now() < until) loop_->run_once(1);
-    if (receiving_ > 0)
-      for (auto& l : landing_) (void)l.release();
-    landing_.clear();
+    abandoned_ = true;
   }
 
   std::string topic_;
   ClientOptions opt_;
   HostPort hp_;
   sockaddr_storage addr_{};
-  std::unique_ptr<Loop> loop_;
+  Engine* engine_ = nullptr;
   os::Fd event_;
-  std::thread thread_;
   std::atomic<bool> stop_{false};
-  // -- the thread only --
+  // -- the engine thread only --
+  bool stopping_ = false, abandoned_ = false;
+  Clock::time_point stop_by_{}, next_try_{};
   ucp_ep_h ep_ = nullptr;
   bool ep_failed_ = false;
   std::string ep_error_;

@@ -1,7 +1,8 @@
-// server.cpp — the publisher's remote side (net_internal.hpp): a thread owning a UCX worker and listener.
+// server.cpp — the publisher's remote side (net_internal.hpp): a listener and one endpoint per remote subscriber,
+// on the process's UCX engine (engine.hpp).
 //
-// Threads: the publisher's send() only touches the queues, under mu_, and wakes the thread; every UCX call is made
-// by the thread. A remote subscriber is a Peer: handshake, then active; dead once UCX reports its endpoint failed,
+// Threads: the publisher's send() only touches the queues, under mu_, and wakes the engine; every UCX call is made
+// on the engine's thread. A remote subscriber is a Peer: handshake, then active; dead once UCX reports its endpoint failed,
 // it broke the protocol or it went silent past the keepalive. A dead peer's queued messages are released at once
 // (and with them their hold on pool buffers), so it never stalls the publisher or the other subscribers.
 #include <arpa/inet.h>
@@ -18,7 +19,7 @@
 #include <mutex>
 #include <thread>
 
-#include "net/loop.hpp"
+#include "net/engine.hpp"
 #include "net/net_internal.hpp"
 #include "net/sha256.hpp"
 
@@ -100,7 +101,7 @@ sockaddr_storage resolve(const HostPort& hp, bool passive, const std::string& wh
 
 namespace {
 
-class ServerImpl final : public Server {
+class ServerImpl final : public Server, public Session {
  public:
   ServerImpl(std::string topic, ServerOptions o) : topic_(std::move(topic)), opt_(std::move(o)) {
     const HostPort hp = parse_host_port(opt_.listen, "listen");
@@ -114,31 +115,26 @@ class ServerImpl final : public Server {
     if (opt_.keepalive < std::chrono::milliseconds(100))
       throw Error(ErrorCode::invalid_argument, "keepalive must be at least 0.1 s");
     ping_every_ = std::min<std::chrono::milliseconds>(kPingEvery, opt_.keepalive / 3);
-    loop_ = std::make_unique<Loop>();
-    max_header_ = loop_->max_am_header();
-    const UcxApi& api = ucx();
-    ucp_am_handler_param_t hp2{};
-    hp2.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
-    hp2.id = kAmToPublisher;
-    hp2.cb = &ServerImpl::on_am;
-    hp2.arg = this;
-    ucs_status_t st = api.set_am_recv_handler(loop_->worker(), &hp2);
-    if (st != UCS_OK) throw Error(ErrorCode::unsupported, "tensorwire net: " + ucx_status(st));
-    ucp_listener_params_t lp{};
-    lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
-    lp.sockaddr.addr = reinterpret_cast<const sockaddr*>(&ss);
-    lp.sockaddr.addrlen = ss.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
-    lp.conn_handler.cb = &ServerImpl::on_conn;
-    lp.conn_handler.arg = this;
-    st = api.listener_create(loop_->worker(), &lp, &listener_);
-    if (st != UCS_OK)
-      throw Error(st == UCS_ERR_BUSY ? ErrorCode::invalid_argument : ErrorCode::unsupported,
-                  "tensorwire.Publisher('" + topic_ + "'): cannot listen on '" + opt_.listen + "': " + ucx_status(st) +
-                      (st == UCS_ERR_BUSY ? " (the address is in use)" : ""));
-    ucp_listener_attr_t la{};
-    la.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
-    address_ = api.listener_query(listener_, &la) == UCS_OK ? sockaddr_str(la.sockaddr) : opt_.listen;
-    thread_ = std::thread([this] { run(); });
+    engine_ = &Engine::get();
+    // The listener is made on the engine's thread, which from then on serves it.
+    engine_->attach(this, [&] {
+      max_header_ = engine_->max_am_header();
+      const UcxApi& api = ucx();
+      ucp_listener_params_t lp{};
+      lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+      lp.sockaddr.addr = reinterpret_cast<const sockaddr*>(&ss);
+      lp.sockaddr.addrlen = ss.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+      lp.conn_handler.cb = &ServerImpl::on_conn;
+      lp.conn_handler.arg = this;
+      const ucs_status_t st = api.listener_create(engine_->worker(), &lp, &listener_);
+      if (st != UCS_OK)
+        throw Error(st == UCS_ERR_BUSY ? ErrorCode::invalid_argument : ErrorCode::unsupported,
+                    "tensorwire.Publisher('" + topic_ + "'): cannot listen on '" + opt_.listen + "': " +
+                        ucx_status(st) + (st == UCS_ERR_BUSY ? " (the address is in use)" : ""));
+      ucp_listener_attr_t la{};
+      la.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+      address_ = api.listener_query(listener_, &la) == UCS_OK ? sockaddr_str(la.sockaddr) : opt_.listen;
+    });
   }
 
   ~ServerImpl() override { close(); }
@@ -193,7 +189,7 @@ class ServerImpl final : public Server {
         p->pending.push_back(m);
         ++n;
       }
-      if (n) loop_->wake();  // under mu_: close() cannot have reset loop_ meanwhile
+      if (n) engine_->wake();
     }
     return n;
   }
@@ -216,12 +212,9 @@ class ServerImpl final : public Server {
   void close() noexcept override {
     {
       std::lock_guard lock(mu_);
-      if (closing_ && !thread_.joinable()) return;
       closing_ = true;
     }
-    if (loop_) loop_->wake();
-    if (thread_.joinable()) thread_.join();
-    loop_.reset();  // the worker goes once its thread is done with it
+    engine_->detach(this);  // its own deadlines bound the wait (kCloseDrain, then 2 s for UCX)
   }
 
  private:
@@ -239,23 +232,23 @@ class ServerImpl final : public Server {
     uint32_t unacked = 0;  // posted, not yet credited back
     uint64_t dropped = 0;
     bool iov_ok = false;  // its transport moves an iov without staging it
-    // -- thread only --
+    // -- engine thread only --
     size_t requests = 0;  // UCX sends in flight
     bool bye_sent = false;
-    void* close_req = nullptr;
-    bool closed = false;
+    bool closed = false;  // its endpoint is closed (or closing, in the engine's hands)
     std::string why;  // why it went (diagnostics)
   };
 
+  // (It touches nothing of the ServerImpl: a send UCX completes after the publisher gave up waiting for it finds
+  // its peer and message still alive.)
   struct SendCtx {
-    ServerImpl* self;
     std::shared_ptr<Peer> peer;
     std::shared_ptr<OutMessage> msg;
     std::vector<uint8_t> header;
     std::vector<ucp_dt_iov_t> iov;
   };
 
-  // ---- UCX callbacks (on the thread, inside progress) ----------------------------------------------------------
+  // ---- UCX callbacks (on the engine thread, inside progress) ---------------------------------------------------
 
   static void on_conn(ucp_conn_request_h req, void* arg) noexcept {
     try {
@@ -284,13 +277,9 @@ class ServerImpl final : public Server {
     ca.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
     peer->where = api.conn_request_query(req, &ca) == UCS_OK ? sockaddr_str(ca.client_address) : "?";
     ucp_ep_params_t ep{};
-    ep.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST;
     ep.conn_request = req;
-    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    ep.err_handler.cb = &ServerImpl::on_ep_error;
-    ep.err_handler.arg = peer.get();
-    if (api.ep_create(self->loop_->worker(), &ep, &peer->ep) != UCS_OK) return;
+    if (self->engine_->create_ep(self, ep, &peer->ep) != UCS_OK) return;
     peer->since = peer->last_heard = peer->last_sent = Clock::now();
     try {
       random_bytes(peer->nonce);
@@ -309,37 +298,36 @@ class ServerImpl final : public Server {
     self->send_control(peer, NetType::hello, encode_hello(h));
   }
 
-  static void on_ep_error(void* arg, ucp_ep_h, ucs_status_t st) {
-    auto* p = static_cast<Peer*>(arg);
-    if (p->state != State::dead) {
+  std::shared_ptr<Peer> peer_of(ucp_ep_h ep) {
+    std::lock_guard lock(mu_);
+    auto it = by_ep_.find(ep);
+    if (it == by_ep_.end()) return nullptr;
+    auto pit = peers_.find(it->second);
+    return pit == peers_.end() ? nullptr : pit->second;
+  }
+
+  void on_ep_error(ucp_ep_h ep, ucs_status_t st) override {
+    const std::shared_ptr<Peer> p = peer_of(ep);
+    if (p && p->state != State::dead) {
       p->why = "connection lost: " + ucx_status(st);
       p->state = State::dead;
     }
   }
 
-  static ucs_status_t on_am(void* arg, const void* header, size_t header_length, void*, size_t length,
-                            const ucp_am_recv_param_t* param) {
-    auto* self = static_cast<ServerImpl*>(arg);
-    std::shared_ptr<Peer> peer;
-    {
-      std::lock_guard lock(self->mu_);
-      if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return UCS_OK;  // not one of ours
-      auto it = self->by_ep_.find(param->reply_ep);
-      if (it == self->by_ep_.end()) return UCS_OK;
-      auto pit = self->peers_.find(it->second);
-      if (pit == self->peers_.end()) return UCS_OK;
-      peer = pit->second;
-    }
-    if (peer->state == State::dead) return UCS_OK;
+  ucs_status_t on_am(unsigned id, ucp_ep_h ep, const void* header, size_t header_length, void*, size_t length,
+                     const ucp_am_recv_param_t*) override {
+    const std::shared_ptr<Peer> peer = peer_of(ep);
+    if (!peer || peer->state == State::dead) return UCS_OK;
     try {
+      if (id != kAmToPublisher) throw Error(ErrorCode::invalid_argument, "a message only publishers send");
       if (length != 0) throw Error(ErrorCode::invalid_argument, "a subscriber sent data");
       const auto bytes = std::span<const uint8_t>(static_cast<const uint8_t*>(header), header_length);
       const NetHeader h = decode_header(bytes);
       if (h.body_bytes != header_length - kNetHeaderBytes)
         throw Error(ErrorCode::invalid_argument, "body size disagrees with the header");
-      self->on_message(peer, h, bytes.subspan(kNetHeaderBytes));
+      on_message(peer, h, bytes.subspan(kNetHeaderBytes));
     } catch (const std::exception& e) {
-      self->drop(peer, std::string("protocol violation: ") + e.what());
+      drop(peer, std::string("protocol violation: ") + e.what());
     }
     return UCS_OK;
   }
@@ -408,13 +396,13 @@ class ServerImpl final : public Server {
   static void send_done(void* request, ucs_status_t st, void* user) noexcept {
     auto* ctx = static_cast<SendCtx*>(user);
     try {
-      ctx->self->finish_send(ctx, st);
+      finish_send(ctx, st);
     } catch (...) {  // (out of memory describing the failure: never through UCX's C frames)
     }
     if (request) ucx().request_free(request);
   }
 
-  void finish_send(SendCtx* ctx, ucs_status_t st) {
+  static void finish_send(SendCtx* ctx, ucs_status_t st) {
     Peer& p = *ctx->peer;
     --p.requests;
     if (st != UCS_OK && st != UCS_ERR_CANCELED && p.state != State::dead) {
@@ -432,7 +420,7 @@ class ServerImpl final : public Server {
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
     rp.cb.send = &ServerImpl::send_done;
     rp.user_data = ctx;
-    rp.flags = 0;
+    rp.flags = UCP_AM_SEND_FLAG_REPLY;  // the subscriber's engine tells its sessions apart by the reply endpoint
     if (iov) {
       rp.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
       rp.datatype = ucp_dt_make_iov();
@@ -446,12 +434,12 @@ class ServerImpl final : public Server {
   }
 
   void send_control(const std::shared_ptr<Peer>& p, NetType type, const std::string& body, uint64_t seq = 0) {
-    auto* ctx = new SendCtx{this, p, nullptr, control_message(type, body, seq), {}};
+    auto* ctx = new SendCtx{p, nullptr, control_message(type, body, seq), {}};
     post(ctx, nullptr, 0, false);
   }
 
   void send_data(const std::shared_ptr<Peer>& p, std::shared_ptr<OutMessage> m) {
-    auto* ctx = new SendCtx{this, p, std::move(m), {}, {}};
+    auto* ctx = new SendCtx{p, std::move(m), {}, {}};
     const OutMessage& msg = *ctx->msg;
     NetHeader h;
     h.type = NetType::data;
@@ -512,62 +500,60 @@ class ServerImpl final : public Server {
     p->state = State::dead;
   }
 
-  // ---- the thread -------------------------------------------------------------------------------------------------
+  // ---- the engine thread ---------------------------------------------------------------------------------------
 
-  void run() {
-    Clock::time_point close_by{};
-    bool closing = false;
-    for (;;) {
-      loop_->run_once(0);
-      const auto now = Clock::now();
-      {
-        std::lock_guard lock(mu_);
-        if (closing_ && !closing) {
-          closing = true;
-          close_by = now + kCloseDrain;
-        }
+  bool tick(Clock::time_point now) override {
+    {
+      std::lock_guard lock(mu_);
+      if (closing_ && !closing_seen_) {
+        closing_seen_ = true;
+        close_by_ = now + kCloseDrain;
       }
-      if (closing && listener_) {
-        ucx().listener_destroy(listener_);
-        listener_ = nullptr;
-      }
-      std::vector<std::shared_ptr<Peer>> peers;
-      {
-        std::lock_guard lock(mu_);
-        for (auto& [id, p] : peers_) peers.push_back(p);
-      }
-      for (auto& p : peers) service(p, now, closing, closing && now >= close_by);
-      // Forget peers whose endpoint is closed and whose sends all completed.
-      bool any_left = false;
-      {
-        std::lock_guard lock(mu_);
-        for (auto it = peers_.begin(); it != peers_.end();) {
-          Peer& p = *it->second;
-          if (p.closed && p.requests == 0) {
-            // (UCX reuses a freed endpoint's address: a newer peer may own this key already.)
-            if (auto e = by_ep_.find(p.ep); e != by_ep_.end() && e->second == p.id) by_ep_.erase(e);
-            it = peers_.erase(it);
-          } else {
-            ++it;
-          }
-        }
-        any_left = !peers_.empty();
-      }
-      if (closing && !any_left) break;
-      if (closing && now >= close_by + std::chrono::seconds(2)) break;  // UCX did not complete: give up waiting
-      loop_->run_once(closing ? 10 : 100);
     }
-    // Release whatever is left (a peer UCX never finished with: its contexts are leaked, not freed under UCX).
+    const bool closing = closing_seen_;
+    if (closing && listener_) {
+      ucx().listener_destroy(listener_);
+      listener_ = nullptr;
+    }
+    std::vector<std::shared_ptr<Peer>> peers;
+    {
+      std::lock_guard lock(mu_);
+      for (auto& [id, p] : peers_) peers.push_back(p);
+    }
+    for (auto& p : peers) service(p, now, closing, closing && now >= close_by_);
+    // Forget peers whose endpoint is closed and whose sends all completed.
+    bool any_left = false;
+    {
+      std::lock_guard lock(mu_);
+      for (auto it = peers_.begin(); it != peers_.end();) {
+        Peer& p = *it->second;
+        if (p.closed && p.requests == 0) {
+          // (UCX reuses a freed endpoint's address: a newer peer may own this key already.)
+          if (auto e = by_ep_.find(p.ep); e != by_ep_.end() && e->second == p.id) by_ep_.erase(e);
+          it = peers_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      any_left = !peers_.empty();
+    }
+    if (!closing) return true;
+    if (any_left && now < close_by_ + std::chrono::seconds(2)) return true;
+    // Done (or UCX did not complete in time: what it still holds is left to it, and its completions touch only
+    // their peer and message). Release every queued message.
+    for (auto& p : peers)
+      if (!p->closed) {
+        engine_->close_ep(p->ep, true);
+        p->closed = true;
+      }
     std::lock_guard lock(mu_);
     for (auto& [id, p] : peers_) p->pending.clear();
     peers_.clear();
     by_ep_.clear();
-    if (listener_) ucx().listener_destroy(listener_);
-    listener_ = nullptr;
+    return false;
   }
 
   void service(const std::shared_ptr<Peer>& p, Clock::time_point now, bool closing, bool force) {
-    const UcxApi& api = ucx();
     if (p->closed) return;
     if (p->state == State::hello_sent && now - p->since > kHandshakeTimeout) drop(p, "no AUTH within the handshake timeout");
     if ((p->state == State::active || p->state == State::hello_sent) && now - p->last_heard > opt_.keepalive)
@@ -603,34 +589,18 @@ class ServerImpl final : public Server {
       }
     }
     if (p->state == State::hello_sent && closing) drop(p, "the publisher closed");
-    if (p->state == State::closing && p->requests == 0 && !p->close_req) close_ep(p, false);
-    if (p->state == State::dead && !p->close_req) {
+    if (p->state == State::closing && p->requests == 0) {
+      engine_->close_ep(p->ep, false);  // flushes what is still on its way
+      p->closed = true;
+    }
+    if (p->state == State::dead) {
       {
         std::lock_guard lock(mu_);
         p->pending.clear();  // releases the messages (and their pool buffers) at once
         p->unacked = 0;
       }
-      close_ep(p, true);
-    }
-    if (p->close_req && p->close_req != reinterpret_cast<void*>(1)) {
-      if (api.request_check_status(p->close_req) != UCS_INPROGRESS) {
-        api.request_free(p->close_req);
-        p->close_req = reinterpret_cast<void*>(1);
-        p->closed = true;
-      }
-    }
-  }
-
-  void close_ep(const std::shared_ptr<Peer>& p, bool force) {
-    ucp_request_param_t rp{};
-    rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    rp.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-    const ucs_status_ptr_t r = ucx().ep_close_nbx(p->ep, &rp);
-    if (r == nullptr || UCS_PTR_IS_ERR(r)) {
-      p->close_req = reinterpret_cast<void*>(1);
+      engine_->close_ep(p->ep, true);
       p->closed = true;
-    } else {
-      p->close_req = r;
     }
   }
 
@@ -639,9 +609,10 @@ class ServerImpl final : public Server {
   std::string address_;
   size_t max_header_ = 0;
   std::chrono::milliseconds ping_every_{kPingEvery};  // a third of the keepalive at most
-  std::unique_ptr<Loop> loop_;
-  ucp_listener_h listener_ = nullptr;
-  std::thread thread_;
+  Engine* engine_ = nullptr;
+  ucp_listener_h listener_ = nullptr;  // engine thread only (after the constructor)
+  bool closing_seen_ = false;          // engine thread only
+  Clock::time_point close_by_{};       // engine thread only
   mutable std::mutex mu_;
   bool closing_ = false;
   std::map<uint64_t, std::shared_ptr<Peer>> peers_;

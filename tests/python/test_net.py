@@ -757,6 +757,50 @@ def test_create_connect_send_close_cycles_leave_no_fds_or_threads():
     assert task_count() <= tasks0 + 1, f"threads: {tasks0} before, {task_count()} after 20 cycles"
 
 
+def net_threads() -> int:
+    """tensorwire's network threads in this process (the engine names its thread)."""
+    n = 0
+    for t in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{t}/comm") as f:
+                n += f.read().strip() == "tensorwire-net"
+        except FileNotFoundError:  # a thread that ended meanwhile
+            pass
+    return n
+
+
+def test_one_network_thread_serves_every_publisher_and_subscriber_and_goes_when_they_do():
+    # One UCX worker per process (src/net/engine.hpp): before UCX 1.18 a socket closed by one worker while its fd
+    # number was reopened by another could abort the process (an assertion in UCX's async code). Refused and
+    # closing subscribers next to live ones, in rounds, are what opened that window.
+    gc.collect()
+    idle = net_threads() == 0  # (an earlier test may still hold a session: then the thread stays at the end)
+    name, other = topic("engine"), topic("engine-2")
+    with tw.Publisher(name, listen="127.0.0.1:0", token="t") as pub, \
+            tw.Publisher(other, listen="127.0.0.1:0") as pub2:
+        live = [tw.Subscriber(name, connect=pub.address, token="t") for _ in range(3)]
+        live.append(tw.Subscriber(other, connect=pub2.address))
+        wait_until(lambda: pub.remote_subscribers == 3 and pub2.remote_subscribers == 1, what="four subscribers")
+        assert net_threads() == 1
+        for r in range(5):
+            refused = [tw.Subscriber(name, connect=pub.address, token="wrong" if i % 2 else None) for i in range(4)]
+            for i, s in enumerate(refused):
+                with pytest.raises(ValueError, match="wrong token" if i % 2 else "requires a token"):
+                    s.recv(timeout=TIMEOUT)
+            assert pub.send(np.full(4, r), timeout=TIMEOUT) == 3
+            assert pub2.send(np.full(2, -r), timeout=TIMEOUT) == 1
+            for s in refused:
+                s.close()
+            for s in live[:3]:
+                assert_received(s.recv(timeout=TIMEOUT), np.full(4, r))
+            assert_received(live[3].recv(timeout=TIMEOUT), np.full(2, -r))
+            assert net_threads() == 1
+        for s in live:
+            s.close()
+    if idle:
+        wait_until(lambda: net_threads() == 0, timeout=5, what="the network thread gone once all closed")
+
+
 # ==== 2. fan-out: a local subscriber and two remote subscriber processes =============================================
 
 

@@ -1,0 +1,252 @@
+// engine.cpp — the process's UCX worker and its thread (engine.hpp).
+#include "net/engine.hpp"
+
+#include <poll.h>
+#include <pthread.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "net/net_internal.hpp"
+#include "tensorwire/error.hpp"
+
+namespace tw::net_detail {
+
+namespace {
+constexpr auto kCloseFlush = std::chrono::seconds(2);  // a graceful endpoint close flushes this long at most
+constexpr int kIdleWaitMs = 50;                          // sessions are ticked at least this often
+}  // namespace
+
+Engine& Engine::get() {
+  static std::mutex mu;
+  static Engine* engine = nullptr;
+  static pid_t owner = 0;
+  std::lock_guard lock(mu);
+  if (engine && owner == ::getpid()) return *engine;
+  // (An engine inherited over fork() is abandoned: its worker and sockets belong to the parent, its thread did not
+  // come along.)
+  engine = new Engine();
+  owner = ::getpid();
+  return *engine;
+}
+
+Engine::Engine() {
+  wake_ = os::Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wake_) throw Error(ErrorCode::unsupported, std::string("tensorwire net: eventfd: ") + std::strerror(errno));
+}
+
+void Engine::open_worker() {
+  const UcxApi& api = ucx();
+  ucp_worker_params_t p{};
+  p.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  // One thread at a time: made by the thread that starts the engine, then used by the engine's thread only.
+  p.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+  ucp_worker_h w = nullptr;
+  ucs_status_t st = api.worker_create(ucx_context(), &p, &w);
+  if (st != UCS_OK) throw Error(ErrorCode::unsupported, "tensorwire net: creating a UCX worker failed: " + ucx_status(st));
+  const auto fail = [&](const std::string& what) {
+    api.worker_destroy(w);
+    throw Error(ErrorCode::unsupported, "tensorwire net: " + what);
+  };
+  int efd = -1;
+  st = api.worker_get_efd(w, &efd);
+  if (st != UCS_OK) fail("the UCX worker has no event fd: " + ucx_status(st));
+  for (const unsigned id : {kAmToPublisher, kAmToSubscriber}) {
+    ucp_am_handler_param_t hp{};
+    hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    hp.id = id;
+    hp.cb = id == kAmToPublisher ? &Engine::on_am_publisher : &Engine::on_am_subscriber;
+    hp.arg = this;
+    st = api.set_am_recv_handler(w, &hp);
+    if (st != UCS_OK) fail("setting an active-message handler failed: " + ucx_status(st));
+  }
+  ucp_worker_attr_t a{};
+  a.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER;
+  max_am_header_ = api.worker_query(w, &a) == UCS_OK ? a.max_am_header : 0;
+  worker_ = w;
+  efd_ = efd;
+}
+
+void Engine::wake() noexcept {
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t r = ::write(wake_.get(), &one, sizeof one);
+}
+
+void Engine::attach(Session* s, const std::function<void()>& fn) {
+  Task task;
+  task.fn = fn;
+  task.session = s;
+  std::unique_lock lock(mu_);
+  if (running_ && std::this_thread::get_id() == thread_id_)
+    throw Error(ErrorCode::internal, "tensorwire net: a session attached from the engine's own thread");
+  if (!running_) {
+    // (A previous thread destroyed the worker and decided to end under mu_, and touches nothing of the engine
+    // after that: it is detached.)
+    open_worker();
+    std::thread t([this] { run(); });
+    thread_id_ = t.get_id();
+    t.detach();
+    running_ = true;
+  }
+  tasks_.push_back(&task);
+  wake();
+  cv_.wait(lock, [&] { return task.done; });
+  if (task.error) std::rethrow_exception(task.error);
+}
+
+void Engine::detach(Session* s) {
+  std::unique_lock lock(mu_);
+  if (running_ && std::this_thread::get_id() == thread_id_) return;  // (never: sessions finish on their own)
+  wake();
+  // The last session also waits for the worker to go (its endpoints closed: at most kCloseFlush), so a process
+  // that closed everything holds nothing of UCX's once close() returns.
+  cv_.wait(lock, [&] {
+    return std::find(sessions_.begin(), sessions_.end(), s) == sessions_.end() &&
+           (!running_ || !sessions_.empty() || !tasks_.empty());
+  });
+}
+
+ucs_status_t Engine::create_ep(Session* s, ucp_ep_params_t params, ucp_ep_h* ep) {
+  params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.err_handler.cb = &Engine::on_ep_error;
+  params.err_handler.arg = this;
+  const ucs_status_t st = ucx().ep_create(worker_, &params, ep);
+  if (st == UCS_OK) eps_[*ep] = s;
+  return st;
+}
+
+void Engine::close_ep(ucp_ep_h ep, bool force) {
+  if (!ep) return;
+  eps_.erase(ep);
+  ucp_request_param_t rp{};
+  rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  rp.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+  const ucs_status_ptr_t r = ucx().ep_close_nbx(ep, &rp);
+  if (r && !UCS_PTR_IS_ERR(r)) closing_.push_back(Closing{r, Clock::now() + kCloseFlush});
+}
+
+void Engine::on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
+  auto* self = static_cast<Engine*>(arg);
+  auto it = self->eps_.find(ep);
+  if (it != self->eps_.end()) it->second->on_ep_error(ep, status);
+}
+
+ucs_status_t Engine::on_am_publisher(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                                     const ucp_am_recv_param_t* param) {
+  return static_cast<Engine*>(arg)->dispatch(kAmToPublisher, header, header_length, data, length, param);
+}
+
+ucs_status_t Engine::on_am_subscriber(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                                      const ucp_am_recv_param_t* param) {
+  return static_cast<Engine*>(arg)->dispatch(kAmToSubscriber, header, header_length, data, length, param);
+}
+
+ucs_status_t Engine::dispatch(unsigned id, const void* header, size_t header_length, void* data, size_t length,
+                              const ucp_am_recv_param_t* param) {
+  // Both sides send with UCP_AM_SEND_FLAG_REPLY: the reply endpoint is the local endpoint the message came in on,
+  // which says whose it is. Anything else (an endpoint being closed, not one of ours) is ignored.
+  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return UCS_OK;
+  auto it = eps_.find(param->reply_ep);
+  if (it == eps_.end()) return UCS_OK;
+  return it->second->on_am(id, param->reply_ep, header, header_length, data, length, param);
+}
+
+void Engine::progress(int ms) {
+  const UcxApi& api = ucx();
+  for (int i = 0; i < 64 && api.worker_progress(worker_) != 0; ++i) {
+  }
+  if (ms <= 0) return;
+  if (api.worker_arm(worker_) == UCS_ERR_BUSY) return;  // events arrived meanwhile
+  pollfd fds[2] = {{efd_, POLLIN, 0}, {wake_.get(), POLLIN, 0}};
+  (void)::poll(fds, 2, ms);
+  if (fds[1].revents & POLLIN) {
+    uint64_t v;
+    [[maybe_unused]] ssize_t r = ::read(wake_.get(), &v, sizeof v);
+  }
+}
+
+void Engine::reap_closing(Clock::time_point now) {
+  const UcxApi& api = ucx();
+  for (auto it = closing_.begin(); it != closing_.end();) {
+    // A request freed before it completes is released by UCX when it does.
+    if (api.request_check_status(it->request) != UCS_INPROGRESS || now >= it->until) {
+      api.request_free(it->request);
+      it = closing_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Engine::run() {
+  ::pthread_setname_np(::pthread_self(), "tensorwire-net");  // (15 characters at most)
+  std::vector<Session*> sessions;
+  for (;;) {
+    progress(0);
+    std::deque<Task*> tasks;
+    {
+      std::lock_guard lock(mu_);
+      tasks.swap(tasks_);
+    }
+    for (Task* t : tasks) {
+      try {
+        t->fn();
+      } catch (...) {
+        t->error = std::current_exception();
+      }
+      std::lock_guard lock(mu_);
+      if (!t->error && t->session) sessions_.push_back(t->session);
+      t->done = true;
+      cv_.notify_all();
+    }
+    const auto now = Clock::now();
+    {
+      std::lock_guard lock(mu_);
+      sessions = sessions_;
+    }
+    for (Session* s : sessions) {
+      bool more = true;
+      try {
+        more = s->tick(now);
+      } catch (...) {  // (sessions do not throw from tick; a bad_alloc tries again next round)
+      }
+      if (more) continue;
+      // Endpoints it left open are closed without it.
+      for (auto it = eps_.begin(); it != eps_.end();) {
+        if (it->second == s) {
+          const ucp_ep_h ep = it->first;
+          it = eps_.erase(it);
+          close_ep(ep, true);
+        } else {
+          ++it;
+        }
+      }
+      std::lock_guard lock(mu_);
+      sessions_.erase(std::remove(sessions_.begin(), sessions_.end(), s), sessions_.end());
+      cv_.notify_all();
+    }
+    reap_closing(Clock::now());
+    {
+      std::lock_guard lock(mu_);
+      if (sessions_.empty() && tasks_.empty() && closing_.empty()) {
+        // Nothing left: the worker goes too (its sockets, shared memory and threads), and attach() makes a new
+        // one when it needs one. (Only one worker is ever alive: the one UCX 1.13 could confuse with another is
+        // gone, with its queue of missed events, before the next exists.)
+        eps_.clear();
+        ucx().worker_destroy(worker_);
+        worker_ = nullptr;
+        efd_ = -1;
+        running_ = false;
+        cv_.notify_all();
+        return;
+      }
+    }
+    progress(closing_.empty() ? kIdleWaitMs : 5);
+  }
+}
+
+}  // namespace tw::net_detail
