@@ -121,21 +121,44 @@ class ClientImpl final : public Client, public Session {
   const std::string& name() const noexcept override { return topic_; }
 
   std::optional<Delivered> recv(std::chrono::nanoseconds timeout) override {
-    std::unique_lock lock(mu_);
     const auto until = Clock::now() + std::min(timeout, std::chrono::nanoseconds(std::chrono::hours(24 * 365)));
-    cv_.wait_until(lock, until, [&] { return !queue_.empty() || ended_ || closed_; });
-    return take(lock);
+    {
+      std::unique_lock lock(mu_);
+      if (queue_.empty() && !ended_ && !closed_) {
+        // A message UCX has for us is landed by this thread when the worker is free: no hand-off to the engine's
+        // thread on the way in (a caller polling with timeout=0 gets it with no context switch at all).
+        lock.unlock();
+        engine_->try_progress();
+      }
+    }
+    std::optional<Delivered> r;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait_until(lock, until, [&] { return !queue_.empty() || ended_ || closed_; });
+      r = take(lock);
+    }
+    if (r) credit_back();
+    return r;
   }
 
   std::optional<Delivered> poll(PollResult& status) override {
-    std::unique_lock lock(mu_, std::try_to_lock);
-    if (!lock.owns_lock()) {
-      status = PollResult::busy;
-      return std::nullopt;
+    std::optional<Delivered> r;
+    {
+      std::unique_lock lock(mu_, std::try_to_lock);
+      if (lock.owns_lock() && queue_.empty() && !ended_ && !closed_) {
+        lock.unlock();
+        engine_->try_progress();  // (never waits for the worker: skipped when another thread has it)
+        lock.try_lock();
+      }
+      if (!lock.owns_lock()) {
+        status = PollResult::busy;
+        return std::nullopt;
+      }
+      r = take(lock);
+      status = r ? PollResult::message
+                 : (ended_ || closed_) ? PollResult::ended : PollResult::empty;
     }
-    auto r = take(lock);
-    status = r ? PollResult::message
-               : (ended_ || closed_) ? PollResult::ended : PollResult::empty;
+    if (r) credit_back();
     return r;
   }
 
@@ -174,10 +197,7 @@ class ClientImpl final : public Client, public Session {
     if (!queue_.empty()) {
       Delivered r = std::move(queue_.front());
       queue_.pop_front();
-      if (on_full_ != Policy::drop_oldest) {
-        credits_.fetch_add(1, std::memory_order_relaxed);
-        engine_->wake();
-      }
+      if (on_full_ != Policy::drop_oldest) credits_.fetch_add(1, std::memory_order_relaxed);
       if (queue_.empty() && !ended_ && !closed_) {
         uint64_t v;
         [[maybe_unused]] ssize_t n = ::read(event_.get(), &v, sizeof v);
@@ -186,6 +206,24 @@ class ClientImpl final : public Client, public Session {
     }
     if (!fatal_.empty() && !closed_) throw Error(fatal_code_, fatal_);
     return std::nullopt;
+  }
+
+  // Not under mu_: the credit taken messages earned goes back from this thread when the worker is free, once
+  // there is half the depth of it. (One CREDIT per message would wake the publisher's engine thread for each
+  // message, right when its user sends the next one. Half cannot stall the publisher: it holds `depth` unacked
+  // only when this side holds them, and taking half of them sends the credit. The rest goes at the next tick.)
+  void credit_back() {
+    if (credits_.load(std::memory_order_relaxed) < credit_batch_.load(std::memory_order_relaxed)) return;
+    if (!engine_->try_run([this] { send_credits(); })) engine_->wake();
+  }
+
+  // Holding the worker.
+  void send_credits() {
+    if (state_ != State::active || !ep_) return;
+    if (const uint32_t n = credits_.exchange(0, std::memory_order_relaxed)) {
+      send_control(NetType::credit, {}, n);
+      last_credit_ = Clock::now();
+    }
   }
 
   void note_attempt(std::string why) {
@@ -293,6 +331,7 @@ class ClientImpl final : public Client, public Session {
           throw Error(ErrorCode::invalid_argument, "a depth of " + std::to_string(w.depth) + " (at most " +
                                                        std::to_string(kMaxDepth) + ")");
         depth_ = w.depth;
+        credit_batch_.store(std::max<uint32_t>(1, w.depth / 2), std::memory_order_relaxed);
         {
           std::lock_guard lock(mu_);
           on_full_ = w.on_full;
@@ -495,6 +534,7 @@ class ClientImpl final : public Client, public Session {
       }
       cv_.notify_one();
     }
+    if (credits_.load(std::memory_order_relaxed) >= credit_batch_.load(std::memory_order_relaxed)) send_credits();
   }
 
   // ---- sending (the thread) ---------------------------------------------------------------------------------------
@@ -591,7 +631,10 @@ class ClientImpl final : public Client, public Session {
         state_ = State::idle;
       }
       if (state_ == State::active) {
-        if (const uint32_t n = credits_.exchange(0, std::memory_order_relaxed)) send_control(NetType::credit, {}, n);
+        // A batch is due, or a remainder has waited 10 ms (e.g. a publisher that stopped sending).
+        if (credits_.load(std::memory_order_relaxed) >= credit_batch_.load(std::memory_order_relaxed) ||
+            now - last_credit_ >= std::chrono::milliseconds(10))
+          send_credits();
         if (bye_ && landing_.empty()) {
           close_ep(false);
           end_stream();
@@ -621,9 +664,9 @@ class ClientImpl final : public Client, public Session {
   Engine* engine_ = nullptr;
   os::Fd event_;
   std::atomic<bool> stop_{false};
-  // -- the engine thread only --
+  // -- holding the worker (engine.hpp) --
   bool stopping_ = false, abandoned_ = false;
-  Clock::time_point stop_by_{}, next_try_{};
+  Clock::time_point stop_by_{}, next_try_{}, last_credit_{};
   ucp_ep_h ep_ = nullptr;
   bool ep_failed_ = false;
   std::string ep_error_;
@@ -637,6 +680,7 @@ class ClientImpl final : public Client, public Session {
   size_t receiving_ = 0;
   std::string abandon_after_;
   std::atomic<uint32_t> credits_{0};
+  std::atomic<uint32_t> credit_batch_{1};  // credit goes back in batches of this many (half the depth)
   std::atomic<bool> connected_{false};
   std::atomic<uint64_t> dropped_{0};
   // -- under mu_ --

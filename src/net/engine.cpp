@@ -79,20 +79,29 @@ void Engine::attach(Session* s, const std::function<void()>& fn) {
   Task task;
   task.fn = fn;
   task.session = s;
-  std::unique_lock lock(mu_);
-  if (running_ && std::this_thread::get_id() == thread_id_)
-    throw Error(ErrorCode::internal, "tensorwire net: a session attached from the engine's own thread");
-  if (!running_) {
-    // (A previous thread destroyed the worker and decided to end under mu_, and touches nothing of the engine
-    // after that: it is detached.)
-    open_worker();
-    std::thread t([this] { run(); });
-    thread_id_ = t.get_id();
-    t.detach();
-    running_ = true;
+  {
+    std::unique_lock worker_lock(wmu_, std::defer_lock);  // (wmu_ before mu_, as everywhere)
+    std::unique_lock lock(mu_);
+    if (running_ && std::this_thread::get_id() == thread_id_)
+      throw Error(ErrorCode::internal, "tensorwire net: a session attached from the engine's own thread");
+    if (!running_) {
+      lock.unlock();
+      worker_lock.lock();
+      lock.lock();
+    }
+    if (!running_) {
+      // (A previous thread destroyed the worker and decided to end under wmu_ and mu_, and touches nothing of the
+      // engine after that: it is detached.)
+      open_worker();
+      std::thread t([this] { run(); });
+      thread_id_ = t.get_id();
+      t.detach();
+      running_ = true;
+    }
+    tasks_.push_back(&task);
   }
-  tasks_.push_back(&task);
   wake();
+  std::unique_lock lock(mu_);
   cv_.wait(lock, [&] { return task.done; });
   if (task.error) std::rethrow_exception(task.error);
 }
@@ -155,18 +164,17 @@ ucs_status_t Engine::dispatch(unsigned id, const void* header, size_t header_len
   return it->second->on_am(id, param->reply_ep, header, header_length, data, length, param);
 }
 
-void Engine::progress(int ms) {
+void Engine::progress() {
   const UcxApi& api = ucx();
   for (int i = 0; i < 64 && api.worker_progress(worker_) != 0; ++i) {
   }
-  if (ms <= 0) return;
-  if (api.worker_arm(worker_) == UCS_ERR_BUSY) return;  // events arrived meanwhile
-  pollfd fds[2] = {{efd_, POLLIN, 0}, {wake_.get(), POLLIN, 0}};
-  (void)::poll(fds, 2, ms);
-  if (fds[1].revents & POLLIN) {
-    uint64_t v;
-    [[maybe_unused]] ssize_t r = ::read(wake_.get(), &v, sizeof v);
-  }
+}
+
+bool Engine::try_progress() {
+  std::unique_lock lock(wmu_, std::try_to_lock);
+  if (!lock.owns_lock() || !worker_) return false;
+  progress();
+  return true;
 }
 
 void Engine::reap_closing(Clock::time_point now) {
@@ -186,7 +194,8 @@ void Engine::run() {
   ::pthread_setname_np(::pthread_self(), "tensorwire-net");  // (15 characters at most)
   std::vector<Session*> sessions;
   for (;;) {
-    progress(0);
+    std::unique_lock worker_lock(wmu_);
+    progress();
     std::deque<Task*> tasks;
     {
       std::lock_guard lock(mu_);
@@ -245,7 +254,19 @@ void Engine::run() {
         return;
       }
     }
-    progress(closing_.empty() ? kIdleWaitMs : 5);
+    // Sleep until UCX has events, someone wakes the engine, or the next tick is due. Other threads may take the
+    // worker meanwhile (try_run): then the events may be theirs, and this thread wakes for nothing, or later.
+    const int ms = closing_.empty() ? kIdleWaitMs : 5;
+    const bool armed = ucx().worker_arm(worker_) == UCS_OK;  // BUSY: events arrived meanwhile
+    const int efd = efd_;
+    worker_lock.unlock();
+    if (!armed) continue;
+    pollfd fds[2] = {{efd, POLLIN, 0}, {wake_.get(), POLLIN, 0}};
+    (void)::poll(fds, 2, ms);
+    if (fds[1].revents & POLLIN) {
+      uint64_t v;
+      [[maybe_unused]] ssize_t r = ::read(wake_.get(), &v, sizeof v);
+    }
   }
 }
 

@@ -8,9 +8,11 @@
 // ships 1.13). With one worker per process, no fd can move between workers. One thread also serves any number of
 // publishers and subscribers: a process with 50 subscribers runs one net thread, not 50.
 //
-// Sessions (Server, Client) do all their UCX work on the engine's thread: in their callbacks (active messages,
-// endpoint errors, connection requests, completions) and in tick(), which the engine calls after each round of
-// progress and at least every 50 ms. Other threads talk to a session through its own mutex and Engine::wake().
+// Sessions (Server, Client) do their UCX work holding the worker lock: in their callbacks (active messages,
+// endpoint errors, connection requests, completions) and in tick(), which the engine thread calls after each round
+// of progress and at least every 50 ms, and — on the hot path — from the caller's own thread when the worker is
+// free (try_run: a send posted by send() itself, a message landed by the recv() that waits for it), which saves
+// two thread hand-offs per message. Other threads talk to a session through its own mutex and Engine::wake().
 // The thread and the worker live while any session is attached or any endpoint is still closing, and end when
 // there is none, so a process whose publishers and subscribers are all closed holds no tensorwire thread, socket
 // or UCX resource.
@@ -75,7 +77,20 @@ class Engine {
   /// finish; its own deadlines bound the wait.
   void detach(Session* s);
 
-  // ---- engine thread only ----
+  /// Any thread: runs `fn` holding the worker, unless another thread holds it now (then returns false at once).
+  /// This is how a caller's thread posts a send or lands a message itself, with no hand-off to the engine's
+  /// thread: `fn` may do what a session does in a callback or tick.
+  template <class F>
+  bool try_run(F&& fn) {
+    std::unique_lock lock(wmu_, std::try_to_lock);
+    if (!lock.owns_lock() || !worker_) return false;
+    fn();
+    return true;
+  }
+  /// Any thread: progresses the worker (its callbacks run on this thread) unless another thread holds it.
+  bool try_progress();
+
+  // ---- holding the worker (the engine thread, a callback, a tick, a try_run fn) ----
   /// Creates an endpoint for `s`; errors are reported to `s`. Returns the status of ucp_ep_create.
   ucs_status_t create_ep(Session* s, ucp_ep_params_t params, ucp_ep_h* ep);
   /// Closes `ep` (force: without flushing): from now on nothing about it reaches its session. The close
@@ -88,7 +103,7 @@ class Engine {
  private:
   Engine();
   ~Engine() = default;  // never destroyed (a thread may be finishing its last round)
-  void open_worker();   // under mu_, while no thread runs
+  void open_worker();   // under wmu_ and mu_, while no thread runs
 
   static ucs_status_t on_am_publisher(void* arg, const void* header, size_t header_length, void* data,
                                       size_t length, const ucp_am_recv_param_t* param);
@@ -99,7 +114,7 @@ class Engine {
   static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status);
 
   void run();
-  void progress(int ms);
+  void progress();
   void reap_closing(Clock::time_point now);
 
   struct Task {
@@ -113,12 +128,16 @@ class Engine {
     Clock::time_point until;
   };
 
-  // -- set under mu_ while no engine thread runs; then the engine thread's --
+  // -- set under mu_ and wmu_ while no engine thread runs; then under wmu_ --
   ucp_worker_h worker_ = nullptr;
   int efd_ = -1;
   size_t max_am_header_ = 0;
   os::Fd wake_;
 
+  // The worker lock: held by whoever calls into UCX on the worker (UCS_THREAD_MODE_SERIALIZED) — the engine
+  // thread for each round of progress, tasks and ticks (never while it sleeps), or a caller's thread in try_run.
+  // Everything a session keeps for "the engine thread" is under it. Order: wmu_, then mu_, then a session's own.
+  std::mutex wmu_;
   std::mutex mu_;
   std::condition_variable cv_;  // tasks done, sessions finished
   std::deque<Task*> tasks_;
@@ -126,7 +145,7 @@ class Engine {
   bool running_ = false;
   std::thread::id thread_id_;
 
-  // -- engine thread only --
+  // -- under wmu_ --
   std::unordered_map<ucp_ep_h, Session*> eps_;
   std::vector<Closing> closing_;
 };

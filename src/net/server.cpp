@@ -189,8 +189,9 @@ class ServerImpl final : public Server, public Session {
         p->pending.push_back(m);
         ++n;
       }
-      if (n) engine_->wake();
     }
+    // Posted from this thread when the worker is free (no hand-off to the engine's thread), else by the engine.
+    if (n && !engine_->try_run([this] { post_all(); })) engine_->wake();
     return n;
   }
 
@@ -232,7 +233,7 @@ class ServerImpl final : public Server, public Session {
     uint32_t unacked = 0;  // posted, not yet credited back
     uint64_t dropped = 0;
     bool iov_ok = false;  // its transport moves an iov without staging it
-    // -- engine thread only --
+    // -- holding the worker (engine.hpp) --
     size_t requests = 0;  // UCX sends in flight
     bool bye_sent = false;
     bool closed = false;  // its endpoint is closed (or closing, in the engine's hands)
@@ -553,6 +554,30 @@ class ServerImpl final : public Server, public Session {
     return false;
   }
 
+  // Holding the worker: posts what credits allow to one active peer, or to every one.
+  void post_ready(const std::shared_ptr<Peer>& p) {
+    while (p->state == State::active && !p->closed) {
+      std::shared_ptr<OutMessage> m;
+      {
+        std::lock_guard lock(mu_);
+        if (p->pending.empty() || p->unacked >= opt_.depth) break;
+        m = std::move(p->pending.front());
+        p->pending.pop_front();
+        ++p->unacked;
+      }
+      send_data(p, std::move(m));
+    }
+  }
+  void post_all() {
+    std::vector<std::shared_ptr<Peer>> peers;
+    {
+      std::lock_guard lock(mu_);
+      if (closing_) return;
+      for (auto& [id, p] : peers_) peers.push_back(p);
+    }
+    for (auto& p : peers) post_ready(p);
+  }
+
   void service(const std::shared_ptr<Peer>& p, Clock::time_point now, bool closing, bool force) {
     if (p->closed) return;
     if (p->state == State::hello_sent && now - p->since > kHandshakeTimeout) drop(p, "no AUTH within the handshake timeout");
@@ -560,19 +585,7 @@ class ServerImpl final : public Server, public Session {
       drop(p, "silent for longer than the keepalive");
     if (force && p->state != State::dead) drop(p, "the publisher closed before it could deliver everything");
     if (p->state == State::active) {
-      // Post what credits allow.
-      for (;;) {
-        std::shared_ptr<OutMessage> m;
-        {
-          std::lock_guard lock(mu_);
-          if (p->pending.empty() || p->unacked >= opt_.depth) break;
-          m = std::move(p->pending.front());
-          p->pending.pop_front();
-          ++p->unacked;
-        }
-        send_data(p, std::move(m));
-        if (p->state != State::active) break;
-      }
+      post_ready(p);
       if (closing && p->state == State::active) {
         bool drained;
         {
