@@ -978,7 +978,8 @@ def test_dataloader_refuses_a_stray_subscriber_and_starts_no_thread_before_the_f
 
     def shutdown(self):
         tr = twdl._transports.get(self._tw_token)
-        closing_at_shutdown.append(tr is not None and tr.closing)
+        # (an iterator of an earlier test that the garbage collector finalizes now passes here too: told apart)
+        closing_at_shutdown.append((id(self), tr is not None and tr.closing))
         return real_shutdown(self)
 
     monkeypatch.setattr(base, "_shutdown_workers", shutdown)
@@ -995,7 +996,8 @@ def test_dataloader_refuses_a_stray_subscriber_and_starts_no_thread_before_the_f
     finally:
         recording.clear()
     assert at_fork and not any(n.startswith("tensorwire-dataloader") for names in at_fork for n in names)
-    assert closing_at_shutdown == [True]  # take() raises before torch joins its pin thread
+    # take() raises before torch joins its pin thread
+    assert [closing for who, closing in closing_at_shutdown if who == id(it)] == [True]
 
 
 # ---- contiguous_inputs ---------------------------------------------------------------------------------------------
