@@ -61,6 +61,22 @@ State& state() {
   return *s;
 }
 
+// Owns a VMM mapping made here (reserved range, mapped handle): the last owner unmaps it, frees the range and
+// releases the handle, under the device's context (never throws).
+std::shared_ptr<void> mapping_owner(int device, CUdeviceptr va, size_t bytes, CUmemHandle h) {
+  return std::shared_ptr<void>(reinterpret_cast<void*>(va), [device, bytes, h](void* p) {
+    try {
+      const Api& a = driver().api;
+      if (!a.cuMemUnmap) return;
+      ContextGuard g(device);
+      a.cuMemUnmap(reinterpret_cast<CUdeviceptr>(p), bytes);
+      a.cuMemAddressFree(reinterpret_cast<CUdeviceptr>(p), bytes);
+      a.cuMemRelease(h);
+    } catch (...) {
+    }
+  });
+}
+
 }  // namespace
 
 std::array<uint8_t, 16> device_uuid(int device) {
@@ -197,17 +213,7 @@ DeviceExport allocate_exportable(int device, size_t nbytes) {
   e.fd = fd;
   // The last owner frees it: the caller orders that after every use (the publisher, once no lease holds it and the
   // work recorded on its event is done).
-  e.owner = std::shared_ptr<void>(reinterpret_cast<void*>(va), [device, bytes, h](void* p) {
-    const Api& a2 = driver().api;
-    if (!a2.cuMemUnmap) return;
-    try {
-      ContextGuard g2(device);
-      a2.cuMemUnmap(reinterpret_cast<CUdeviceptr>(p), bytes);
-      a2.cuMemAddressFree(reinterpret_cast<CUdeviceptr>(p), bytes);
-      a2.cuMemRelease(h);
-    } catch (...) {
-    }
-  });
+  e.owner = mapping_owner(device, va, bytes, h);
   return e;
 }
 
@@ -300,16 +306,7 @@ DeviceImport open_memory(DeviceExport::Kind kind, const std::array<uint8_t, 16>&
                                                    "): its announced size does not match the allocation");
     }
     out.base = static_cast<uintptr_t>(va);
-    out.owner = std::shared_ptr<void>(reinterpret_cast<void*>(va), [device, sz, h](void* p) {
-      try {
-        const Api& a2 = driver().api;
-        ContextGuard g2(device);
-        a2.cuMemUnmap(reinterpret_cast<CUdeviceptr>(p), sz);
-        a2.cuMemAddressFree(reinterpret_cast<CUdeviceptr>(p), sz);
-        a2.cuMemRelease(h);
-      } catch (...) {
-      }
-    });
+    out.owner = mapping_owner(device, va, sz, h);
     return out;
   }
   if (kind != DeviceExport::Kind::legacy) throw Error(ErrorCode::invalid_argument, "open_memory: no handle to open");

@@ -263,25 +263,24 @@ class ClientImpl final : public Client, public Session {
 
   ucs_status_t on_am(unsigned id, ucp_ep_h ep, const void* header, size_t header_length, void* data, size_t length,
                      const ucp_am_recv_param_t* param) override {
-    ClientImpl* self = this;
-    if (ep != ep_ || self->state_ == State::ended || self->ep_failed_) return UCS_OK;
+    if (ep != ep_ || state_ == State::ended || ep_failed_) return UCS_OK;
     try {
       if (id != kAmToSubscriber) throw Error(ErrorCode::invalid_argument, "a message only subscribers send");
       const auto bytes = std::span<const uint8_t>(static_cast<const uint8_t*>(header), header_length);
       const NetHeader h = decode_header(bytes);
-      self->last_heard_ = Clock::now();
+      last_heard_ = Clock::now();
       if (h.type == NetType::data) {
-        self->on_data(h, bytes.subspan(kNetHeaderBytes), data, length, param);
+        on_data(h, bytes.subspan(kNetHeaderBytes), data, length, param);
         return UCS_OK;
       }
       if (length != 0) throw Error(ErrorCode::invalid_argument, "a control message with data");
       if (h.body_bytes != header_length - kNetHeaderBytes)
         throw Error(ErrorCode::invalid_argument, "body size disagrees with the header");
-      self->on_control(h, bytes.subspan(kNetHeaderBytes));
+      on_control(h, bytes.subspan(kNetHeaderBytes));
     } catch (const Error& e) {
-      self->violation(e.what(), e.code() == ErrorCode::version_mismatch ? e.code() : ErrorCode::invalid_argument);
+      violation(e.what(), e.code() == ErrorCode::version_mismatch ? e.code() : ErrorCode::invalid_argument);
     } catch (const std::exception& e) {
-      self->violation(e.what(), ErrorCode::internal);
+      violation(e.what(), ErrorCode::internal);
     }
     return UCS_OK;
   }
@@ -606,47 +605,45 @@ class ClientImpl final : public Client, public Session {
       receiving_ = 0;
       return false;
     }
-    {
-      if (state_ == State::idle && now >= next_try_) {
-        connect();
-        next_try_ = now + kRetryEvery;
-      }
-      if (ep_failed_ && ep_) {
-        if (state_ == State::active) {
-          // Lost after it was up: what landed whole was delivered already, received tensors stay valid, and the
-          // stream ends.
-          abandon_landing();
-          end_stream();
-        } else if (state_ != State::ended) {
-          note_attempt(ep_error_ + (state_ == State::connecting ? " (is a publisher listening there?)" : ""));
-          close_ep(true);
-          state_ = State::idle;  // not there yet (or it went during the handshake): try again
-        } else {
-          close_ep(true);
-        }
-      }
-      if ((state_ == State::connecting || state_ == State::auth_sent) && now - since_ > kHandshakeTimeout) {
-        note_attempt("no answer to the handshake within 5 s (is it a tensorwire publisher?)");
-        close_ep(true);
-        state_ = State::idle;
-      }
-      if (state_ == State::active) {
-        // A batch is due, or a remainder has waited 10 ms (e.g. a publisher that stopped sending).
-        if (credits_.load(std::memory_order_relaxed) >= credit_batch_.load(std::memory_order_relaxed) ||
-            now - last_credit_ >= std::chrono::milliseconds(10))
-          send_credits();
-        if (bye_ && landing_.empty()) {
-          close_ep(false);
-          end_stream();
-        } else if (now - last_heard_ > opt_.keepalive) {
-          abandon_landing();
-          end_stream();  // the publisher went silent: its machine or the link is gone
-        } else if (now - last_sent_ >= std::min<std::chrono::milliseconds>(kPingEvery, opt_.keepalive / 3)) {
-          send_control(NetType::ping, {});
-        }
-      }
-      if (state_ == State::ended && ep_) close_ep(true);
+    if (state_ == State::idle && now >= next_try_) {
+      connect();
+      next_try_ = now + kRetryEvery;
     }
+    if (ep_failed_ && ep_) {
+      if (state_ == State::active) {
+        // Lost after it was up: what landed whole was delivered already, received tensors stay valid, and the
+        // stream ends.
+        abandon_landing();
+        end_stream();
+      } else if (state_ != State::ended) {
+        note_attempt(ep_error_ + (state_ == State::connecting ? " (is a publisher listening there?)" : ""));
+        close_ep(true);
+        state_ = State::idle;  // not there yet (or it went during the handshake): try again
+      } else {
+        close_ep(true);
+      }
+    }
+    if ((state_ == State::connecting || state_ == State::auth_sent) && now - since_ > kHandshakeTimeout) {
+      note_attempt("no answer to the handshake within 5 s (is it a tensorwire publisher?)");
+      close_ep(true);
+      state_ = State::idle;
+    }
+    if (state_ == State::active) {
+      // A batch is due, or a remainder has waited 10 ms (e.g. a publisher that stopped sending).
+      if (credits_.load(std::memory_order_relaxed) >= credit_batch_.load(std::memory_order_relaxed) ||
+          now - last_credit_ >= std::chrono::milliseconds(10))
+        send_credits();
+      if (bye_ && landing_.empty()) {
+        close_ep(false);
+        end_stream();
+      } else if (now - last_heard_ > opt_.keepalive) {
+        abandon_landing();
+        end_stream();  // the publisher went silent: its machine or the link is gone
+      } else if (now - last_sent_ >= std::min<std::chrono::milliseconds>(kPingEvery, opt_.keepalive / 3)) {
+        send_control(NetType::ping, {});
+      }
+    }
+    if (state_ == State::ended && ep_) close_ep(true);
     return true;
   }
 

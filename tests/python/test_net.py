@@ -647,6 +647,25 @@ def test_on_full_block_waits_for_a_remote_subscribers_credit_then_times_out_nami
         assert [int(np.asarray(p.sub.recv(timeout=TIMEOUT))[0]) for _ in range(2)] == [1, 3]
 
 
+def test_credit_goes_back_in_batches_of_half_the_depth_and_a_remainder_still_arrives():
+    # depth 8: credit returns 4 at a time, and what is left under 4 within ~10 ms of the engine's next tick.
+    with Pair("batch", depth=8) as p:
+        for i in range(8):
+            p.pub.send(np.array([i]), timeout=TIMEOUT)
+        with pytest.raises(TimeoutError, match="remote subscriber"):
+            p.pub.send(np.array([-1]), timeout=0.2)
+        taken = [int(np.asarray(p.sub.recv(timeout=TIMEOUT))[0]) for _ in range(3)]  # a remainder: 3 < 4
+        for i in range(8, 11):  # exactly 3 more fit, once the remainder came back
+            p.pub.send(np.array([i]), timeout=TIMEOUT)
+        with pytest.raises(TimeoutError, match="remote subscriber"):
+            p.pub.send(np.array([-1]), timeout=0.2)  # the count stays exact: nothing more than was taken
+        taken += [int(np.asarray(p.sub.recv(timeout=TIMEOUT))[0]) for _ in range(8)]
+        assert taken == list(range(11))
+        for i in range(11, 60):  # a long stream under batched credit never stalls
+            p.pub.send(np.array([i]), timeout=TIMEOUT)
+            assert int(np.asarray(p.sub.recv(timeout=TIMEOUT))[0]) == i
+
+
 def test_on_full_raise_and_drop_oldest_for_a_remote_subscriber():
     with Pair("raise", depth=2, on_full="raise") as p:
         p.pub.send(np.array([0]))
