@@ -18,6 +18,18 @@ namespace tw::net_detail {
 namespace {
 constexpr auto kCloseFlush = std::chrono::seconds(2);  // a graceful endpoint close flushes this long at most
 constexpr int kIdleWaitMs = 50;                          // sessions are ticked at least this often
+// The spin hint (note_poll): a caller spins once it polled and found nothing this many times in a row, each poll
+// within kSpinGap of the last. While it does, the engine thread naps kSpinNap at a time without watching the worker.
+// An event that arrives just after a spinner stops (without waiting in recv, which says so) waits for the engine
+// thread at most kSpinNap + kSpinGap. (A gap of 100 us let the engine thread miss the spin now and then — a
+// round trip that took longer — and go back to waking beside the spinner for every message.)
+constexpr uint32_t kSpinPolls = 4;
+constexpr int64_t kSpinGapNs = 1'000'000;
+constexpr int64_t kSpinNapNs = 250'000;
+
+int64_t steady_ns() noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
 }  // namespace
 
 Engine& Engine::get() {
@@ -170,6 +182,41 @@ void Engine::progress() {
   }
 }
 
+void Engine::note_poll(bool found) noexcept {
+  // (Relaxed and racy between pollers by design: a hint, never a correctness condition. Whatever it says, a waiter
+  // is served: note_waiter wakes a napping engine thread.)
+  if (found) {
+    empty_polls_.store(0, std::memory_order_relaxed);
+    return;
+  }
+  const int64_t now = steady_ns();
+  const int64_t last = last_empty_poll_ns_.exchange(now, std::memory_order_relaxed);
+  uint32_t n = 1;
+  if (now - last <= kSpinGapNs) {
+    n = empty_polls_.fetch_add(1, std::memory_order_relaxed) + 1;
+  } else {
+    empty_polls_.store(1, std::memory_order_relaxed);
+  }
+  // (The streak restarts at each message found, so the engine thread, which wakes when a message arrives, would
+  // mostly see a short one: what counts is that a streak reached kSpinPolls, and the last empty poll, recently.)
+  if (n >= kSpinPolls) spun_ns_.store(now, std::memory_order_relaxed);
+}
+
+void Engine::note_waiter(bool waiting) noexcept {
+  if (!waiting) {
+    waiters_.fetch_sub(1, std::memory_order_seq_cst);
+    return;
+  }
+  // (seq_cst with the engine's napping_/waiters_ pair: either it sees this waiter before it naps, or this sees it
+  // napping and wakes it.)
+  waiters_.fetch_add(1, std::memory_order_seq_cst);
+  if (napping_.load(std::memory_order_seq_cst)) wake();
+}
+
+bool Engine::spinning(int64_t now_ns) const noexcept {
+  return now_ns - spun_ns_.load(std::memory_order_relaxed) <= kSpinGapNs;
+}
+
 bool Engine::try_progress() {
   std::unique_lock lock(wmu_, std::try_to_lock);
   if (!lock.owns_lock() || !worker_) return false;
@@ -256,11 +303,34 @@ void Engine::run() {
     }
     // Sleep until UCX has events, someone wakes the engine, or the next tick is due. Other threads may take the
     // worker meanwhile (try_run): then the events may be theirs, and this thread wakes for nothing, or later.
+    // A caller spinning on the worker lands what arrives: nap without watching the worker (note_poll).
+    napping_.store(true, std::memory_order_seq_cst);
+    if (waiters_.load(std::memory_order_seq_cst) == 0 && spinning(steady_ns())) {
+      worker_lock.unlock();
+      // Until woken, a waiter comes, the spinner stops, or sessions are due a tick: only the clock and this thread's
+      // eventfd are looked at meanwhile (taking the worker would make the spinner's try_progress skip a round).
+      const int64_t tick_by = steady_ns() + int64_t{kIdleWaitMs} * 1'000'000;
+      for (;;) {
+        pollfd fd{wake_.get(), POLLIN, 0};
+        const timespec nap{0, kSpinNapNs};
+        if (::ppoll(&fd, 1, &nap, nullptr) > 0) {
+          uint64_t v;
+          [[maybe_unused]] ssize_t r = ::read(wake_.get(), &v, sizeof v);
+          break;
+        }
+        const int64_t t = steady_ns();
+        if (waiters_.load(std::memory_order_seq_cst) != 0 || !spinning(t) || t >= tick_by) break;
+      }
+      napping_.store(false, std::memory_order_relaxed);
+      continue;
+    }
+    napping_.store(false, std::memory_order_relaxed);
     const int ms = closing_.empty() ? kIdleWaitMs : 5;
     const bool armed = ucx().worker_arm(worker_) == UCS_OK;  // BUSY: events arrived meanwhile
     const int efd = efd_;
     worker_lock.unlock();
     if (!armed) continue;
+    event_sleeps_.fetch_add(1, std::memory_order_relaxed);
     pollfd fds[2] = {{efd, POLLIN, 0}, {wake_.get(), POLLIN, 0}};
     (void)::poll(fds, 2, ms);
     if (fds[1].revents & POLLIN) {

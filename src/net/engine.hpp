@@ -20,7 +20,9 @@
 
 #include <ucp/api/ucp.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -90,6 +92,19 @@ class Engine {
   /// Any thread: progresses the worker (its callbacks run on this thread) unless another thread holds it.
   bool try_progress();
 
+  /// Any thread, after a poll that waits for nothing (recv(timeout=0), poll()): `found` says whether it returned a
+  /// message. A caller that keeps polling and finding nothing is spinning on the worker: its progress lands every
+  /// session's messages, so while it spins the engine thread does not sleep on the worker's events (each would wake
+  /// it beside the spinner: two context switches per message, on the spinner's own cores). It looks again every
+  /// kSpinNap, and sleeps on the events again once nobody has polled for kSpinGap. One empty poll between messages
+  /// (a caller that then waits on fileno(), as asyncio does) never counts as spinning.
+  void note_poll(bool found) noexcept;
+  /// Any thread: a caller starts (true) or stops (false) waiting for a message only the engine thread would land
+  /// (a blocking recv): while one waits, the engine thread sleeps on the worker's events whoever else polls.
+  void note_waiter(bool waiting) noexcept;
+  /// How many times the engine thread has slept watching the worker's events (for tests of the spin hint).
+  uint64_t event_sleeps() const noexcept { return event_sleeps_.load(std::memory_order_relaxed); }
+
   // ---- holding the worker (the engine thread, a callback, a tick, a try_run fn) ----
   /// Creates an endpoint for `s`; errors are reported to `s`. Returns the status of ucp_ep_create.
   ucs_status_t create_ep(Session* s, ucp_ep_params_t params, ucp_ep_h* ep);
@@ -114,6 +129,7 @@ class Engine {
   static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status);
 
   void run();
+  bool spinning(int64_t now_ns) const noexcept;
   void progress();
   void reap_closing(Clock::time_point now);
 
@@ -144,6 +160,14 @@ class Engine {
   std::vector<Session*> sessions_;
   bool running_ = false;
   std::thread::id thread_id_;
+
+  // -- the spin hint (note_poll, note_waiter) --
+  std::atomic<int64_t> last_empty_poll_ns_{0};
+  std::atomic<uint32_t> empty_polls_{0};  // empty polls in a row, each within kSpinGap of the previous one
+  std::atomic<int64_t> spun_ns_{INT64_MIN / 2};  // the last empty poll that made kSpinPolls in a row
+  std::atomic<uint32_t> waiters_{0};
+  std::atomic<bool> napping_{false};     // the engine thread sleeps without watching the worker's events
+  std::atomic<uint64_t> event_sleeps_{0};
 
   // -- under wmu_ --
   std::unordered_map<ucp_ep_h, Session*> eps_;

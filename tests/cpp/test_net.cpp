@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <numeric>
@@ -11,6 +12,7 @@
 #include <thread>
 
 #include "ipc/pool_internal.hpp"
+#include "net/engine.hpp"
 #include "net/net_internal.hpp"
 #include "tensorwire/copy.hpp"
 #include "tensorwire/ipc.hpp"
@@ -382,6 +384,61 @@ TEST(NetPubSub, EveryLayoutArrivesBitExactWithItsMetadata) {
   pub.close();
   EXPECT_FALSE(sub.recv(5s));
   EXPECT_TRUE(sub.closed());
+}
+
+// A caller polling recv(0) lands every message itself, so the net thread stays off the worker (it would otherwise
+// wake beside the spinner for each message); a caller blocked in recv brings it back, or nothing would land.
+TEST(NetPubSub, ASpinningReceiverKeepsTheNetThreadOffTheWorkerAndABlockedOneBringsItBack) {
+  SKIP_WITHOUT_UCX();
+  const std::string name = topic("spin");
+  Publisher pub(name, PublisherOptions{.listen = "127.0.0.1:0"});
+  Subscriber sub(name, SubscriberOptions{.connect = pub.address()});
+  ASSERT_TRUE(wait_for([&] { return pub.remote_subscriber_count() == 1; }));
+  Engine& engine = Engine::get();
+  std::atomic<int> taken{0};
+  // One message in flight: the sender waits until the last was taken, then pauses (so the receiver polls and finds
+  // nothing a few times) before the next.
+  const auto sender = [&](int n, std::chrono::microseconds pause) {
+    for (int i = 0; i < n; ++i) {
+      const auto until = std::chrono::steady_clock::now() + 10s;
+      while (taken.load() < i && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+      std::this_thread::sleep_for(pause);
+      Tensor t = pub.loan({4}, DType::int64(), 5s);
+      t.data<int64_t>()[0] = i;
+      pub.send(std::move(t), {}, 5s);
+    }
+  };
+  constexpr int kSpun = 400;
+  taken = 0;
+  const uint64_t before = engine.event_sleeps();
+  std::thread a(sender, kSpun, 50us);
+  for (int i = 0; i < kSpun; ++i) {
+    std::optional<Tensor> r;
+    const auto until = std::chrono::steady_clock::now() + 10s;
+    while (!(r = sub.recv(0ns)) && std::chrono::steady_clock::now() < until) {
+    }
+    ASSERT_TRUE(r) << i;
+    EXPECT_EQ(static_cast<const int64_t*>(r->data_ptr())[0], i);
+    taken = i + 1;
+  }
+  a.join();
+  const uint64_t spun = engine.event_sleeps() - before;
+  EXPECT_LT(spun, uint64_t{kSpun / 4}) << "the net thread slept on the worker's events " << spun << " times in "
+                                       << kSpun << " messages received by a spinning caller";
+
+  constexpr int kBlocked = 20;
+  taken = 0;
+  const uint64_t before_blocked = engine.event_sleeps();
+  std::thread b(sender, kBlocked, 2000us);
+  for (int i = 0; i < kBlocked; ++i) {
+    auto r = sub.recv(5s);  // waits for the net thread to land it
+    ASSERT_TRUE(r) << i;
+    EXPECT_EQ(static_cast<const int64_t*>(r->data_ptr())[0], i);
+    taken = i + 1;
+  }
+  b.join();
+  EXPECT_GE(engine.event_sleeps() - before_blocked, 1u) << "a blocked receiver's messages were landed, but the "
+                                                            "net thread never watched the worker for them";
 }
 
 // Over TCP tensorwire packs strided loan views (faster there); TW_NET_IOV=1 forces the iov of runs, as an RDMA or
