@@ -140,7 +140,7 @@ class PublisherImpl {
     close();
     PublisherForks::remove(this);
     // The thread does not exist in a fork()ed child: never join it there (the handle is leaked on purpose).
-    if (forked_ || ::getpid() != pid_) (void)monitor_.release();
+    if (forked_ || os::current_pid() != pid_) (void)monitor_.release();
   }
 
   const std::string& name() const noexcept { return name_; }
@@ -148,7 +148,7 @@ class PublisherImpl {
 
   void close() noexcept {
     if (closed_.exchange(true)) return;
-    if (forked_ || ::getpid() != pid_) return;  // a child's copy: the parent's subscribers are not ours to end
+    if (forked_ || os::current_pid() != pid_) return;  // a child's copy: the parent's subscribers are not ours to end
     stop_.store(true);
     uint64_t one = 1;
     [[maybe_unused]] ssize_t r = ::write(wake_.get(), &one, sizeof one);
@@ -720,7 +720,7 @@ class PublisherImpl {
   }
 
   void check_usable(const char* what) const {
-    if (forked_ || ::getpid() != pid_)
+    if (forked_ || os::current_pid() != pid_)
       throw Error(ErrorCode::invalid_argument, std::string("Publisher::") + what + ": this publisher of '" + name_ +
                                                    "' belongs to process " + std::to_string(pid_) +
                                                    "; a fork()ed child cannot use it (create a new Publisher there)");

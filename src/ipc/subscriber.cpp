@@ -51,7 +51,7 @@ struct Lease {
   Lease(const Lease&) = delete;
   Lease& operator=(const Lease&) = delete;
   ~Lease() {
-    if (::getpid() != chan->pid) return;  // a fork()ed child's copy of the parent's tensor: not its lease
+    if (os::current_pid() != chan->pid) return;  // a fork()ed child's copy of the parent's tensor: not its lease
     if (uint32_t* r = chan->ring.released(slot)) aref(*r).fetch_add(1, std::memory_order_release);
   }
   std::shared_ptr<Channel> chan;
@@ -328,7 +328,7 @@ class SubscriberImpl {
   }
 
   void check_usable(const char* what) const {
-    if (forked_ || ::getpid() != pid_)
+    if (forked_ || os::current_pid() != pid_)
       throw Error(ErrorCode::invalid_argument, std::string("Subscriber::") + what + ": this subscriber of '" + name_ +
                                                    "' belongs to process " + std::to_string(pid_) +
                                                    "; a fork()ed child cannot use it (create a new Subscriber there)");

@@ -122,6 +122,7 @@ class ClientImpl final : public Client, public Session {
 
   std::optional<Delivered> recv(std::chrono::nanoseconds timeout) override {
     const auto until = Clock::now() + std::min(timeout, std::chrono::nanoseconds(std::chrono::hours(24 * 365)));
+    credit_back();
     {
       std::unique_lock lock(mu_);
       if (queue_.empty() && !ended_ && !closed_) {
@@ -132,16 +133,26 @@ class ClientImpl final : public Client, public Session {
       }
     }
     std::optional<Delivered> r;
-    {
+    if (timeout <= std::chrono::nanoseconds::zero()) {
       std::unique_lock lock(mu_);
-      cv_.wait_until(lock, until, [&] { return !queue_.empty() || ended_ || closed_; });
+      r = take(lock);
+      engine_->note_poll(r.has_value());
+    } else {
+      std::unique_lock lock(mu_);
+      const auto ready = [&] { return !queue_.empty() || ended_ || closed_; };
+      if (!ready()) {
+        // The engine thread lands what this waits for: it must watch the worker's events (not nap beside a spinner).
+        engine_->note_waiter(true);
+        cv_.wait_until(lock, until, ready);
+        engine_->note_waiter(false);
+      }
       r = take(lock);
     }
-    if (r) credit_back();
     return r;
   }
 
   std::optional<Delivered> poll(PollResult& status) override {
+    credit_back();
     std::optional<Delivered> r;
     {
       std::unique_lock lock(mu_, std::try_to_lock);
@@ -158,7 +169,7 @@ class ClientImpl final : public Client, public Session {
       status = r ? PollResult::message
                  : (ended_ || closed_) ? PollResult::ended : PollResult::empty;
     }
-    if (r) credit_back();
+    engine_->note_poll(r.has_value());
     return r;
   }
 
@@ -173,7 +184,14 @@ class ClientImpl final : public Client, public Session {
     if (ended_ || closed_) return "";
     return "not connected to " + opt_.connect + " yet" + (attempt_.empty() ? std::string() : "; last attempt: " + attempt_);
   }
-  int fileno() override { return event_.get(); }
+  int fileno() override {
+    std::lock_guard lock(mu_);
+    if (!fd_mode_) {
+      fd_mode_ = true;  // from now on the eventfd reads as set while a message (or the end) waits
+      if (!queue_.empty() || ended_ || closed_) signal_locked();
+    }
+    return event_.get();
+  }
   uint64_t dropped() const noexcept override { return dropped_.load(std::memory_order_relaxed); }
 
   void close() noexcept override {
@@ -198,9 +216,10 @@ class ClientImpl final : public Client, public Session {
       Delivered r = std::move(queue_.front());
       queue_.pop_front();
       if (on_full_ != Policy::drop_oldest) credits_.fetch_add(1, std::memory_order_relaxed);
-      if (queue_.empty() && !ended_ && !closed_) {
+      if (queue_.empty() && !ended_ && !closed_ && signaled_) {
         uint64_t v;
         [[maybe_unused]] ssize_t n = ::read(event_.get(), &v, sizeof v);
+        signaled_ = false;
       }
       return r;
     }
@@ -208,10 +227,12 @@ class ClientImpl final : public Client, public Session {
     return std::nullopt;
   }
 
-  // Not under mu_: the credit taken messages earned goes back from this thread when the worker is free, once
-  // there is half the depth of it. (One CREDIT per message would wake the publisher's engine thread for each
-  // message, right when its user sends the next one. Half cannot stall the publisher: it holds `depth` unacked
-  // only when this side holds them, and taking half of them sends the credit. The rest goes at the next tick.)
+  // Not under mu_, at the start of each recv() and poll(): the credit taken messages earned goes back from this
+  // thread when the worker is free, once there is half the depth of it. (One CREDIT per message would wake the
+  // publisher's engine thread for each message, right when its user sends the next one. Half cannot stall the
+  // publisher: it holds `depth` unacked only when this side holds them, and taking half of them earns the credit.
+  // It goes at the next recv or poll — not between taking a message and returning it, where the send would delay
+  // the message — or at the engine's next tick, 10 ms later, when the caller stops receiving.)
   void credit_back() {
     if (credits_.load(std::memory_order_relaxed) < credit_batch_.load(std::memory_order_relaxed)) return;
     if (!engine_->try_run([this] { send_credits(); })) engine_->wake();
@@ -231,9 +252,13 @@ class ClientImpl final : public Client, public Session {
     attempt_ = std::move(why);
   }
 
+  // Under mu_: the eventfd reads as set — only once someone asked for fileno(), and written once per set (two
+  // syscalls per message otherwise, for a descriptor nobody watches).
   void signal_locked() {
+    if (!fd_mode_ || signaled_) return;
     uint64_t one = 1;
     [[maybe_unused]] ssize_t n = ::write(event_.get(), &one, sizeof one);
+    signaled_ = true;
   }
 
   void end_stream(const std::string& fatal = {}, ErrorCode code = ErrorCode::invalid_argument) {
@@ -660,6 +685,8 @@ class ClientImpl final : public Client, public Session {
   sockaddr_storage addr_{};
   Engine* engine_ = nullptr;
   os::Fd event_;
+  bool fd_mode_ = false;   // under mu_: fileno() was asked for
+  bool signaled_ = false;  // under mu_: event_ is set
   std::atomic<bool> stop_{false};
   // -- holding the worker (engine.hpp) --
   bool stopping_ = false, abandoned_ = false;

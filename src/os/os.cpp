@@ -1,6 +1,7 @@
 // os.cpp — the OS layer the transports share: fds, mappings, sealed memfds, abstract SOCK_SEQPACKET sockets with
 // SCM_RIGHTS, peer credentials, futexes, and the memory this process can still get.
 #include <fcntl.h>
+#include <pthread.h>
 #include <linux/futex.h>
 #include <poll.h>
 #include <sys/mman.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <climits>
@@ -124,6 +126,25 @@ bool prefault_allowed(uint64_t bytes) noexcept {
   if (bytes > kMaxPrefaultBytes) return false;
   const uint64_t room = memory_headroom();
   return room == UINT64_MAX || bytes <= room / 2;
+}
+
+namespace {
+std::atomic<int> g_pid{0};
+void refresh_pid() noexcept { g_pid.store(static_cast<int>(::getpid()), std::memory_order_relaxed); }
+}  // namespace
+
+int current_pid() noexcept {
+  int pid = g_pid.load(std::memory_order_relaxed);
+  if (pid == 0) {
+    static const bool registered = [] {
+      ::pthread_atfork(nullptr, nullptr, &refresh_pid);  // (a child refreshes before any of its code runs)
+      return true;
+    }();
+    (void)registered;
+    refresh_pid();
+    pid = g_pid.load(std::memory_order_relaxed);
+  }
+  return pid;
 }
 
 bool is_eventfd(int fd) noexcept {

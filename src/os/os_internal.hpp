@@ -129,6 +129,12 @@ bool is_eventfd(int fd) noexcept;
 /// 0 when the peer closed, -1 when nothing waits, -2 for a truncated packet (too long or too many fds).
 long recv_packet(int sock, void* buf, size_t cap, std::vector<Fd>& fds);
 
+// ---- process ----------------------------------------------------------------------------------------------------
+
+/// getpid() without a system call per use (hot paths check that an object is used by the process that made it):
+/// read once, and again in the child of every fork() (pthread_atfork).
+int current_pid() noexcept;
+
 // ---- futex ------------------------------------------------------------------------------------------------------
 
 /// Sleeps while *word == expected, at most `timeout_ns` (>= 0). Returns false when interrupted by a signal.

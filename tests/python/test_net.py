@@ -24,6 +24,7 @@ import os
 import pickle
 import queue
 import secrets
+import select
 import shutil
 import signal
 import socket
@@ -664,6 +665,32 @@ def test_credit_goes_back_in_batches_of_half_the_depth_and_a_remainder_still_arr
         for i in range(11, 60):  # a long stream under batched credit never stalls
             p.pub.send(np.array([i]), timeout=TIMEOUT)
             assert int(np.asarray(p.sub.recv(timeout=TIMEOUT))[0]) == i
+
+
+def _readable(fd) -> bool:
+    return bool(select.select([fd], [], [], 0)[0])
+
+
+def test_fileno_of_a_remote_subscriber_reads_as_set_exactly_while_a_message_waits():
+    # The eventfd is kept only once fileno() was asked for (it costs two system calls a message): asked for after
+    # messages arrived, it must already read as set.
+    with Pair("fileno") as p:
+        for i in range(2):
+            p.pub.send(np.array([i]), timeout=TIMEOUT)
+        time.sleep(0.2)  # (they have most likely landed by now, unwatched; either way fileno must read as set)
+        fd = p.sub.fileno()
+        got = []
+        for _ in range(2):
+            wait_until(lambda: _readable(fd), what="fileno readable with a message waiting")
+            got.append(int(np.asarray(p.sub.recv(timeout=0))[0]))
+        assert got == [0, 1]
+        assert not _readable(fd)
+        p.pub.send(np.array([7]), timeout=TIMEOUT)
+        wait_until(lambda: _readable(fd), what="fileno readable after the next message")
+        assert int(np.asarray(p.sub.recv(timeout=0))[0]) == 7
+        assert not _readable(fd)
+        p.pub.close()
+        wait_until(lambda: _readable(fd), what="fileno readable at the end of the stream")
 
 
 def test_on_full_raise_and_drop_oldest_for_a_remote_subscriber():
