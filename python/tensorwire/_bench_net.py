@@ -17,11 +17,14 @@ Methods:
   tw-strided-loan  send(loan[:, ::2]): every other column of an int64 loan twice the payload's size (8-byte runs,
                    rows of up to 1024 columns); may cross as an iov of its runs, nothing packed (t.transport "ucx")
   tw-strided-send  send(a[:, ::2]) of an ordinary int64 ndarray of the same shape (the sender packs: "ucx-packed")
+  tw-cpp-loan      latency only: the same publish/subscribe through tensorwire's C++ API (loan + send, recv with a
+                   zero timeout), a ping-pong like ucx_perftest's, by the tw_net_pingpong program of the build
+                   (found next to the library the imported tensorwire uses, or named by TW_NET_PINGPONG)
   torch-gloo       torch.distributed send/recv, gloo backend, rank 0 in A, rank 1 in B; received into a tensor
                    allocated beforehand (gloo must be told the size: the most favourable case for it)
   mp-pickle        multiprocessing.connection Listener / Client (authkey), conn.send(ndarray): a pickle per message
 
-Latency: one message in flight. tensorwire, gloo and pickle are one-way, as in `tensorwire bench`: the sender
+Latency: one message in flight. tensorwire (from Python), gloo and pickle are one-way, as in `tensorwire bench`: the sender
 stamps time.perf_counter_ns() (CLOCK_MONOTONIC: network namespaces share the machine's clock) into the first 8
 bytes of the payload just before sending (before loan() for the loan methods); the receiver subtracts it from its
 own clock as soon as it can read the payload, then acknowledges through a socketpair the two processes share
@@ -30,6 +33,9 @@ recv), like ucx_perftest's; gloo's and pickle's block. ucx_perftest's latency is
 half a round trip (its own definition); p50 and p99 come from two runs (-R 50 and -R 99), each the percentile of
 its timing window. The strided methods' payload is the view's bytes (half the loan's); their stamp is element
 [0, 0].
+tensorwire's methods from Python are also measured as a ping-pong, after their one-way series: side B sends
+each message back, the same way and size, from a publisher of its own, and both sides poll: half a round trip,
+ucx_perftest's own definition of its latency, which the latency target is judged on (as is tw-cpp-loan's).
 Throughput: after an untimed warm-up burst, a burst of messages with no acknowledgement: payload bytes delivered
 per second, bytes / (last receive - first send). ucx_perftest: the overall bandwidth ucp_am_bw reports (its
 "MB/s" are 2^20 bytes; converted to bytes). Over a network every method moves the payload, so every row is in
@@ -79,7 +85,9 @@ from tensorwire._bench_ipc import (
 )
 
 QUICK_SIZES = [64, 4 * KiB, 64 * KiB, MiB, 16 * MiB]
-METHODS = ["ucx_perftest", "tw-send", "tw-loan", "tw-strided-loan", "tw-strided-send", "torch-gloo", "mp-pickle"]
+METHODS = ["ucx_perftest", "tw-send", "tw-loan", "tw-strided-loan", "tw-strided-send", "tw-cpp-loan", "torch-gloo",
+           "mp-pickle"]
+CPP_PINGPONG = "tw-cpp-loan"  # latency only: tensorwire's C++ API, a ping-pong (tw_net_pingpong)
 TW_METHODS = ("tw-send", "tw-loan", "tw-strided-loan", "tw-strided-send")
 STRIDED = ("tw-strided-loan", "tw-strided-send")
 STRIDED_COLS = 512  # columns of the int64 view (the loan or array has twice as many): rows of 8 KiB
@@ -97,6 +105,11 @@ def strided_shape(size: int) -> tuple[int, int]:
     elems = size // 8
     cols = min(STRIDED_COLS, elems & -elems)  # the largest power of two (up to 512) that divides the elements
     return elems // cols, cols
+
+
+def pingpong_warmup(n_lat: int) -> int:
+    """Round trips before the timed ones of a ping-pong (connections and pools reach their steady state)."""
+    return max(2, n_lat // 10)
 
 
 def _burst_bytes(quick) -> int:
@@ -167,12 +180,12 @@ def _tw_error(e: Exception) -> RuntimeError:
 class _TwSender:
     receiver_first = True
 
-    def __init__(self, method, addr, max_size):
+    def __init__(self, method, addr, max_size, topic=None):
         import tensorwire as tw
 
         self.method = method
         try:
-            self.pub = tw.Publisher(_topic(method), listen=addr, token=_token())
+            self.pub = tw.Publisher(topic or _topic(method), listen=addr, token=_token())
         except Exception as e:
             raise _tw_error(e) from e
         self.src = np.ones(max(max_size, 64), np.uint8)  # tw-send's ordinary array
@@ -224,12 +237,12 @@ class _TwSender:
 
 
 class _TwReceiver:
-    def __init__(self, method, addr, busy):
+    def __init__(self, method, addr, busy, topic=None):
         import tensorwire as tw
 
         self.method, self.busy = method, busy
         try:
-            self.sub = tw.Subscriber(_topic(method), connect=addr, token=_token())
+            self.sub = tw.Subscriber(topic or _topic(method), connect=addr, token=_token())
         except Exception as e:
             raise _tw_error(e) from e
         self.seen: dict[str, int] = {}
@@ -275,6 +288,14 @@ class _TwReceiver:
 
 def _topic(method) -> str:
     return f"bench/net/{os.environ['TW_BENCH_NET_RUN']}/{method}"
+
+
+def _topic_for_run(method) -> str:  # (in the parent, which has no TW_BENCH_NET_RUN: its pid is the run)
+    return f"bench/net/{os.getpid()}/{method}"
+
+
+def _back_topic(method) -> str:  # the ping-pong's way back, from B to A
+    return _topic(method) + "/back"
 
 
 class _GlooSender:
@@ -407,12 +428,25 @@ def _producer(args, ctrl: _Ctrl) -> None:
     else:  # gloo's and pickle's connections complete only once this side takes part (rendezvous, challenge)
         sender.start()
         ctrl.expect("ready")
+    # tensorwire's ping-pong: B sends each message back (same method, same size) on a publisher of its own, which
+    # listens before B says "ready"; this side polls for it, as ucx_perftest's ping-pong does.
+    back = _TwReceiver(args.method, args.addr2, True, _back_topic(args.method)) if args.method in TW_METHODS else None
     for size, n_lat, n_warm, n_burst in plan:
         sender.prepare(size)
         ctrl.expect("prepared")
         for _ in range(n_lat):
             sender.send(size)
             ctrl.expect("a")
+        rtts = []
+        if back is not None:
+            back.prepare(size)
+            ctrl.expect("pp")
+            for _ in range(n_lat + pingpong_warmup(n_lat)):
+                t0 = now()
+                sender.send(size)
+                back.recv(size)
+                rtts.append(now() - t0)
+            rtts = rtts[pingpong_warmup(n_lat):]
         for _ in range(n_warm):  # pools and buffers reach their steady state (not timed)
             sender.send(size)
         ctrl.expect("w", timeout=10 * WAIT_S)
@@ -426,12 +460,18 @@ def _producer(args, ctrl: _Ctrl) -> None:
                "p50_us": float(np.percentile(lats, 50)), "p99_us": float(np.percentile(lats, 99)),
                "latency": "one-way", "zero_copy": False, "msgs_per_s": msgs_per_s,
                "throughput_GBps": msgs_per_s * size / 1e9}
+        if rtts:  # half a round trip, both sides polling: ucx_perftest's definition of its latency
+            half = np.asarray(rtts, dtype=np.float64) / 2000.0
+            row.update(pp_p50_us=float(np.percentile(half, 50)), pp_p99_us=float(np.percentile(half, 99)),
+                       pp_n=len(rtts))
         if res.get("transport"):
             row["transport"] = res["transport"]
         if res.get("layout"):
             row["layout"] = res["layout"]
         _emit({"row": row})
     sender.close()
+    if back is not None:
+        back.close()
     _emit({"done": True})
 
 
@@ -439,7 +479,12 @@ def _consumer(args, ctrl: _Ctrl) -> None:
     plan = json.loads(args.plan)
     ctrl.expect("ready")
     receiver = _receiver(args.method, args.addr, args.tw_recv == "busy")
+    back = None
+    if args.method in TW_METHODS:
+        back = _TwSender(args.method, args.addr2, max(p[0] for p in plan), _back_topic(args.method))
     ctrl.send("ready")
+    if back is not None:
+        back.start()  # A connects right after "ready"
     for size, n_lat, n_warm, n_burst in plan:
         receiver.prepare(size)
         ctrl.send("prepared")
@@ -448,6 +493,14 @@ def _consumer(args, ctrl: _Ctrl) -> None:
             t0, t1 = receiver.recv(size)
             lats.append(t1 - t0)
             ctrl.send("a")
+        if back is not None:  # the ping-pong (always polling, whatever --tw-recv says)
+            back.prepare(size)
+            busy, receiver.busy = receiver.busy, True
+            ctrl.send("pp")
+            for _ in range(n_lat + pingpong_warmup(n_lat)):
+                receiver.recv(size)
+                back.send(size)
+            receiver.busy = busy
         for _ in range(n_warm):
             receiver.recv(size)
         ctrl.send("w")
@@ -458,6 +511,8 @@ def _consumer(args, ctrl: _Ctrl) -> None:
                    "transport": ",".join(f"{k}" for k in sorted(receiver.seen)) if receiver.seen else None,
                    "layout": receiver.layout})
     receiver.close()
+    if back is not None:
+        back.close()
 
 
 def _child_main(args) -> int:
@@ -625,14 +680,15 @@ class Net:
 
 def _deadline_s(plan, method) -> float:
     """Generous: start-up (importing torch takes seconds) plus every message at 20 MB/s and 5 ms."""
-    return 120 + sum((n_lat + n_warm + n_burst) * (size / 20e6 + 0.005) for size, n_lat, n_warm, n_burst in plan)
+    return 120 + sum((3 * n_lat + 2 * pingpong_warmup(n_lat) + n_warm + n_burst) * (size / 20e6 + 0.005)
+                     for size, n_lat, n_warm, n_burst in plan)
 
 
 def run_pair(net: Net, method: str, plan, tw_recv: str, log) -> tuple[list[dict], str | None]:
     """One pair method: the sending side in namespace A, the receiving side in B. Returns (rows, error)."""
     a_ctrl, b_ctrl = socket.socketpair()
-    addr = f"{net.ip[0]}:{net.port()}"
-    common = ["--method", method, "--addr", addr, "--plan", json.dumps(plan), "--tw-recv", tw_recv]
+    addr, addr2 = f"{net.ip[0]}:{net.port()}", f"{net.ip[1]}:{net.port()}"
+    common = ["--method", method, "--addr", addr, "--addr2", addr2, "--plan", json.dumps(plan), "--tw-recv", tw_recv]
     mod = [sys.executable, "-m", "tensorwire._bench_net"]
     prod = _Proc(f"{method} sending side",
                  net.exec(0, *mod, "--role", "producer", "--ctrl-fd", str(a_ctrl.fileno()), *common),
@@ -785,9 +841,25 @@ def merge_perftest(first, last) -> tuple[list[dict], list[str]]:
 
 # ---- output --------------------------------------------------------------------------------------------------------
 
-LATENCY_TITLE = ("latency p50 / p99, one message in flight (one-way from a stamp in the payload; ucx_perftest: half "
-                 "a ping-pong round trip)")
+LATENCY_TITLE = ("latency p50 / p99, one message in flight (one-way from a stamp in the payload, the sender woken "
+                 "from a wait before each; ucx_perftest: half a ping-pong round trip)")
+PINGPONG_TITLE = ("latency p50 / p99, ping-pong: half a round trip, both sides polling (ucx_perftest's own definition; "
+                  "tensorwire's way back is the same method from a publisher in B)")
 THROUGHPUT_TITLE = "burst throughput: payload bytes delivered per second"
+
+
+def one_way(row) -> bool:  # rows with a one-way latency and a throughput (all but the C++ ping-pong's)
+    return row["method"] != CPP_PINGPONG
+
+
+def has_pingpong(row) -> bool:
+    return row["method"] == PERFTEST or "pp_p50_us" in row
+
+
+def fmt_pingpong(row, units=TIME_UNITS) -> str:
+    if row["method"] == PERFTEST:
+        return fmt_latency(row, units)
+    return f"{fmt_unit(row['pp_p50_us'], units)} / {fmt_unit(row['pp_p99_us'], units)}"
 
 
 def fmt_latency(row, units=TIME_UNITS) -> str:
@@ -798,7 +870,8 @@ def fmt_throughput(row) -> str:
     return fmt_unit(row["throughput_GBps"] * 1e9, BYTE_RATE_UNITS)
 
 
-def _grid(rows, cell):
+def _grid(rows, cell, keep=lambda r: True):
+    rows = [r for r in rows if keep(r)]
     methods = [m for m in METHODS if any(r["method"] == m for r in rows)]
     by = {(r["method"], r["bytes"]): r for r in rows}
     head = ["size"] + methods
@@ -836,11 +909,12 @@ def judge(rows) -> list[dict]:
                 ratio = r["throughput_GBps"] / ref["throughput_GBps"]
                 add(f"{what}: throughput >= {goal}x ucx_perftest's", m, 16 * MiB, ratio, f">= {goal}x", ratio >= goal)
     ref = by.get((PERFTEST, 4 * KiB))
-    for m in ("tw-send", "tw-loan"):
+    for m in ("tw-send", "tw-loan", CPP_PINGPONG):
         r = by.get((m, 4 * KiB))
-        if r and ref:
-            ratio = r["p50_us"] / ref["p50_us"]
-            add("4 KiB latency p50 <= 1.5x ucx_perftest's", m, 4 * KiB, ratio, "<= 1.5x", ratio <= 1.5)
+        if r and ref and "pp_p50_us" in r:  # measured as ucx_perftest measures: half a ping-pong round trip
+            ratio = r["pp_p50_us"] / ref["p50_us"]
+            add("4 KiB latency p50 <= 1.5x ucx_perftest's (both half a ping-pong round trip)", m, 4 * KiB, ratio,
+                "<= 1.5x", ratio <= 1.5)
     for what, ratio_of in (("throughput >= 2x torch.distributed's (gloo)",
                             lambda r, g: r["throughput_GBps"] / g["throughput_GBps"]),
                            ("latency p50 <= 1/2 torch.distributed's (gloo); shown: gloo's / tensorwire's",
@@ -869,8 +943,12 @@ def table(rows) -> str:
     if not rows:
         return "nothing was measured"
     out = []
-    for title, cell in ((LATENCY_TITLE, fmt_latency), (THROUGHPUT_TITLE, fmt_throughput)):
-        head, body = _grid(rows, cell)
+    for title, cell, keep in ((LATENCY_TITLE, fmt_latency, one_way),
+                              (PINGPONG_TITLE, fmt_pingpong, has_pingpong),
+                              (THROUGHPUT_TITLE, fmt_throughput, one_way)):
+        if not any(keep(r) for r in rows):
+            continue
+        head, body = _grid(rows, cell, keep)
         widths = [max(len(line[i]) for line in [head] + body) for i in range(len(head))]
         lines = [" | ".join(c.rjust(w) for c, w in zip(line, widths)) for line in [head] + body]
         out += [title, "", lines[0], "-" * len(lines[0])] + lines[1:] + [""]
@@ -887,9 +965,12 @@ def markdown(rows) -> str:
     if not rows:
         return "nothing was measured"
     out = []
-    for title, cell in ((LATENCY_TITLE, lambda r: fmt_latency(r, TIME_UNITS_MICRO)),
-                        (THROUGHPUT_TITLE, fmt_throughput)):
-        head, body = _grid(rows, cell)
+    for title, cell, keep in ((LATENCY_TITLE, lambda r: fmt_latency(r, TIME_UNITS_MICRO), one_way),
+                              (PINGPONG_TITLE, lambda r: fmt_pingpong(r, TIME_UNITS_MICRO), has_pingpong),
+                              (THROUGHPUT_TITLE, fmt_throughput, one_way)):
+        if not any(keep(r) for r in rows):
+            continue
+        head, body = _grid(rows, cell, keep)
         out += [f"{title}:", "", "| " + " | ".join(head) + " |", "|---:|" + "---:|" * (len(head) - 1)]
         out += ["| " + " | ".join(line) + " |" for line in body] + [""]
     return "\n".join(out).rstrip("\n")
@@ -921,7 +1002,62 @@ def _unavailable(method) -> str | None:
         return None if dist.is_available() and dist.is_gloo_available() else "this torch has no gloo backend"
     if method in TW_METHODS:
         return _tw_missing()
+    if method == CPP_PINGPONG:
+        return None if pingpong_program() else ("no tw_net_pingpong program: build tensorwire (make build), or name "
+                                                "it in TW_NET_PINGPONG")
     return None
+
+
+def pingpong_program() -> str | None:
+    """tw_net_pingpong: TW_NET_PINGPONG, or the build's, beside the library the imported tensorwire package loads
+    (build/release/pkg/tensorwire -> build/release/tw_net_pingpong)."""
+    named = os.environ.get("TW_NET_PINGPONG")
+    if named:
+        return named if os.access(named, os.X_OK) else None
+    try:
+        import tensorwire
+    except ImportError:
+        return None
+    pkg = os.path.dirname(os.path.abspath(tensorwire.__file__))
+    for cand in (os.path.join(pkg, "..", "..", "tw_net_pingpong"), os.path.join(pkg, "tw_net_pingpong")):
+        if os.access(cand, os.X_OK):
+            return os.path.normpath(cand)
+    return None
+
+
+def run_cpp_pingpong(net: Net, plan, log) -> tuple[list[dict], str | None]:
+    """tw-cpp-loan: tw_net_pingpong's side A in namespace A, side B in B, every size in one pair of processes."""
+    prog = pingpong_program()
+    a_addr, b_addr = f"{net.ip[0]}:{net.port()}", f"{net.ip[1]}:{net.port()}"
+    iters = max(n_lat for _, n_lat, _, _ in plan)
+    common = ["--topic", _topic_for_run(CPP_PINGPONG), "--sizes", ",".join(str(p[0]) for p in plan),
+              "--iters", str(max(iters, 200))]
+    b = _Proc("tw_net_pingpong side B", net.exec(1, prog, "--side", "b", "--listen", b_addr, "--connect", a_addr,
+                                                 *common), net.env(1))
+    a = _Proc("tw_net_pingpong side A", net.exec(0, prog, "--side", "a", "--listen", a_addr, "--connect", b_addr,
+                                                 *common), net.env(0))
+    deadline = time.monotonic() + 120 + sum(2 * max(iters, 200) * (s / 20e6 + 0.001) for s, *_ in plan)
+    rows, error = [], None
+    try:
+        rc_a = a.wait(deadline)
+        rc_b = b.wait(deadline)
+        for line in a.out:
+            line = line.strip()
+            if line.startswith("{"):
+                d = json.loads(line)
+                row = {"method": CPP_PINGPONG, "bytes": d["bytes"], "n": d["n"], "latency": "half round trip",
+                       "p50_us": d["p50_us"], "p99_us": d["p99_us"], "pp_p50_us": d["p50_us"],
+                       "pp_p99_us": d["p99_us"], "pp_n": d["n"], "transport": "ucx"}
+                rows.append(row)
+                log(row)
+        if rc_a != 0 or rc_b != 0:
+            error = f"tw_net_pingpong exited with {rc_a} (A) / {rc_b} (B): {a.tail(2) or '-'}; {b.tail(2) or '-'}"
+    except TimeoutError as e:
+        error = f"{e}; side A: {a.tail(3) or '-'}; side B: {b.tail(3) or '-'}"
+    finally:
+        a.kill()
+        b.kill()
+    return rows, error
 
 
 def _versions() -> dict:
@@ -951,8 +1087,13 @@ def _versions() -> dict:
 
 def _log_row(r) -> None:
     extra = f"  [{r['transport']}" + (f", {r['layout']}" if r.get("layout") else "") + "]" if r.get("transport") else ""
+    if r["method"] == CPP_PINGPONG:
+        print(f"  {r['method']:>16} {fmt_size(r['bytes']):>8}: ping-pong p50 {r['pp_p50_us']:8.1f} us  "
+              f"p99 {r['pp_p99_us']:8.1f} us", flush=True)
+        return
+    pp = f"  ping-pong p50 {r['pp_p50_us']:8.1f} us" if "pp_p50_us" in r else ""
     print(f"  {r['method']:>16} {fmt_size(r['bytes']):>8}: p50 {r['p50_us']:10.1f} us  p99 {r['p99_us']:10.1f} us"
-          f"  {fmt_throughput(r):>11}{extra}", flush=True)
+          f"{pp}  {fmt_throughput(r):>11}{extra}", flush=True)
 
 
 def main(argv=None) -> int:
@@ -960,7 +1101,7 @@ def main(argv=None) -> int:
     if "--role" in argv:  # one side of a pair method, started by the parent in a namespace
         c = argparse.ArgumentParser(prog="tensorwire._bench_net")
         c.add_argument("--role", choices=("producer", "consumer"), required=True)
-        for flag in ("--method", "--addr", "--plan"):
+        for flag in ("--method", "--addr", "--addr2", "--plan"):
             c.add_argument(flag, required=True)
         c.add_argument("--ctrl-fd", type=int, required=True)
         c.add_argument("--tw-recv", choices=("busy", "block"), default="busy")
@@ -1038,6 +1179,9 @@ def main(argv=None) -> int:
             if m == PERFTEST:
                 got, error = run_perftest(net, sizes, not args.full, _log_row)
                 first_perftest = got
+            elif m == CPP_PINGPONG:
+                got, error = run_cpp_pingpong(net, plan, _log_row)
+                rows += got
             else:
                 got, error = run_pair(net, m, plan, args.tw_recv, _log_row)
                 rows += got
