@@ -409,4 +409,7 @@ Pop Ring::try_pop_if(P&& accept, F&& read) {
   return Pop::corrupt;
 }
 
+/// Callers' CUDA allocations that closed publishers keep alive for subscribers still reading them (publisher.cpp).
+size_t lingering_foreign_allocations();
+
 }  // namespace tw::ipc_detail

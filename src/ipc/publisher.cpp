@@ -87,7 +87,92 @@ std::string mib(uint64_t bytes) {
   return b;
 }
 
+// Callers' CUDA allocations (sent zero-copy) that subscribers of a closed publisher still read. The publisher is
+// gone, so nothing else watches their leases: one thread, running only while there is something to watch, lets each
+// allocation go once every subscriber that held it has released it or hung up (its socket closes with its last
+// lease, or with its process). Until then the caller's memory cannot be freed or reused under a reader.
+// Never destroyed (the thread is detached and may outlive static destruction); in a fork()ed child the parent's
+// entries are dropped without freeing anything.
+class Lingering {
+ public:
+  struct Entry {
+    std::vector<std::shared_ptr<Sub>> subs;          // subscribers that held the slot at close
+    size_t slot = 0;
+    std::vector<std::shared_ptr<const void>> keep;  // the sent tensors' buffers
+  };
+
+  static Lingering& get() {
+    static Lingering* r = [] {
+      auto* l = new Lingering();
+      ForkRegistry<Lingering>::add(l);
+      return l;
+    }();
+    return *r;
+  }
+
+  void add(Entry e) {
+    std::lock_guard lock(mu_);
+    entries_.push_back(std::move(e));
+    if (!running_) {
+      running_ = true;
+      std::thread([this] { run(); }).detach();
+    }
+  }
+
+  size_t size() {
+    std::lock_guard lock(mu_);
+    return entries_.size();
+  }
+
+  std::mutex& mutex() noexcept { return mu_; }
+  void on_fork_child() noexcept {
+    // The parent's thread is not here; its entries are the parent's. Our copies of the subscribers' sockets close
+    // (so the parent's subscribers see only the parent), the callers' buffers are left alone.
+    for (auto& e : entries_) {
+      e.subs.clear();
+      new std::vector<std::shared_ptr<const void>>(std::move(e.keep));  // leaked on purpose: not this process's
+    }
+    entries_.clear();
+    running_ = false;
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      std::vector<std::shared_ptr<const void>> gone;  // freed outside the lock (a deleter may take the GIL)
+      std::vector<pollfd> fds;
+      {
+        std::lock_guard lock(mu_);
+        for (auto it = entries_.begin(); it != entries_.end();) {
+          auto& subs = it->subs;
+          std::erase_if(subs, [&](const std::shared_ptr<Sub>& s) { return s->hung_up() || !s->holds(it->slot); });
+          if (subs.empty()) {
+            for (auto& k : it->keep) gone.push_back(std::move(k));
+            it = entries_.erase(it);
+            continue;
+          }
+          for (auto& s : subs) fds.push_back(pollfd{s->socket(), POLLRDHUP, 0});
+          ++it;
+        }
+        if (entries_.empty() && gone.empty()) {
+          running_ = false;
+          return;
+        }
+      }
+      gone.clear();
+      // A hang-up wakes us at once; a lease released through the channel is seen within 20 ms.
+      if (!fds.empty()) ::poll(fds.data(), fds.size(), 20);
+    }
+  }
+
+  std::mutex mu_;
+  std::vector<Entry> entries_;
+  bool running_ = false;
+};
+
 }  // namespace
+
+size_t lingering_foreign_allocations() { return Lingering::get().size(); }
 
 class PublisherImpl;
 using PublisherForks = ForkRegistry<PublisherImpl>;
@@ -157,6 +242,8 @@ class PublisherImpl {
     // Remote subscribers get what is queued (bounded), then BYE; their holds on pool buffers go with the thread.
     if (net_) net_->close();
     std::lock_guard lock(mu_);
+    reap();
+    linger_foreign();
     for (auto& s : subs_) s->bye();
     subs_.clear();
     listener_.reset();
@@ -385,6 +472,23 @@ class PublisherImpl {
     p.layout = t.layout();
     p.layout.byte_offset = -sp.begin;
     return true;
+  }
+
+  // At close (mu_ held): a caller's CUDA allocation that a subscriber still reads outlives this publisher, in
+  // Lingering, until every such subscriber lets go. Its slot then leaves the pool like any other.
+  void linger_foreign() {
+    for (size_t i = 0; i < pool_->end(); ++i) {
+      Pool::Slot& s = pool_->slot(i);
+      if (!s.segment_id || !s.seg.foreign || s.seg.keep.empty()) continue;
+      Lingering::Entry e;
+      for (auto& sub : subs_)
+        if (!sub->dead.load() && sub->holds(i)) e.subs.push_back(sub);
+      if (e.subs.empty()) continue;
+      e.slot = i;
+      e.keep = std::move(s.seg.keep);
+      s.seg.keep.clear();
+      Lingering::get().add(std::move(e));
+    }
   }
 
   // Lets go of callers' CUDA allocations no subscriber holds any more.

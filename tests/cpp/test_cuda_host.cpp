@@ -18,7 +18,9 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <optional>
 #include <string>
+#include <thread>
 
 #include "copy/plan.hpp"
 #include "cuda/copy.hpp"
@@ -761,6 +763,62 @@ TEST_F(FakeDriver, IpcTheStackedPlaneArrivesWithItsOffset) {
     pub.close();
   }
   EXPECT_TRUE(freed->load());
+  expect_no_leaks();
+}
+
+// Waits (bounded) for `flag`; true when it turned.
+bool eventually(const std::atomic<bool>& flag, std::chrono::milliseconds within = std::chrono::seconds(5)) {
+  const auto until = std::chrono::steady_clock::now() + within;
+  while (!flag.load() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  return flag.load();
+}
+
+TEST_F(FakeDriver, IpcAClosedPublisherKeepsACallersAllocationUntilItsSubscribersLetGo) {
+  // Closing (or destroying) the publisher must not free or recycle the caller's memory under a subscriber still
+  // reading it: with PyTorch's caching allocator that memory would be handed to the next tensor at once.
+  const std::string name = ipc_topic("linger");
+  auto freed = std::make_shared<std::atomic<bool>>(false), other_freed = std::make_shared<std::atomic<bool>>(false);
+  std::optional<Tensor> t;
+  {
+    auto pub = std::make_unique<tw::Publisher>(name);
+    auto sub = std::make_unique<tw::Subscriber>(name);
+    tw::Subscriber idle(name);  // never keeps what it receives: it must not keep anything alive
+    {
+      ASSERT_TRUE(sub->connected());
+      ASSERT_TRUE(idle.connected());
+      Tensor stacked = foreign_floats(12, freed).view({2, 2, 3});
+      ASSERT_EQ(pub->send(stacked.select(0, 1)), 2u);
+      stacked = Tensor();
+      t = sub->recv(std::chrono::seconds(5));
+      ASSERT_TRUE(t);
+      while (idle.recv(std::chrono::milliseconds(0))) {
+      }
+      Tensor unheld = foreign_floats(4, other_freed);  // sent, read and released before close: freed by close
+      ASSERT_EQ(pub->send(unheld), 2u);
+      unheld = Tensor();
+      ASSERT_TRUE(sub->recv(std::chrono::seconds(5)));
+      while (idle.recv(std::chrono::milliseconds(0))) {
+      }
+      EXPECT_EQ(tw::ipc_detail::lingering_foreign_allocations(), 0u);
+      pub.reset();
+    }  // the publisher closes and is destroyed here
+    EXPECT_TRUE(eventually(*other_freed)) << "an allocation nobody holds goes with the publisher";
+    EXPECT_FALSE(freed->load()) << "freed under a subscriber that still holds the tensor";
+    EXPECT_EQ(tw::ipc_detail::lingering_foreign_allocations(), 1u);
+    EXPECT_EQ(host_values(*t), (std::vector<float>{6, 7, 8, 9, 10, 11}));
+    sub->close();  // closed, but the tensor's lease keeps the subscriber's claim
+    sub.reset();
+    std::this_thread::sleep_for(std::chrono::milliseconds(60));
+    EXPECT_FALSE(freed->load()) << "the received tensor is still alive";
+    EXPECT_EQ(host_values(*t), (std::vector<float>{6, 7, 8, 9, 10, 11}));
+    t.reset();  // the last lease goes: the subscriber's socket closes, the allocation is let go
+    EXPECT_TRUE(eventually(*freed)) << "kept after every subscriber let go";
+  }
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (tw::ipc_detail::lingering_foreign_allocations() != 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  EXPECT_EQ(tw::ipc_detail::lingering_foreign_allocations(), 0u);
   expect_no_leaks();
 }
 
