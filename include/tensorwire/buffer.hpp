@@ -4,14 +4,38 @@
 // the memory is released when the last view and the last Buffer reference are gone.
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <atomic>
 #include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
 
 #include "tensorwire/device.hpp"
 
 namespace tw {
+
+/// The device streams on which consumers may still use a buffer's memory. An export that names the consumer's
+/// stream (DLPack `stream=`) notes that stream; one that names none (the CUDA Array Interface, a raw data pointer,
+/// DLPack `stream=-1`) notes "any stream". A transport that must know that this work is done before the memory
+/// goes back to another process (a received CUDA tensor's lease) reads it when the last view goes. Thread-safe.
+class StreamUses {
+ public:
+  static constexpr size_t kMaxStreams = 8;  ///< more distinct streams than this count as "any stream"
+  /// Notes `stream` (a CUDA stream handle; 1 the legacy default stream); -1 (or the per-thread default stream, 2,
+  /// which names a different stream on every thread) means any stream.
+  void note(int64_t stream) noexcept;
+  /// The streams noted, or nullopt when some use may be on any stream.
+  std::optional<std::vector<int64_t>> streams() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::array<int64_t, kMaxStreams> s_{};
+  size_t n_ = 0;
+  bool any_ = false;
+};
 
 class Buffer {
  public:
@@ -34,7 +58,11 @@ class Buffer {
   /// Records that a raw pointer into this memory left tensorwire's accounting (a NumPy __array_interface__, a
   /// data_ptr, a consumer that asked for a writable buffer view and may keep the pointer after releasing it).
   /// Transports that must know whether anyone can still write the memory (Publisher::send of a loan) read it.
-  void mark_escaped() const noexcept { escaped_.store(true, std::memory_order_relaxed); }
+  /// A raw device pointer is read on streams nobody names: a tracked buffer notes "any stream" too.
+  void mark_escaped() const noexcept {
+    escaped_.store(true, std::memory_order_relaxed);
+    if (uses_) uses_->note(-1);
+  }
   bool escaped() const noexcept { return escaped_.load(std::memory_order_relaxed); }
 
   /// How this memory arrived, when a transport made it: "shm" (a publisher's loan, no copy), "shm-copy", "ucx"
@@ -43,6 +71,15 @@ class Buffer {
   /// Sets transport(); `t` must be a string with static storage (a literal).
   void set_transport(const char* t) noexcept { transport_ = t; }
 
+  /// Device memory whose owner must know where consumers use it (a received CUDA tensor: its lease goes back to
+  /// the publisher only after that work): exports note their consumers' streams in `uses` from now on.
+  void track_stream_uses(std::shared_ptr<StreamUses> uses) noexcept { uses_ = std::move(uses); }
+  /// Notes that a consumer may queue work on `stream` that uses this memory (see StreamUses::note); nothing when the
+  /// buffer is not tracked.
+  void note_stream_use(int64_t stream) const noexcept {
+    if (uses_) uses_->note(stream);
+  }
+
  private:
   void* base_;
   size_t size_;
@@ -50,6 +87,7 @@ class Buffer {
   std::shared_ptr<const void> owner_;
   mutable std::atomic<bool> escaped_{false};
   const char* transport_ = nullptr;
+  std::shared_ptr<StreamUses> uses_;
 };
 
 /// The buffer cache: large host blocks (>= 32 MiB) whose last tensor died are kept mapped, up to `limit` bytes in

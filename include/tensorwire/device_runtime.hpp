@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 #include <optional>
 #include <string>
 
@@ -109,6 +110,12 @@ class DeviceRuntime {
   /// Makes this process's receive stream of the event's device wait for `event` (queued: the host never waits);
   /// returns that stream, on which received tensors are ordered.
   virtual intptr_t wait_ipc_event(const IpcEvent& event) const;
+  /// Lets `what` go (drops this reference) once the work queued so far on `streams` of `device` is done, or all the
+  /// work queued so far on the device when `streams` is null, without blocking the caller. A received tensor's
+  /// lease goes through here: the publisher may reuse the memory only after the consumer's kernels read it. The
+  /// default drops it at once (with no device runtime no work can be queued).
+  virtual void release_after_work(Device device, const std::vector<int64_t>* streams,
+                                  std::shared_ptr<const void> what) const;
 };
 
 /// The installed runtime, or one that answers "no device runtime is installed" to everything.

@@ -122,6 +122,28 @@ void set_buffer_cache_limit(size_t bytes) noexcept { cache().set_limit(bytes); }
 size_t buffer_cache_limit() noexcept { return cache().stats().limit; }
 BufferCacheStats buffer_cache_stats() noexcept { return cache().stats(); }
 
+void StreamUses::note(int64_t stream) noexcept {
+  std::lock_guard lock(mu_);
+  if (any_) return;
+  if (stream == -1 || stream == 2 || stream == 0) {
+    any_ = true;
+    return;
+  }
+  for (size_t i = 0; i < n_; ++i)
+    if (s_[i] == stream) return;
+  if (n_ == kMaxStreams) {
+    any_ = true;
+    return;
+  }
+  s_[n_++] = stream;
+}
+
+std::optional<std::vector<int64_t>> StreamUses::streams() const {
+  std::lock_guard lock(mu_);
+  if (any_) return std::nullopt;
+  return std::vector<int64_t>(s_.begin(), s_.begin() + static_cast<std::ptrdiff_t>(n_));
+}
+
 std::shared_ptr<Buffer> Buffer::allocate(size_t nbytes, size_t alignment) {
   if (alignment < sizeof(void*) || (alignment & (alignment - 1)) != 0)
     throw Error(ErrorCode::invalid_argument, "Buffer::allocate: alignment " + std::to_string(alignment) +

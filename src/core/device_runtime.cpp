@@ -52,6 +52,9 @@ DeviceImport DeviceRuntime::open_memory(DeviceExport::Kind, const std::array<uin
   no_ipc(*this, "open another process's device memory");
 }
 intptr_t DeviceRuntime::wait_ipc_event(const IpcEvent&) const { no_ipc(*this, "wait for another process's event"); }
+void DeviceRuntime::release_after_work(Device, const std::vector<int64_t>*, std::shared_ptr<const void> what) const {
+  what.reset();
+}
 
 const DeviceRuntime& device_runtime() noexcept {
   const DeviceRuntime* r = g_runtime.load(std::memory_order_acquire);

@@ -57,6 +57,7 @@ Driver load_real() {
   TW_RESOLVE(cuDevicePrimaryCtxRetain);
   TW_RESOLVE(cuCtxGetCurrent);
   TW_RESOLVE(cuCtxSetCurrent);
+  TW_RESOLVE(cuCtxSynchronize);
   TW_RESOLVE(cuPointerGetAttribute);
   TW_RESOLVE(cuMemGetAddressRange);
   TW_RESOLVE(cuStreamSynchronize);
@@ -106,6 +107,7 @@ Driver load_real() {
       {"cuDevicePrimaryCtxRetain", reinterpret_cast<const void*>(a.cuDevicePrimaryCtxRetain)},
       {"cuCtxGetCurrent", reinterpret_cast<const void*>(a.cuCtxGetCurrent)},
       {"cuCtxSetCurrent", reinterpret_cast<const void*>(a.cuCtxSetCurrent)},
+      {"cuCtxSynchronize", reinterpret_cast<const void*>(a.cuCtxSynchronize)},
       {"cuPointerGetAttribute", reinterpret_cast<const void*>(a.cuPointerGetAttribute)},
       {"cuMemGetAddressRange", reinterpret_cast<const void*>(a.cuMemGetAddressRange)},
       {"cuStreamSynchronize", reinterpret_cast<const void*>(a.cuStreamSynchronize)},

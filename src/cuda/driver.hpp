@@ -97,6 +97,7 @@ struct Api {
   CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice) = nullptr;
   CUresult (*cuCtxGetCurrent)(CUcontext*) = nullptr;
   CUresult (*cuCtxSetCurrent)(CUcontext) = nullptr;
+  CUresult (*cuCtxSynchronize)() = nullptr;
   CUresult (*cuPointerGetAttribute)(void*, int, CUdeviceptr) = nullptr;
   CUresult (*cuMemGetAddressRange)(CUdeviceptr*, size_t*, CUdeviceptr) = nullptr;
   CUresult (*cuStreamSynchronize)(CUstream) = nullptr;

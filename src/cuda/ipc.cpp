@@ -1,14 +1,18 @@
 // CUDA memory and events between processes (see ipc.hpp).
 #include "cuda/ipc.hpp"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <deque>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cuda/driver.hpp"
@@ -363,6 +367,121 @@ intptr_t wait_ipc_event(const IpcEvent& event) {
   }
   check(a.cuStreamWaitEvent(s, static_cast<CUevent>(event.event.get()), 0), "cuStreamWaitEvent");
   return reinterpret_cast<intptr_t>(s);
+}
+
+// ---- releases ordered after the consumer's work ------------------------------------------------------------------
+namespace {
+
+struct Release {
+  int device = 0;
+  bool whole_device = false;             // wait for everything queued on the device (a use on an unnamed stream)
+  std::vector<CUevent> events;           // recorded on the streams the consumer named
+  std::shared_ptr<const void> what;
+};
+
+// One thread per process waits for the device on behalf of the threads that drop received tensors, so that the
+// caller (often holding the GIL) never blocks. Never destroyed: releases may be queued at exit.
+struct Releaser {
+  std::mutex mu;
+  std::condition_variable cv, idle;
+  std::deque<Release> queue;
+  size_t busy = 0;   // taken from the queue, not done yet
+  bool running = false;
+
+  void run() {
+    for (;;) {
+      Release r;
+      {
+        std::unique_lock lk(mu);
+        cv.wait(lk, [&] { return !queue.empty(); });
+        r = std::move(queue.front());
+        queue.pop_front();
+        ++busy;
+      }
+      wait_for(r);
+      r.what.reset();  // the lease goes back to the publisher here, after the work that used its memory
+      std::lock_guard lk(mu);
+      --busy;
+      if (queue.empty() && busy == 0) idle.notify_all();
+    }
+  }
+
+  static void wait_for(Release& r) noexcept {
+    const Driver& drv = driver();
+    if (!drv.status.empty()) return;  // no driver: nothing can be queued
+    const Api& a = drv.api;
+    try {
+      ContextGuard g(r.device);
+      for (CUevent e : r.events) {
+        if (a.cuEventSynchronize(e) != kSuccess) r.whole_device = true;
+        a.cuEventDestroy(e);
+      }
+      if (r.whole_device) a.cuCtxSynchronize();
+    } catch (...) {
+      // the device is gone (no context can be made current): nothing it ran can still read the memory
+    }
+  }
+};
+
+Releaser& releaser() {
+  static auto* r = [] {
+    auto* q = new Releaser();
+    // fork() while the thread holds the lock would leave it locked forever in the child: hold it across fork().
+    ::pthread_atfork([] { releaser().mu.lock(); }, [] { releaser().mu.unlock(); },
+                     [] {
+                       Releaser& c = releaser();
+                       new std::deque<Release>(std::move(c.queue));  // the parent's releases are not the child's
+                       c.queue.clear();
+                       c.busy = 0;
+                       c.running = false;  // the parent's thread is not in this process
+                       c.mu.unlock();
+                     });
+    return q;
+  }();
+  return *r;
+}
+
+}  // namespace
+
+void release_after_work(int device, const std::vector<int64_t>* streams, std::shared_ptr<const void> what) {
+  const Driver& drv = driver();
+  if (!drv.status.empty()) return;  // no driver: no work can be queued; `what` goes now
+  const Api& a = drv.api;
+  Release r;
+  r.device = device;
+  r.whole_device = streams == nullptr;
+  if (streams) {
+    ContextGuard g(device);
+    for (int64_t s : *streams) {
+      CUevent e = nullptr;
+      if (a.cuEventCreate(&e, kEventDisableTiming) != kSuccess) {
+        r.whole_device = true;
+        continue;
+      }
+      if (a.cuEventRecord(e, as_stream(static_cast<intptr_t>(s))) != kSuccess) {
+        a.cuEventDestroy(e);  // a stream that no longer exists: wait for the whole device instead
+        r.whole_device = true;
+        continue;
+      }
+      r.events.push_back(e);
+    }
+  }
+  r.what = std::move(what);
+  Releaser& q = releaser();
+  std::lock_guard lk(q.mu);
+  if (!q.running) {  // first use, or in a fork()ed child
+    std::thread([&q] { q.run(); }).detach();
+    q.running = true;
+  }
+  q.queue.push_back(std::move(r));
+  q.cv.notify_one();
+}
+
+void wait_releases() {
+  Releaser& q = releaser();
+  std::unique_lock lk(q.mu);
+  if (!q.running) return;
+  q.idle.wait(lk, [&] { return q.queue.empty() && q.busy == 0; });
 }
 
 size_t open_legacy_handles() {

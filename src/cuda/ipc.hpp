@@ -18,6 +18,8 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
+#include <vector>
 
 #include "tensorwire/device_runtime.hpp"
 
@@ -31,6 +33,11 @@ IpcEvent open_ipc_event(const std::array<uint8_t, 16>& uuid, const std::array<ui
 DeviceImport open_memory(DeviceExport::Kind kind, const std::array<uint8_t, 16>& uuid, int fd,
                          const std::array<uint8_t, 64>& handle, uint64_t handle_offset, uint64_t bytes);
 intptr_t wait_ipc_event(const IpcEvent& event);
+/// DeviceRuntime::release_after_work: events are recorded on `streams` now; one thread per process (started on
+/// first use) waits for them, or for the whole device when `streams` is null, in order, then drops `what`.
+void release_after_work(int device, const std::vector<int64_t>* streams, std::shared_ptr<const void> what);
+/// Blocks until every release queued so far is done (empty_cache; tests).
+void wait_releases();
 
 /// This process's ordinal of the device with `uuid`; throws Error(device_unavailable) naming the UUID when none.
 int device_of_uuid(const std::array<uint8_t, 16>& uuid);

@@ -245,6 +245,10 @@ class CudaRuntime final : public DeviceRuntime {
     return detail::open_memory(kind, uuid, fd, handle, handle_offset, bytes);
   }
   intptr_t wait_ipc_event(const IpcEvent& event) const override { return detail::wait_ipc_event(event); }
+  void release_after_work(Device device, const std::vector<int64_t>* streams,
+                          std::shared_ptr<const void> what) const override {
+    detail::release_after_work(device.id, streams, std::move(what));
+  }
 };
 const CudaRuntime g_runtime;
 
@@ -286,6 +290,7 @@ PoolStats device_pool_stats(int device) noexcept {
 
 void empty_cache() {
   if (!driver_available()) return;
+  detail::wait_releases();
   detail::wait_all_pending();
   detail::pool(-1).release_cached();
   for (int d = 0; d < device_count(); ++d) detail::pool(d).release_cached();

@@ -76,6 +76,9 @@ PreparedExport prepare_export(const Tensor& t, const ExportRequest& r) {
   // The consumer's stream waits for the producer's (DLPack: None on CUDA is the legacy default stream, -1 means
   // the consumer orders the work itself). An event, never a host or device-wide synchronisation.
   const Tensor& e = out.tensor;
+  // The consumer will use the memory on its stream (any stream, when it named none): a received tensor's lease goes
+  // back to its publisher only after that work (Buffer::note_stream_use).
+  if (stream_capable(e.device().type) && e.device().type != kDLROCM) e.buffer().note_stream_use(r.stream.value_or(1));
   if (stream_capable(e.device().type) && e.device().type != kDLROCM && e.stream()) {
     const int64_t consumer = r.stream.value_or(1);
     if (consumer != -1 && consumer != *e.stream()) {

@@ -59,6 +59,31 @@ struct Lease {
   uint32_t slot;
 };
 
+// A received CUDA tensor's lease: when its last view goes, the consumer's kernels may still be reading the memory
+// (on the receive stream, on the streams its exports named, or on any stream when one named none). The Lease, and
+// with it the publisher's right to reuse the memory and this process's mapping of it, goes only after that work,
+// through the device runtime's release thread: the thread dropping the tensor never waits.
+struct CudaLease {
+  CudaLease(std::shared_ptr<Lease> l, int dev, intptr_t stream, std::shared_ptr<StreamUses> u)
+      : lease(std::move(l)), device(dev), receive_stream(stream), uses(std::move(u)) {}
+  CudaLease(const CudaLease&) = delete;
+  CudaLease& operator=(const CudaLease&) = delete;
+  ~CudaLease() {
+    if (os::current_pid() != lease->chan->pid) return;
+    try {
+      std::optional<std::vector<int64_t>> streams = uses->streams();
+      if (streams) streams->push_back(receive_stream);
+      device_runtime().release_after_work(Device::cuda(device), streams ? &*streams : nullptr, std::move(lease));
+    } catch (...) {
+      // out of memory queueing it: the lease went as the call unwound (nothing better can be done here)
+    }
+  }
+  std::shared_ptr<Lease> lease;
+  int device;
+  intptr_t receive_stream;
+  std::shared_ptr<StreamUses> uses;
+};
+
 // A CUDA segment the publisher announced: how to open it, opened while any lease uses it (then closed), and its
 // event (opened once).
 struct CudaSegment {
@@ -574,8 +599,11 @@ class SubscriberImpl {
     const intptr_t stream = rt.wait_ipc_event(cs.event);
     auto* base = reinterpret_cast<char*>(opened->base) + m.alloc_offset;
     const int device = opened->device;
-    auto lease = std::make_shared<Lease>(chan_, std::move(opened), m.lease_slot);
+    auto uses = std::make_shared<StreamUses>();
+    auto lease = std::make_shared<CudaLease>(std::make_shared<Lease>(chan_, std::move(opened), m.lease_slot), device,
+                                             stream, uses);
     auto buf = std::make_shared<Buffer>(base, static_cast<size_t>(m.alloc_bytes), Device::cuda(device), std::move(lease));
+    buf->track_stream_uses(std::move(uses));
     buf->set_transport(m.packed ? "cuda-copy" : cs.info.handle == CudaHandle::vmm ? "cuda-vmm" : "cuda-ipc");
     Tensor t = Tensor::make(std::move(buf), std::move(m.layout), true);
     t.set_stream(stream);

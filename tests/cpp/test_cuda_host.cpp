@@ -57,6 +57,10 @@ struct Fake {
   int memcpys = 0;
   int syncs = 0;
   std::atomic<bool> events_done{true};  // false: every event reports CUDA_ERROR_NOT_READY (queued work pending)
+  std::atomic<bool> work_running{false};  // true: cuEventSynchronize and cuCtxSynchronize block until it turns false
+  std::atomic<int> event_syncs{0}, ctx_syncs{0};
+  std::mutex streams_mu;
+  std::multiset<uintptr_t> recorded_on;  // the streams events were recorded on
   std::set<std::string> names;
   int ctx[4] = {};
   int foreign_ctx = 0;
@@ -65,7 +69,7 @@ struct Fake {
   std::map<uintptr_t, d::CUmemHandle> mapped;             // VA -> handle mapped there
   d::CUmemHandle next_handle = 0;
   std::map<uintptr_t, size_t> plain;  // cuMemAlloc allocations (legacy IPC)
-  int ipc_opens = 0;                  // cuIpcOpenMemHandle minus cuIpcCloseMemHandle
+  std::atomic<int> ipc_opens{0};      // cuIpcOpenMemHandle minus cuIpcCloseMemHandle
   int ipc_event_opens = 0;
   int records = 0;                    // cuEventRecord calls
   int stream_creates = 0;
@@ -114,6 +118,14 @@ void run_transpose(const tw_cuda_transpose_params& p, size_t unit) {
   }
 }
 
+// The fake's "running kernels": a synchronize blocks while work_running is set (bounded, so that a test of a
+// broken build fails instead of hanging).
+void wait_for_the_work() {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (g_fake->work_running.load() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
 d::Api fake_api() {
   d::Api a{};
   a.cuInit = [](unsigned) { return 0; };
@@ -140,9 +152,23 @@ d::Api fake_api() {
     g_fake->events.insert(reinterpret_cast<uintptr_t>(*e));
     return 0;
   };
-  a.cuEventRecord = [](d::CUevent, d::CUstream) { ++g_fake->records; return 0; };
+  a.cuEventRecord = [](d::CUevent, d::CUstream s) {
+    ++g_fake->records;
+    std::lock_guard lk(g_fake->streams_mu);
+    g_fake->recorded_on.insert(reinterpret_cast<uintptr_t>(s));
+    return 0;
+  };
   a.cuEventQuery = [](d::CUevent) { return g_fake->events_done ? 0 : d::kErrorNotReady; };
-  a.cuEventSynchronize = [](d::CUevent) { return 0; };
+  a.cuEventSynchronize = [](d::CUevent) {
+    wait_for_the_work();
+    ++g_fake->event_syncs;
+    return 0;
+  };
+  a.cuCtxSynchronize = [] {
+    wait_for_the_work();
+    ++g_fake->ctx_syncs;
+    return 0;
+  };
   a.cuEventDestroy = [](d::CUevent e) {
     std::lock_guard lk(g_fake->mu);
     g_fake->events.erase(reinterpret_cast<uintptr_t>(e));
@@ -755,8 +781,10 @@ TEST_F(FakeDriver, IpcTheStackedPlaneArrivesWithItsOffset) {
     EXPECT_EQ(g_fake->ipc_opens, 1) << "one open per allocation per process";
     EXPECT_EQ(d::open_legacy_handles(), 1u);
     t.reset();
+    d::wait_releases();  // a lease goes back once the work queued on its memory is done, off the caller's thread
     EXPECT_EQ(g_fake->ipc_opens, 1) << "still used by the other message";
     t0.reset();
+    d::wait_releases();
     EXPECT_EQ(g_fake->ipc_opens, 0) << "the handle closes when no lease uses it";
     EXPECT_EQ(d::open_legacy_handles(), 0u);
     // The publisher lets the caller's memory go at its next send (or close) once nobody holds it.
@@ -819,6 +847,70 @@ TEST_F(FakeDriver, IpcAClosedPublisherKeepsACallersAllocationUntilItsSubscribers
   while (tw::ipc_detail::lingering_foreign_allocations() != 0 && std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   EXPECT_EQ(tw::ipc_detail::lingering_foreign_allocations(), 0u);
+  expect_no_leaks();
+}
+
+size_t recorded_on(intptr_t stream) {
+  std::lock_guard lk(g_fake->streams_mu);
+  return g_fake->recorded_on.count(static_cast<uintptr_t>(stream));
+}
+
+TEST_F(FakeDriver, IpcALeaseGoesBackOnlyAfterTheConsumersWorkIsDone) {
+  // A consumer imports a received tensor on its stream, queues kernels on it and drops the tensor at once (as
+  // PyTorch does with DLPack memory: the deleter runs when the Python object goes, not when the kernels finish).
+  // The publisher must not get the buffer back, to write the next message into it, before those kernels are done.
+  const std::string name = ipc_topic("release");
+  constexpr intptr_t kConsumerStream = 0x5150;
+  tw::Publisher pub(name, tw::PublisherOptions{.max_buffers = 1});
+  tw::Subscriber sub(name);
+  ASSERT_TRUE(sub.connected());
+  const auto send_one = [&](std::chrono::milliseconds within) {
+    Tensor loan = pub.loan({4, 6}, DType::float32(), Device::cuda(0), within);
+    ASSERT_EQ(pub.send(loan), 1u);
+  };
+  send_one(std::chrono::seconds(5));
+
+  // 1. Exported with the consumer's stream: the release waits for an event recorded on that stream.
+  auto t = sub.recv(std::chrono::seconds(5));
+  ASSERT_TRUE(t);
+  tw::ExportRequest r;
+  r.stream = kConsumerStream;
+  DLManagedTensorVersioned* m = tw::export_dlpack(*t, r);
+  const size_t before = recorded_on(kConsumerStream);
+  const int event_syncs = g_fake->event_syncs.load();
+  g_fake->work_running = true;  // the consumer's kernels are still running
+  t.reset();
+  m->deleter(m);
+  EXPECT_EQ(recorded_on(kConsumerStream), before + 1) << "an event on the consumer's stream orders the release";
+  EXPECT_THROW(send_one(std::chrono::milliseconds(100)), tw::TimeoutError)
+      << "the publisher got the buffer back while the consumer's kernels still read it";
+  g_fake->work_running = false;
+  send_one(std::chrono::seconds(5));  // the work is done: the buffer is free again
+  EXPECT_GT(g_fake->event_syncs.load(), event_syncs);
+  EXPECT_EQ(g_fake->ctx_syncs.load(), 0) << "named streams never wait for the whole device";
+
+  // 2. A raw pointer (the CUDA Array Interface, data_ptr) names no stream: the release waits for the whole device.
+  t = sub.recv(std::chrono::seconds(5));
+  ASSERT_TRUE(t);
+  t->buffer().mark_escaped();
+  g_fake->work_running = true;
+  t.reset();
+  EXPECT_THROW(send_one(std::chrono::milliseconds(100)), tw::TimeoutError);
+  g_fake->work_running = false;
+  send_one(std::chrono::seconds(5));
+  EXPECT_GE(g_fake->ctx_syncs.load(), 1);
+
+  // 3. Nobody exported it: its receive stream is still ordered before the release.
+  t = sub.recv(std::chrono::seconds(5));
+  ASSERT_TRUE(t);
+  ASSERT_TRUE(t->stream().has_value());
+  const auto receive_stream = static_cast<intptr_t>(*t->stream());
+  const size_t on_receive = recorded_on(receive_stream);
+  t.reset();
+  EXPECT_EQ(recorded_on(receive_stream), on_receive + 1) << "the receive stream's work orders the release";
+  send_one(std::chrono::seconds(5));
+  pub.close();
+  sub.close();
   expect_no_leaks();
 }
 
@@ -909,6 +1001,7 @@ TEST_F(FakeDriver, IpcSubscriberDeviceCpuReceivesHostCopies) {
     EXPECT_EQ(t->device(), Device::cpu());
     EXPECT_EQ(std::string(t->buffer().transport()), "cuda-ipc");
     EXPECT_EQ(host_values(*t), (std::vector<float>{0, 3, 1, 4, 2, 5}));
+    d::wait_releases();
     EXPECT_EQ(g_fake->ipc_opens, 0) << "the device memory is let go once copied";
   }
   expect_no_leaks();

@@ -222,3 +222,79 @@ def test_sigkill_of_a_subscriber_leaks_no_device_memory():
     torch.cuda.synchronize()
     free_after = torch.cuda.mem_get_info()[0]
     assert free_after >= free_before - (64 << 20), (free_before, free_after)
+
+
+def _slow_reader(name, ready, out):
+    # Takes the first message, queues a long kernel and then a read of it on its stream, and drops the tensor at
+    # once (PyTorch calls the DLPack deleter when the Python object goes, not when its kernels finish).
+    import torch
+
+    import tensorwire as tw2
+    sub = tw2.Subscriber(name)
+    ready.set()
+    t = sub.recv(timeout=30)
+    y = torch.from_dlpack(t)
+    torch.cuda._sleep(SLEEP_CYCLES)
+    z = y.clone()  # runs after the sleep: the publisher must not have rewritten the buffer by then
+    del y, t
+    out.put("released")
+    second = sub.recv(timeout=30)
+    out.put((z.cpu().numpy(), torch.from_dlpack(second).cpu().numpy()))
+
+
+def test_a_lease_goes_back_only_after_the_consumers_kernels_read_it():
+    torch = pytest.importorskip("torch")
+    name = topic("release")
+    with tw.Publisher(name, max_buffers=1) as pub:
+        out, ready = CTX.Queue(), CTX.Event()
+        p = CTX.Process(target=_slow_reader, args=(name, ready, out), daemon=True)
+        p.start()
+        assert ready.wait(60)
+        wait_subscribers(pub, 1)
+        buf = pub.loan(1 << 20, "float32", device="cuda:0")
+        torch.from_dlpack(buf).fill_(1.0)
+        pub.send(buf, stream=torch.cuda.current_stream())
+        assert out.get(timeout=60) == "released"
+        # The only buffer comes back once the reader's kernels are done, not when it dropped the tensor.
+        buf = pub.loan(1 << 20, "float32", device="cuda:0", timeout=30)
+        torch.from_dlpack(buf).fill_(2.0)
+        pub.send(buf, stream=torch.cuda.current_stream())
+        first, second = out.get(timeout=60)
+        assert (first == 1.0).all(), "the publisher rewrote the buffer under the reader's kernel"
+        assert (second == 2.0).all()
+        p.join(30)
+
+
+def _late_reader(name, got, go, out):
+    import torch
+
+    import tensorwire as tw2
+    sub = tw2.Subscriber(name)
+    t = sub.recv(timeout=30)
+    got.set()
+    assert go.wait(60)
+    out.put(torch.from_dlpack(t).cpu().numpy())
+
+
+def test_a_closed_publisher_keeps_a_torch_tensor_alive_for_its_subscriber():
+    # Closing the publisher must not hand the caller's memory back to PyTorch's caching allocator while a
+    # subscriber still holds the tensor: the next allocation of that size would reuse (and overwrite) it.
+    torch = pytest.importorskip("torch")
+    name = topic("linger")
+    got, go, out = CTX.Event(), CTX.Event(), CTX.Queue()
+    p = CTX.Process(target=_late_reader, args=(name, got, go, out), daemon=True)
+    pub = tw.Publisher(name)
+    p.start()
+    wait_subscribers(pub, 1)
+    x = torch.stack([torch.arange(6, dtype=torch.float32, device="cuda").reshape(2, 3),
+                     torch.arange(6, 12, dtype=torch.float32, device="cuda").reshape(2, 3)])
+    pub.send(x[1])
+    assert got.wait(60)
+    pub.close()
+    del pub, x
+    junk = [torch.full((2, 2, 3), -1.0, device="cuda") for _ in range(64)]  # would reuse a freed block
+    torch.cuda.synchronize()
+    go.set()
+    np.testing.assert_array_equal(out.get(timeout=60), np.arange(6, 12, dtype=np.float32).reshape(2, 3))
+    del junk
+    p.join(30)
