@@ -52,7 +52,7 @@ typedef enum {
 /* The C ABI's version: TW_ABI_VERSION_MAJOR changes when a declaration here changes incompatibly; MINOR when
    functions or trailing fields of size-versioned structs are added. */
 #define TW_ABI_VERSION_MAJOR 1
-#define TW_ABI_VERSION_MINOR 1
+#define TW_ABI_VERSION_MINOR 2
 /* (major << 16) | minor of the linked library: a binding checks the major equals the one it was written for. */
 uint32_t tw_abi_version(void);
 /* "MAJOR.MINOR.PATCH" of the linked library. */
@@ -278,12 +278,35 @@ typedef struct {
   uint64_t max_subscribers;   /* subscribers served at once */
   int32_t protect_sent_loans; /* nonzero: a sent loan that could still be written becomes read-only here */
   int32_t allow_other_users;  /* nonzero: accept subscribers of other uids */
+  /* ABI 1.2 (a caller compiled against 1.1 passes a smaller struct: these keep their defaults) */
+  const char* listen;         /* NULL or "": local subscribers only; "host:port" also serves remote subscribers over
+                                 UCX (":port" binds loopback only; port 0 picks one: tw_publisher_address) */
+  const char* token;          /* NULL or "": none; a shared secret remote subscribers must prove (never sent) */
+  int32_t insecure;           /* nonzero: allow a non-loopback listen without a token (data is never encrypted) */
 } tw_publisher_options;
 
 typedef struct {
   uint32_t struct_size;      /* sizeof(tw_subscriber_options) as the caller compiled it */
   int32_t allow_other_users; /* nonzero: accept a publisher of another uid */
+  /* ABI 1.2 */
+  const char* connect;       /* NULL or "": this machine's shared memory; "host:port": a remote publisher (UCX) */
+  const char* token;         /* the remote publisher's token (NULL or "": none) */
+  int32_t has_device;        /* nonzero: every tensor is copied to `device` on receive (e.g. CUDA tensors to kDLCPU) */
+  DLDevice device;
 } tw_subscriber_options;
+
+/* Per-send options (ABI 1.2), for tw_publisher_send_with. */
+typedef struct {
+  uint32_t struct_size;  /* sizeof(tw_send_options) as the caller compiled it */
+  int32_t copy;          /* tw_copy_mode: IF_NEEDED crosses without a copy where there is a way (a loan; a
+                            caller's CUDA allocation the driver can share), else with exactly one copy into the
+                            pool; ALWAYS copies once (the caller may reuse its memory at once); NEVER fails with
+                            TW_ERR_COPY_REQUIRED, naming why, where there is no zero-copy way. */
+  int64_t timeout_ns;    /* as tw_publisher_send (default -1: as long as it takes) */
+  const tw_value* extra; /* metadata merged over the tensor's (NULL: none) */
+  intptr_t stream;       /* CUDA: the stream the data was produced on, whose work subscribers wait for (0: the
+                            tensor's own stream, else the legacy default stream) */
+} tw_send_options;
 
 /* As tw_export_options_init_sized: never writes past `size` bytes. */
 void tw_publisher_options_init_sized(tw_publisher_options* options, size_t size);
@@ -294,6 +317,8 @@ static inline void tw_publisher_options_init(tw_publisher_options* options) {
 static inline void tw_subscriber_options_init(tw_subscriber_options* options) {
   tw_subscriber_options_init_sized(options, sizeof *options);
 }
+void tw_send_options_init_sized(tw_send_options* options, size_t size);
+static inline void tw_send_options_init(tw_send_options* options) { tw_send_options_init_sized(options, sizeof *options); }
 
 /* Binds topic `name` (NUL-terminated; 1 to 64 of [A-Za-z0-9_.:/-]). options may be NULL (defaults). */
 tw_status tw_publisher_new(const char* name, const tw_publisher_options* options, tw_publisher** out);
@@ -304,6 +329,11 @@ void tw_publisher_close(tw_publisher* p);
 /* A writable, C-contiguous, uninitialised shared-memory tensor: fill it, then send it with no copy. */
 tw_status tw_publisher_loan(tw_publisher* p, int32_t ndim, const int64_t* shape, DLDataType dtype, int64_t timeout_ns,
                             tw_tensor** out);
+/* A loan on `device` (ABI 1.2): kDLCPU as tw_publisher_loan; kDLCUDA device_id N: a buffer of the publisher's
+   IPC-capable device pool, sent to local subscribers without a copy (fill it on a stream, then send it with
+   tw_send_options.stream). */
+tw_status tw_publisher_loan_on(tw_publisher* p, int32_t ndim, const int64_t* shape, DLDataType dtype, DLDevice device,
+                               int64_t timeout_ns, tw_tensor** out);
 /* Delivers `t` to every current subscriber or to none, with its metadata merged with `extra` (a dict or NULL;
    extra wins). A loan crosses with no copy, any other host tensor is packed with one copy. The caller keeps `t`:
    a loan that could still be written is made read-only here (protect_sent_loans), and once a subscriber got it
@@ -315,6 +345,13 @@ tw_status tw_publisher_send(tw_publisher* p, const tw_tensor* t, const tw_value*
    without being made read-only); on failure *t is left intact. */
 tw_status tw_publisher_send_move(tw_publisher* p, tw_tensor** t, const tw_value* extra, int64_t timeout_ns,
                                  size_t* delivered);
+/* tw_publisher_send with options (ABI 1.2; NULL: the defaults). */
+tw_status tw_publisher_send_with(tw_publisher* p, const tw_tensor* t, const tw_send_options* options,
+                                 size_t* delivered);
+/* The address remote subscribers connect to ("host:port", the port bound when 0 was asked for), written into `buf`
+   (NUL-terminated, truncated to len - 1; buf may be NULL to ask the length); "" without listen. Returns its
+   length. */
+size_t tw_publisher_address(const tw_publisher* p, char* buf, size_t len);
 size_t tw_publisher_subscriber_count(const tw_publisher* p);
 uint64_t tw_publisher_dropped(const tw_publisher* p);
 int tw_publisher_closed(const tw_publisher* p);

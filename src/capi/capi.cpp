@@ -91,9 +91,10 @@ constexpr size_t kExportOptionsV1 = 48;
 constexpr size_t kImportOptionsV1 = 20;
 constexpr size_t kPublisherOptionsV1 = 56;
 constexpr size_t kSubscriberOptionsV1 = 8;
+constexpr size_t kSendOptionsV1 = 32;  // ABI 1.2
 static_assert(sizeof(tw_export_options) >= kExportOptionsV1 && sizeof(tw_import_options) >= kImportOptionsV1 &&
               sizeof(tw_publisher_options) >= kPublisherOptionsV1 &&
-              sizeof(tw_subscriber_options) >= kSubscriberOptionsV1);
+              sizeof(tw_subscriber_options) >= kSubscriberOptionsV1 && sizeof(tw_send_options) >= kSendOptionsV1);
 // The *_init_sized functions: the defaults `d`, written up to the caller's size only (an older caller's struct is
 // smaller than ours). A size that cannot even hold struct_size writes nothing; read_options then refuses it.
 template <class Options>
@@ -666,7 +667,16 @@ void tw_publisher_options_init_sized(tw_publisher_options* o, size_t size) {
 }
 
 void tw_subscriber_options_init_sized(tw_subscriber_options* o, size_t size) {
-  fill_sized(o, tw_subscriber_options{}, size);
+  tw_subscriber_options d{};
+  d.device = DLDevice{kDLCPU, 0};
+  fill_sized(o, d, size);
+}
+
+void tw_send_options_init_sized(tw_send_options* o, size_t size) {
+  tw_send_options d{};
+  d.copy = TW_COPY_IF_NEEDED;
+  d.timeout_ns = -1;
+  fill_sized(o, d, size);
 }
 
 tw_status tw_publisher_new(const char* name, const tw_publisher_options* options, tw_publisher** out) {
@@ -685,6 +695,9 @@ tw_status tw_publisher_new(const char* name, const tw_publisher_options* options
     po.max_subscribers = static_cast<size_t>(o.max_subscribers);
     po.protect_sent_loans = o.protect_sent_loans != 0;
     po.allow_other_users = o.allow_other_users != 0;
+    po.listen = o.listen ? o.listen : "";
+    po.token = o.token ? o.token : "";
+    po.insecure = o.insecure != 0;
     *out = new tw_publisher{tw::Publisher(name, po)};
   });
 }
@@ -704,14 +717,44 @@ tw_status tw_publisher_loan(tw_publisher* p, int32_t ndim, const int64_t* shape,
   });
 }
 
+tw_status tw_publisher_loan_on(tw_publisher* p, int32_t ndim, const int64_t* shape, DLDataType dtype, DLDevice device,
+                               int64_t timeout_ns, tw_tensor** out) {
+  if (!p) return null_arg("publisher");
+  if (!out) return null_arg("out");
+  *out = nullptr;
+  return guarded([&] {
+    *out = wrap(p->p.loan(shape_arg(ndim, shape), tw::DType::from_dlpack(dtype), tw::Device::from_dlpack(device),
+                          timeout_arg(timeout_ns)),
+                true);
+  });
+}
+
 tw_status tw_publisher_send(tw_publisher* p, const tw_tensor* t, const tw_value* extra, int64_t timeout_ns,
                             size_t* delivered) {
+  tw_send_options o;
+  tw_send_options_init(&o);
+  o.extra = extra;
+  o.timeout_ns = timeout_ns;
+  return tw_publisher_send_with(p, t, &o, delivered);
+}
+
+tw_status tw_publisher_send_with(tw_publisher* p, const tw_tensor* t, const tw_send_options* options,
+                                 size_t* delivered) {
   if (delivered) *delivered = 0;
   if (!p) return null_arg("publisher");
   if (!t) return null_arg("tensor");
   return guarded([&] {
-    const tw::Metadata m = metadata_arg(extra, "extra metadata");
-    const size_t n = p->p.send(t->t, m, timeout_arg(timeout_ns));
+    const tw_send_options o = read_options(options, tw_send_options_init, kSendOptionsV1, "tw_send_options");
+    tw::SendOptions so;
+    so.metadata = metadata_arg(o.extra, "extra metadata");
+    so.timeout = timeout_arg(o.timeout_ns);
+    switch (copy_mode(o.copy)) {
+      case tw::CopyMode::always: so.copy = true; break;
+      case tw::CopyMode::never: so.copy = false; break;
+      default: break;
+    }
+    if (o.stream != 0) so.stream = o.stream;
+    const size_t n = p->p.send(t->t, so);
     // The caller keeps a loan that subscribers now read: it must never look exclusive again (whatever
     // protect_sent_loans says). Each loan gets a new Buffer, so the mark goes with this message. A send that
     // reached nobody (or failed, above) leaves the loan as it was.
@@ -738,6 +781,21 @@ tw_status tw_publisher_send_move(tw_publisher* p, tw_tensor** t, const tw_value*
     *t = nullptr;
     if (delivered) *delivered = n;
   });
+}
+
+size_t tw_publisher_address(const tw_publisher* p, char* buf, size_t len) {
+  try {
+    const std::string s = p ? p->p.address() : std::string();
+    if (buf && len > 0) {
+      const size_t n = std::min(len - 1, s.size());
+      std::memcpy(buf, s.data(), n);
+      buf[n] = '\0';
+    }
+    return s.size();
+  } catch (...) {
+    if (buf && len > 0) buf[0] = '\0';
+    return 0;
+  }
 }
 
 size_t tw_publisher_subscriber_count(const tw_publisher* p) {
@@ -767,6 +825,9 @@ tw_status tw_subscriber_new(const char* name, const tw_subscriber_options* optio
         read_options(options, tw_subscriber_options_init, kSubscriberOptionsV1, "tw_subscriber_options");
     tw::SubscriberOptions so;
     so.allow_other_users = o.allow_other_users != 0;
+    so.connect = o.connect ? o.connect : "";
+    so.token = o.token ? o.token : "";
+    if (o.has_device) so.device = tw::Device::from_dlpack(o.device);
     *out = new tw_subscriber{tw::Subscriber(name, so)};
   });
 }
