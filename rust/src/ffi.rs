@@ -86,6 +86,8 @@ pub const TW_END_OF_STREAM: tw_status = 14;
 
 /// The C ABI major version this crate was written for.
 pub const TW_ABI_VERSION_MAJOR: u32 = 1;
+/// The minor version whose declarations this file mirrors (1.2: listen/connect/token, tw_publisher_address).
+pub const TW_ABI_VERSION_MINOR: u32 = 2;
 
 pub const TW_COPY_IF_NEEDED: i32 = 0;
 pub const TW_COPY_ALWAYS: i32 = 1;
@@ -162,6 +164,10 @@ pub struct tw_publisher_options {
     pub max_subscribers: u64,
     pub protect_sent_loans: i32,
     pub allow_other_users: i32,
+    // ABI 1.2
+    pub listen: *const c_char,
+    pub token: *const c_char,
+    pub insecure: i32,
 }
 
 #[repr(C)]
@@ -169,6 +175,11 @@ pub struct tw_publisher_options {
 pub struct tw_subscriber_options {
     pub struct_size: u32,
     pub allow_other_users: i32,
+    // ABI 1.2
+    pub connect: *const c_char,
+    pub token: *const c_char,
+    pub has_device: i32,
+    pub device: DLDevice,
 }
 
 pub type ReleaseFn = unsafe extern "C" fn(ctx: *mut c_void);
@@ -296,6 +307,7 @@ extern "C" {
         timeout_ns: i64,
         delivered: *mut usize,
     ) -> tw_status;
+    pub fn tw_publisher_address(p: *const tw_publisher, buf: *mut c_char, len: usize) -> usize;
     pub fn tw_publisher_subscriber_count(p: *const tw_publisher) -> usize;
     pub fn tw_publisher_dropped(p: *const tw_publisher) -> u64;
     pub fn tw_publisher_closed(p: *const tw_publisher) -> c_int;
@@ -318,8 +330,8 @@ extern "C" {
 /// view of the struct), never more, so a newer library cannot write past it.
 pub(crate) fn default_options<T>(init: unsafe extern "C" fn(*mut T, usize)) -> T {
     let mut o = std::mem::MaybeUninit::<T>::zeroed();
-    // SAFETY: init writes at most size_of::<T>() bytes into o; the options structs are plain integer fields, for
-    // which the zeroed bytes it might leave are valid values.
+    // SAFETY: init writes at most size_of::<T>() bytes into o; the options structs are integer fields and raw
+    // pointers, for which the zeroed bytes it might leave are valid values (0, null).
     unsafe {
         init(o.as_mut_ptr(), std::mem::size_of::<T>());
         o.assume_init()

@@ -42,6 +42,14 @@ pub struct PublisherOptions {
     pub protect_sent_loans: bool,
     /// Accept subscribers of other users.
     pub allow_other_users: bool,
+    /// Also serve remote subscribers over UCX: `"host:port"` (`":port"` binds loopback only; port 0 picks a free one,
+    /// see `Publisher::address`). `None`: this machine's shared memory only.
+    pub listen: Option<String>,
+    /// A shared secret remote subscribers must prove (challenge-response; it never crosses the network). Required
+    /// for a listener other machines can reach, unless `insecure`. Data is never encrypted.
+    pub token: Option<String>,
+    /// Allow a non-loopback listener without a token (a network you trust).
+    pub insecure: bool,
 }
 
 impl Default for PublisherOptions {
@@ -57,6 +65,9 @@ impl Default for PublisherOptions {
             max_subscribers: o.max_subscribers as usize,
             protect_sent_loans: o.protect_sent_loans != 0,
             allow_other_users: o.allow_other_users != 0,
+            listen: None,
+            token: None,
+            insecure: false,
         }
     }
 }
@@ -66,6 +77,21 @@ impl Default for PublisherOptions {
 pub struct SubscriberOptions {
     /// Accept a publisher of another user.
     pub allow_other_users: bool,
+    /// Subscribe to a remote publisher at `"host:port"` (its `PublisherOptions::listen`) over UCX instead of this
+    /// machine's shared memory; it connects in the background and retries until a publisher listens there.
+    pub connect: Option<String>,
+    /// The remote publisher's token.
+    pub token: Option<String>,
+}
+
+fn c_option(what: &str, s: &Option<String>) -> Result<Option<CString>> {
+    s.as_deref()
+        .map(|v| CString::new(v).map_err(|_| Error::new(ErrorKind::InvalidArgument, format!("{what} {v:?} contains NUL"))))
+        .transpose()
+}
+
+fn c_ptr(s: &Option<CString>) -> *const std::os::raw::c_char {
+    s.as_ref().map_or(std::ptr::null(), |c| c.as_ptr())
 }
 
 fn topic(name: &str) -> Result<CString> {
@@ -239,7 +265,13 @@ impl Publisher {
         o.max_subscribers = options.max_subscribers as u64;
         o.protect_sent_loans = i32::from(options.protect_sent_loans);
         o.allow_other_users = i32::from(options.allow_other_users);
+        let listen = c_option("listen", &options.listen)?;
+        let token = c_option("token", &options.token)?;
+        o.listen = c_ptr(&listen);
+        o.token = c_ptr(&token);
+        o.insecure = i32::from(options.insecure);
         let mut out = std::ptr::null_mut();
+        // SAFETY: the strings live until the call returns; the library copies them.
         check(unsafe { ffi::tw_publisher_new(c.as_ptr(), &o, &mut out) })?;
         let raw = NonNull::new(out).ok_or_else(|| Error::new(ErrorKind::Internal, "no publisher returned"))?;
         Ok(Publisher { raw, name: name.to_string() })
@@ -247,6 +279,21 @@ impl Publisher {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The address remote subscribers connect to (`"host:port"`, with the port bound when 0 was asked for); `None`
+    /// without `listen`.
+    pub fn address(&self) -> Option<String> {
+        // SAFETY: a live handle; a null buffer asks for the length only.
+        let n = unsafe { ffi::tw_publisher_address(self.raw.as_ptr(), std::ptr::null_mut(), 0) };
+        if n == 0 {
+            return None;
+        }
+        let mut buf = vec![0u8; n + 1];
+        // SAFETY: `buf` holds n + 1 bytes; the library writes at most that, NUL included.
+        let m = unsafe { ffi::tw_publisher_address(self.raw.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        buf.truncate(m.min(n));
+        String::from_utf8(buf).ok()
     }
 
     /// A writable, C-contiguous buffer from the shared-memory pool (waits while the pool is exhausted, under the
@@ -351,7 +398,12 @@ impl Subscriber {
         let c = topic(name)?;
         let mut o = ffi::default_options(ffi::tw_subscriber_options_init_sized);
         o.allow_other_users = i32::from(options.allow_other_users);
+        let connect = c_option("connect", &options.connect)?;
+        let token = c_option("token", &options.token)?;
+        o.connect = c_ptr(&connect);
+        o.token = c_ptr(&token);
         let mut out = std::ptr::null_mut();
+        // SAFETY: the strings live until the call returns; the library copies them.
         check(unsafe { ffi::tw_subscriber_new(c.as_ptr(), &o, &mut out) })?;
         let raw = NonNull::new(out).ok_or_else(|| Error::new(ErrorKind::Internal, "no subscriber returned"))?;
         Ok(Subscriber { raw })

@@ -70,13 +70,16 @@ pub(crate) fn check_abi() -> Result<()> {
     static ABI: OnceLock<u32> = OnceLock::new();
     // SAFETY: no arguments, no state.
     let v = *ABI.get_or_init(|| unsafe { ffi::tw_abi_version() });
-    if v >> 16 != ffi::TW_ABI_VERSION_MAJOR {
+    if v >> 16 != ffi::TW_ABI_VERSION_MAJOR || (v & 0xFFFF) < ffi::TW_ABI_VERSION_MINOR {
         return Err(Error::new(
             ErrorKind::VersionMismatch,
             format!(
-                "libtensorwire_c has C ABI {}.{}, but this crate was written for {}.x: rebuild it against the library",
+                "libtensorwire_c has C ABI {}.{}, but this crate was written for {}.{} or a newer {}.x: rebuild it \
+                 against the library",
                 v >> 16,
                 v & 0xFFFF,
+                ffi::TW_ABI_VERSION_MAJOR,
+                ffi::TW_ABI_VERSION_MINOR,
                 ffi::TW_ABI_VERSION_MAJOR
             ),
         ));

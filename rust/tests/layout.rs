@@ -32,16 +32,24 @@ fn option_structs_match_the_header() {
     assert_eq!(offset_of!(tw_publisher_options, max_subscribers), 40);
     assert_eq!(offset_of!(tw_publisher_options, protect_sent_loans), 48);
     assert_eq!(offset_of!(tw_publisher_options, allow_other_users), 52);
-    assert_eq!(size_of::<tw_publisher_options>(), 56);
-    assert_eq!(size_of::<tw_subscriber_options>(), 8);
+    assert_eq!(offset_of!(tw_publisher_options, listen), 56); // ABI 1.2
+    assert_eq!(offset_of!(tw_publisher_options, token), 64);
+    assert_eq!(offset_of!(tw_publisher_options, insecure), 72);
+    assert_eq!(size_of::<tw_publisher_options>(), 80);
+    assert_eq!(offset_of!(tw_subscriber_options, connect), 8);
+    assert_eq!(offset_of!(tw_subscriber_options, token), 16);
+    assert_eq!(offset_of!(tw_subscriber_options, has_device), 24);
+    assert_eq!(offset_of!(tw_subscriber_options, device), 28);
+    assert_eq!(size_of::<tw_subscriber_options>(), 40);
     // The library agrees: its _init_sized fills our declaration's size and not one byte more.
-    let mut buf = [0xABu8; 56 + 16];
+    let mut buf = [0xABu8; 80 + 16];
     let o = buf.as_mut_ptr() as *mut tw_publisher_options;
     unsafe { tw_publisher_options_init_sized(o, size_of::<tw_publisher_options>()) };
     let o = unsafe { std::ptr::read_unaligned(o) };
     assert_eq!(o.struct_size as usize, size_of::<tw_publisher_options>());
     assert_eq!(o.depth, 8);
-    assert!(buf[56..].iter().all(|&b| b == 0xAB), "the library wrote past the struct");
+    assert!(o.listen.is_null() && o.token.is_null() && o.insecure == 0);
+    assert!(buf[80..].iter().all(|&b| b == 0xAB), "the library wrote past the struct");
     let mut eb = [0xCDu8; 48 + 16];
     let e = eb.as_mut_ptr() as *mut tw_export_options;
     unsafe { tw_export_options_init_sized(e, size_of::<tw_export_options>()) };
