@@ -175,7 +175,7 @@ test-rust: build cargo
 test-rust-asan: build cargo
 	@if rustup run nightly rustc --version >/dev/null 2>&1; then \
 	  cd rust && $(RUST_ENV) RUSTFLAGS="-Zsanitizer=address" CARGO_TARGET_DIR=$(BUILD)/rust-asan \
-	    ASAN_OPTIONS=detect_leaks=1 rustup run nightly cargo test --offline -q --target $$(rustc -vV | sed -n 's/^host: //p') \
+	    UCX_MEM_EVENTS=no ASAN_OPTIONS=detect_leaks=1 rustup run nightly cargo test --offline -q --target $$(rustc -vV | sed -n 's/^host: //p') \
 	    --test ownership --test tensor --test pubsub --test layout; \
 	else echo "test-rust-asan: no nightly Rust toolchain here (rustup toolchain install nightly); skipped"; fi
 

@@ -220,6 +220,24 @@ tw::OnFull on_full_arg(int32_t f) {
   }
 }
 
+// A string getter's contract: `text()` written into buf (NUL-terminated, truncated to len - 1; buf may be NULL to
+// ask the length), its full length returned; "" and 0 when it throws.
+template <class F>
+size_t string_out(char* buf, size_t len, F&& text) noexcept {
+  try {
+    const std::string s = text();
+    if (buf && len > 0) {
+      const size_t n = std::min(len - 1, s.size());
+      std::memcpy(buf, s.data(), n);
+      buf[n] = '\0';
+    }
+    return s.size();
+  } catch (...) {
+    if (buf && len > 0) buf[0] = '\0';
+    return 0;
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -420,18 +438,7 @@ int tw_cuda_is_available(void) { return tw::cuda::is_available() ? 1 : 0; }
 int tw_cuda_device_count(void) { return tw::cuda::device_count(); }
 
 size_t tw_cuda_status(char* buf, size_t len) {
-  try {
-    const std::string s = tw::cuda::status();
-    if (buf && len > 0) {
-      const size_t n = std::min(len - 1, s.size());
-      std::memcpy(buf, s.data(), n);
-      buf[n] = '\0';
-    }
-    return s.size();
-  } catch (...) {
-    if (buf && len > 0) buf[0] = '\0';
-    return 0;
-  }
+  return string_out(buf, len, [] { return tw::cuda::status(); });
 }
 
 intptr_t tw_tensor_stream(const tw_tensor* t) { return t && t->t.defined() ? t->t.stream().value_or(0) : 0; }
@@ -784,18 +791,7 @@ tw_status tw_publisher_send_move(tw_publisher* p, tw_tensor** t, const tw_value*
 }
 
 size_t tw_publisher_address(const tw_publisher* p, char* buf, size_t len) {
-  try {
-    const std::string s = p ? p->p.address() : std::string();
-    if (buf && len > 0) {
-      const size_t n = std::min(len - 1, s.size());
-      std::memcpy(buf, s.data(), n);
-      buf[n] = '\0';
-    }
-    return s.size();
-  } catch (...) {
-    if (buf && len > 0) buf[0] = '\0';
-    return 0;
-  }
+  return string_out(buf, len, [p] { return p ? p->p.address() : std::string(); });
 }
 
 size_t tw_publisher_subscriber_count(const tw_publisher* p) {
