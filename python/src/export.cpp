@@ -250,7 +250,11 @@ int exchange_from_py(void* obj, DLManagedTensorVersioned** out) noexcept {
   *out = nullptr;
   return exchange_guard([&] {
     // The portable profile, as __dlpack__ without arguments: negative strides are copied (flagged IS_COPIED).
-    *out = tw::export_dlpack(unwrap(nb::handle(static_cast<PyObject*>(obj))), tw::ExportRequest{});
+    const tw::Tensor& t = unwrap(nb::handle(static_cast<PyObject*>(obj)));
+    *out = tw::export_dlpack(t, tw::ExportRequest{});
+    // "no_sync": the consumer orders its own work, on a stream it does not name here, so a received CUDA tensor's
+    // lease waits for the whole device before it goes back (Buffer::note_stream_use).
+    t.buffer().note_stream_use(-1);
   });
 }
 

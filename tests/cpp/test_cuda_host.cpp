@@ -492,6 +492,32 @@ static_assert(offsetof(tw_cuda_transpose_params, batch_shape) == 80 &&
               sizeof(tw_cuda_transpose_params) == 80 + 3 * 8 * 64);
 
 // ---- pure logic -------------------------------------------------------------------------------------------------
+TEST(StreamUses, NamedStreamsUntilOneIsUnnamedOrThereAreTooMany) {
+  tw::StreamUses u;
+  EXPECT_EQ(u.streams(), std::vector<int64_t>{});
+  u.note(1);
+  u.note(0x5150);
+  u.note(1);  // once each
+  EXPECT_EQ(u.streams(), (std::vector<int64_t>{1, 0x5150}));
+  tw::StreamUses ptds;
+  ptds.note(2);  // the per-thread default stream names a different stream on every thread: any stream
+  EXPECT_FALSE(ptds.streams().has_value());
+  tw::StreamUses many;
+  for (int64_t s = 100; s < 100 + static_cast<int64_t>(tw::StreamUses::kMaxStreams); ++s) many.note(s);
+  EXPECT_EQ(many.streams()->size(), tw::StreamUses::kMaxStreams);
+  many.note(7);
+  EXPECT_FALSE(many.streams().has_value()) << "more streams than kept count as any stream";
+  // A tracked buffer: a raw pointer escaping means any stream; an untracked one records nothing.
+  auto uses = std::make_shared<tw::StreamUses>();
+  tw::Buffer b(nullptr, 0, Device::cpu(), nullptr);
+  b.note_stream_use(9);
+  b.track_stream_uses(uses);
+  b.note_stream_use(9);
+  EXPECT_EQ(uses->streams(), std::vector<int64_t>{9});
+  b.mark_escaped();
+  EXPECT_FALSE(uses->streams().has_value());
+}
+
 TEST(CudaPool, SizeClasses) {
   const size_t g = size_t(2) << 20;
   EXPECT_EQ(d::size_class(0, g), 512u);
