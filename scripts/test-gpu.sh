@@ -14,6 +14,7 @@
 #   build        ninja, every core, keeps going past failures (-k 0)
 #   ctest        the whole C++ suite, tw_test_cuda included, -j8, JUnit
 #   sanitizer    tw_test_cuda under compute-sanitizer memcheck (skipped, with a note, without compute-sanitizer)
+#   sanitizer-ipc  tw_test_cuda_ipc (CUDA tensors between processes) under memcheck, its peer processes included
 #   pytest-cuda  tests/python/test_cuda*.py: the GPU tests, before the rest so that a short budget still runs them
 #   pytest       the rest of tests/python, less test_ipc_soak.py and test_net.py (UCX, long runs)
 #   bench        `python3 -m tensorwire bench --device cuda` when the benchmark has --device (never fails the run)
@@ -47,7 +48,7 @@ START=$SECONDS
 BUDGET=${TW_GPU_BUDGET:-560}
 RESERVE=20  # seconds kept for the summary
 JOBS=${TW_GPU_JOBS:-$(nproc 2>/dev/null || echo 8)}
-STEPS=" ${TW_GPU_STEPS:-configure build ctest sanitizer pytest-cuda pytest bench} "
+STEPS=" ${TW_GPU_STEPS:-configure build ctest sanitizer sanitizer-ipc pytest-cuda pytest bench} "
 PY=$(command -v python3 || true)
 
 SUMMARY=$OUT/summary.md
@@ -247,6 +248,21 @@ if wanted sanitizer; then
   fi
 fi
 
+if wanted sanitizer-ipc; then
+  bin=$BUILD/tests/cpp/tw_test_cuda_ipc
+  if ! command -v compute-sanitizer >/dev/null 2>&1; then
+    skip_step sanitizer-ipc "compute-sanitizer is not installed"
+  elif [[ ! -x $bin ]]; then
+    skip_step sanitizer-ipc "tests/cpp/tw_test_cuda_ipc was not built"
+  else
+    rm -f "$WORK/sanitizer-ipc.xml"
+    # (--target-processes all: the tw_cuda_ipc_peer processes the tests start are checked too)
+    run_step sanitizer-ipc "$OUT/sanitizer.log" 150 "$WORK/sanitizer-ipc.xml" 0 -- \
+      compute-sanitizer --tool memcheck --target-processes all --error-exitcode 1 "$bin" \
+      "--gtest_output=xml:$WORK/sanitizer-ipc.xml"
+  fi
+fi
+
 # ---- Python ----------------------------------------------------------------------------------------------------
 have_ext=0
 if compgen -G "$BUILD/pkg/tensorwire/_tensorwire*.so" >/dev/null; then have_ext=1; fi
@@ -341,7 +357,7 @@ for name, status, secs, note, junit, log in steps:
                     label = f"{case.get('classname', '')}::{case.get('name', '')}".strip(":")
                     if o == "failed":
                         failures.append(f"{name}: {label}")
-                    elif o == "skipped" and name in ("pytest-cuda", "ctest", "sanitizer"):
+                    elif o == "skipped" and name in ("pytest-cuda", "ctest", "sanitizer", "sanitizer-ipc"):
                         el = case.find("skipped")
                         why = (el.get("message") if el is not None else None) or case.get("status") or ""
                         skips.append(f"{name}: {label}: {why[:200]}")
@@ -363,7 +379,7 @@ if failures:
     if len(failures) > 80:
         out.append(f"- ... and {len(failures) - 80} more (junit.xml)")
 if skips:  # the GPU-only steps' reasons first
-    order = {"pytest-cuda": 0, "sanitizer": 1, "ctest": 2}
+    order = {"pytest-cuda": 0, "sanitizer": 1, "sanitizer-ipc": 1, "ctest": 2}
     skips.sort(key=lambda s: order.get(s.split(":", 1)[0], 3))
     out += ["", f"## Skipped GPU-step tests ({len(skips)})", ""] + [f"- {s}" for s in skips[:40]]
     if len(skips) > 40:
