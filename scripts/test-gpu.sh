@@ -299,7 +299,7 @@ if wanted bench; then
     if grep -q -- '--device' <<<"$help"; then
       outflag=--out
       if ! grep -q -- '--out' <<<"$help" && grep -q -- '--json' <<<"$help"; then outflag=--json; fi
-      run_step bench "$WORK/bench.log" 90 "" 1 -- \
+      run_step bench "$WORK/bench.log" 180 "" 1 -- \
         "$PY" -m tensorwire bench --device cuda "$outflag" "$OUT/bench-cuda.json"
     else
       skip_step bench "tensorwire bench has no --device option"

@@ -7,6 +7,10 @@ Rows (issue 9's targets in brackets):
                ``torch.Tensor.pin_memory().cuda(non_blocking=True)`` [>= 1.0x; the pool's steady state cheaper
                than torch's first call]
   import       ``tw.asarray`` of a CUDA torch tensor vs ``torch.from_dlpack``
+  ipc          CUDA tensors to another process: tensorwire's publish/subscribe (loan, send of a PyTorch tensor,
+               re-sent and fresh) vs ``torch.multiprocessing`` (re-sent and fresh), one-way latency and message rate,
+               4 KiB to 256 MiB (``tensorwire._bench_cuda_ipc``) [issue 10: loan p50 within 2x across sizes; >= 10x
+               lower p50 than torch.multiprocessing; a fresh foreign tensor >= 5x lower]
 Times are medians of CUDA-event (device work) or wall-clock (host work) measurements after a warm-up.
 """
 
@@ -45,6 +49,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out", help="write the results as JSON here")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--mib", type=int, default=64, help="size of the large layouts, MiB")
+    p.add_argument("--ipc-sizes", default=None, help="sizes of the ipc rows, e.g. 4K,1M,256M (default 4 KiB-256 MiB)")
+    p.add_argument("--ipc-methods", default=None, help="methods of the ipc rows, comma-separated (default: all)")
+    p.add_argument("--ipc-n", type=int, default=200, help="latency messages per size in the ipc rows")
+    p.add_argument("--no-ipc", action="store_true", help="leave out the ipc rows (between processes)")
     args = p.parse_args(argv)
     import tensorwire as tw
 
@@ -99,7 +107,27 @@ def main(argv: list[str]) -> int:
     rows.append({"row": "import", "tw_ms": tw_ms, "torch_ms": th_ms, "ratio_vs_torch": th_ms / tw_ms})
     for r in rows:
         print(json.dumps(r))
+    verdicts = []
+    if not args.no_ipc:
+        from . import _bench_cuda_ipc as ipc
+        from ._bench_ipc import parse_size
+
+        sizes = [parse_size(s) for s in args.ipc_sizes.split(",")] if args.ipc_sizes else None
+        methods = args.ipc_methods.split(",") if args.ipc_methods else None
+        unknown = sorted(set(methods or ()) - set(ipc.METHODS))
+        if unknown:
+            print(f"tensorwire bench --device cuda: unknown --ipc-methods {unknown}; choose from {ipc.METHODS}",
+                  file=sys.stderr)
+            return 2
+        print("ipc: CUDA tensors to another process", flush=True)
+        ipc_rows = ipc.run(sizes, methods, args.ipc_n, "cuda:0", log=lambda m: print(m, flush=True))
+        rows += ipc_rows
+        verdicts = ipc.judge(ipc_rows)
+        for v in verdicts:
+            where = f" at {v['bytes']} B" if "bytes" in v else ""
+            print(f"  target {v['target']}{where}: {v['value']:.2f}  {'hit' if v['hit'] else 'MISSED'}")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(0), "status": tw.cuda.status(), "rows": rows}, f, indent=1)
+            json.dump({"device": torch.cuda.get_device_name(0), "status": tw.cuda.status(), "rows": rows,
+                       "targets": verdicts}, f, indent=1)
     return 0
