@@ -312,6 +312,7 @@ class Subscriber {
  private:
   std::unique_ptr<ipc_detail::SubscriberImpl> impl_;
   std::unique_ptr<net_detail::Client> remote_;
+  std::optional<Device> remote_device_;  // SubscriberOptions::device of a remote subscriber
 };
 
 }  // namespace tw

@@ -529,6 +529,14 @@ class PublisherImpl {
     uint64_t runs = 0;
     for (size_t i = 0; i < parts.size(); ++i) {
       Part& p = parts[i];
+      if (p.device >= 0) {  // staged below: this UCX moves host memory only
+        WireTensor w;
+        w.metadata_bytes = p.meta;
+        w.carry = Carry::packed;
+        w.cuda_origin = p.device;
+        wm.tensors.push_back(std::move(w));
+        continue;
+      }
       const Pool::Slot& slot = pool_->slot(p.slot);
       bases[i] = slot.data() + p.alloc_offset;
       out->keep.push_back(pool_->hold(p.slot));
@@ -567,6 +575,32 @@ class PublisherImpl {
                       kNetHeaderBytes + encode_message(wm).size() <= net_->max_header();
     for (size_t i = 0; i < parts.size(); ++i) {
       WireTensor& w = wm.tensors[i];
+      if (parts[i].device >= 0) {
+        // A CUDA tensor crosses staged: packed into pinned host memory on the producer's stream, which the host
+        // then waits for (UCX reads the bytes with no way to wait on a CUDA event). The receiver puts it back on a
+        // device (t.transport "ucx-staged"). Its pool slot, loan or caller's allocation is untouched.
+        const Tensor& t = *parts[i].t;
+        Layout dense{t.dtype(), t.shape(), Layout::contiguous_strides(t.shape()), 0, t.subbyte_padded()};
+        if (parts[i].device > kMaxStagedDevice)
+          throw Error(ErrorCode::unsupported, "Publisher::send: remote subscribers receive CUDA tensors from cuda:0 "
+                                              "to cuda:" + std::to_string(kMaxStagedDevice) + " only");
+        const size_t n = static_cast<size_t>(dense.nbytes());
+        lock.unlock();
+        std::shared_ptr<Buffer> staged;
+        {
+          const DeviceRuntime& rt = device_runtime();
+          staged = rt.allocate(Device::cuda_host(), std::max<size_t>(n, 1), parts[i].stream);
+          if (t.numel() > 0) rt.copy(t, Tensor::make(staged, dense, false), parts[i].stream);
+          rt.synchronize_stream(parts[i].stream);
+        }
+        lock.lock();
+        check_usable("send");
+        bases[i] = static_cast<const char*>(staged->base());
+        w.layout = std::move(dense);
+        w.span_bytes = n;
+        out->keep.push_back(std::move(staged));
+        continue;
+      }
       if (w.carry == Carry::runs && !fits) w.carry = Carry::packed;
       if (w.carry != Carry::packed || !parts[i].loan) continue;
       // Pack the loan view for the remote side, into a pool buffer of its own (warm memory, reused like any other;
@@ -603,7 +637,6 @@ class PublisherImpl {
                     const SendOptions& o, bool consumed) {
     const Metadata& extra = o.metadata;
     std::vector<Part> parts(ts.size());
-    bool any_device = false;
     for (size_t i = 0; i < ts.size(); ++i) {
       const Tensor& t = *ts[i];
       const std::string which = head ? " (tensor " + std::to_string(i) + " of the message)" : "";
@@ -614,7 +647,6 @@ class PublisherImpl {
       if (dev.type == kDLCUDA) {
         parts[i].device = device_index(dev, "send");
         parts[i].stream = o.stream ? *o.stream : t.stream().value_or(1);
-        any_device = true;
       } else if (dev.type != kDLCPU && dev.type != kDLCUDAHost) {
         throw Error(ErrorCode::unsupported, "Publisher::send: a tensor on " + dev.str() + which +
                                                 " cannot be published: host and CUDA device memory can; copy it to "
@@ -655,9 +687,6 @@ class PublisherImpl {
       if (o.copy == false) check_zero_copy(parts);  // the same answer with or without subscribers
       return 0;
     }
-    if (any_device && remote_count() > 0)
-      throw Error(ErrorCode::unsupported, "Publisher::send on '" + name_ + "': CUDA tensors do not cross to remote "
-                                          "(UCX) subscribers yet; copy them to the host first (x.cpu())");
     // 1. Room in every ring first (nothing is packed twice when a wait is retried).
     wait_for_room(deadline, lock, cells);
     const bool remote = remote_count() > 0;

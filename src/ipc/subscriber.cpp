@@ -725,6 +725,7 @@ Subscriber::Subscriber(std::string_view name, SubscriberOptions options) {
     o.limits.max_message_bytes = options.max_message_bytes;
     validate_topic_name(name);
     remote_ = net_detail::Client::create(std::string(name), std::move(o));
+    remote_device_ = options.device;
     return;
   }
   if (!options.token.empty())
@@ -737,13 +738,36 @@ Subscriber::Subscriber(Subscriber&&) noexcept = default;
 Subscriber& Subscriber::operator=(Subscriber&&) noexcept = default;
 
 namespace {
-std::optional<Subscriber::Received> received(std::optional<net_detail::Delivered> d) {
+// A remote message, with each tensor where the subscriber wants it: on SubscriberOptions::device when it gave one;
+// else a tensor that was on a CUDA device at the publisher (and crossed staged through host memory) goes back to
+// the device of that index here, and one that cannot is an error naming why.
+std::optional<Subscriber::Received> received(std::optional<net_detail::Delivered> d, const std::optional<Device>& want,
+                                             const std::string& name) {
   if (!d) return std::nullopt;
   Subscriber::Received r;
   r.single = d->single;
   r.message.kind = static_cast<Message::Kind>(d->kind);
   r.message.keys = std::move(d->keys);
   r.message.tensors = std::move(d->tensors);
+  for (size_t i = 0; i < r.message.tensors.size(); ++i) {
+    Tensor& t = r.message.tensors[i];
+    const int origin = i < d->cuda_origin.size() ? d->cuda_origin[i] : -1;
+    const std::optional<Device> to = want ? want : origin >= 0 ? std::optional<Device>(Device::cuda(origin)) : std::nullopt;
+    if (!to || t.device() == *to) continue;
+    const char* how = t.buffer().transport();
+    Metadata md = std::move(t.metadata());
+    try {
+      t = t.to(*to);
+    } catch (const Error& e) {
+      if (want) throw;
+      throw Error(e.code(), "Subscriber('" + name + "'): a CUDA tensor (on cuda:" + std::to_string(origin) +
+                                " at the publisher) arrived staged through host memory, and cannot go to " + to->str() +
+                                " here: " + e.what() +
+                                "; subscribe with device='cpu' (SubscriberOptions::device) to receive it in host memory");
+    }
+    t.buffer_ptr()->set_transport(how);
+    t.metadata() = std::move(md);
+  }
   return r;
 }
 static_assert(static_cast<int>(Message::Kind::dict) == 2 && static_cast<int>(Message::Kind::tuple) == 1);
@@ -766,7 +790,7 @@ std::optional<Tensor> single(std::optional<Subscriber::Received> r, const std::s
 }  // namespace
 
 std::optional<Tensor> Subscriber::recv(std::chrono::nanoseconds timeout) {
-  if (remote_) return single(received(remote_->recv(timeout)), name());
+  if (remote_) return single(received(remote_->recv(timeout), remote_device_, name()), name());
   bool interrupted;
   return single(get(impl_, "recv").recv(deadline_after(timeout), false, interrupted), name());
 }
@@ -774,14 +798,14 @@ std::optional<Tensor> Subscriber::recv() {
   if (remote_) {
     for (;;) {
       auto r = remote_->recv(std::chrono::hours(1));
-      if (r || remote_->ended()) return single(received(std::move(r)), name());
+      if (r || remote_->ended()) return single(received(std::move(r), remote_device_, name()), name());
     }
   }
   bool interrupted;
   return single(get(impl_, "recv").recv(std::chrono::steady_clock::time_point::max(), false, interrupted), name());
 }
 std::optional<Subscriber::Received> Subscriber::recv_message(std::chrono::nanoseconds timeout) {
-  if (remote_) return received(remote_->recv(timeout));
+  if (remote_) return received(remote_->recv(timeout), remote_device_, name());
   bool interrupted;
   return get(impl_, "recv").recv(deadline_after(timeout), false, interrupted);
 }
@@ -789,7 +813,7 @@ std::optional<Subscriber::Received> Subscriber::recv_interruptible(std::chrono::
                                                                    bool& interrupted) {
   if (remote_) {
     interrupted = false;
-    return received(remote_->recv(timeout));
+    return received(remote_->recv(timeout), remote_device_, name());
   }
   return get(impl_, "recv").recv(deadline_after(timeout), true, interrupted);
 }
@@ -798,7 +822,7 @@ std::optional<Subscriber::Received> Subscriber::poll_nowait(PollStatus& status) 
     net_detail::PollResult r;
     auto d = remote_->poll(r);
     status = static_cast<PollStatus>(r);
-    return received(std::move(d));
+    return received(std::move(d), remote_device_, name());
   }
   return get(impl_, "recv").poll_nowait(status);
 }

@@ -537,10 +537,11 @@ class ClientImpl final : public Client, public Session {
         // Each tensor its own Buffer (its region), all owning the landed allocation.
         auto b = std::make_shared<Buffer>(base + region, static_cast<size_t>(t.span_bytes), Device::cpu(),
                                           std::shared_ptr<const void>(l->buffer, l->buffer.get()));
-        b->set_transport(t.carry == Carry::packed ? "ucx-packed" : "ucx");
+        b->set_transport(t.cuda_origin >= 0 ? "ucx-staged" : t.carry == Carry::packed ? "ucx-packed" : "ucx");
         Tensor x = Tensor::make(std::move(b), std::move(t.layout), true);
         if (!t.metadata.empty()) x.metadata() = std::move(t.metadata);
         r.tensors.push_back(std::move(x));
+        r.cuda_origin.push_back(t.cuda_origin);
         region += align64(t.span_bytes);
       }
       {

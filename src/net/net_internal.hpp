@@ -86,6 +86,7 @@ struct Delivered {
   uint8_t kind = 0;
   std::vector<std::string> keys;
   std::vector<Tensor> tensors;
+  std::vector<int> cuda_origin;  ///< per tensor: WireTensor::cuda_origin
 };
 /// What Client::poll found (the numbering of tw::Subscriber::PollStatus).
 enum class PollResult : uint8_t { message = 0, empty = 1, ended = 2, busy = 3 };
@@ -147,7 +148,11 @@ struct WireTensor {
   uint64_t span_bytes = 0;  ///< bytes the receiver reserves for this tensor
   Metadata metadata;
   std::string metadata_bytes;  ///< encoder side: the encoded metadata
+  /// The sender's CUDA device (0..kMaxStagedDevice) when the tensor was there and crossed staged through host memory
+  /// (UCX without CUDA transports; carry packed), else -1. On the wire: bits 1-7 of the tensor's flags byte.
+  int cuda_origin = -1;
 };
+inline constexpr int kMaxStagedDevice = 63;
 
 /// A DATA message's descriptor.
 struct WireMessage {

@@ -316,7 +316,14 @@ std::string encode_message(const WireMessage& m) {
     w.put(dt.bits);
     w.put(dt.lanes);
     w.put(static_cast<uint8_t>(t.carry));
-    w.put(static_cast<uint8_t>(t.layout.subbyte_padded));
+    // Flags: bit 0 sub-byte padding; bit 1 staged from a CUDA device, whose index is bits 2-7.
+    uint8_t flags = t.layout.subbyte_padded ? 1 : 0;
+    if (t.cuda_origin >= 0) {
+      if (t.cuda_origin > kMaxStagedDevice || t.carry != Carry::packed)
+        throw Error(ErrorCode::internal, "encode_message: a staged tensor must be packed, from cuda:0..63");
+      flags = static_cast<uint8_t>(flags | 2u | static_cast<unsigned>(t.cuda_origin) << 2);
+    }
+    w.put(flags);
     w.put(static_cast<uint16_t>(t.layout.ndim()));
     w.put(t.layout.byte_offset);
     w.put(t.span_bytes);
@@ -350,10 +357,16 @@ WireMessage decode_message(std::span<const uint8_t> body, const Limits& limits) 
     WireTensor t;
     const uint8_t code = r.get<uint8_t>("dtype code"), bits = r.get<uint8_t>("dtype bits");
     const uint16_t lanes = r.get<uint16_t>("dtype lanes");
-    const uint8_t carry = r.get<uint8_t>("carry"), padded = r.get<uint8_t>("padding flag");
+    const uint8_t carry = r.get<uint8_t>("carry"), flags = r.get<uint8_t>("tensor flags");
+    const uint8_t padded = flags & 1u;
     const uint16_t ndim = r.get<uint16_t>("rank");
     if (carry > static_cast<uint8_t>(Carry::packed)) bad("carry " + std::to_string(carry));
-    if (padded > 1) bad("padding flag " + std::to_string(padded));
+    if (flags & 2u) {
+      if (carry != static_cast<uint8_t>(Carry::packed)) bad("a tensor staged from a CUDA device that is not packed");
+      t.cuda_origin = flags >> 2;
+    } else if (flags > 1) {
+      bad("tensor flags " + std::to_string(flags));
+    }
     if (ndim > kMaxRank) bad("rank " + std::to_string(ndim));
     t.carry = static_cast<Carry>(carry);
     t.layout.dtype = DType::from_dlpack(DLDataType{code, bits, lanes});

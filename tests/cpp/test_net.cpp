@@ -171,6 +171,20 @@ TEST(NetWire, MessagesRoundTripEveryCarry) {
   WireMessage one;
   one.tensors = {n};
   EXPECT_EQ(decode_message(bytes(encode_message(one)), Limits{}).tensors[0].layout.byte_offset, 8);
+  EXPECT_EQ(decode_message(bytes(encode_message(one)), Limits{}).tensors[0].cuda_origin, -1);
+  // A tensor staged from a CUDA device says which (0..63), packed only.
+  WireTensor g = wire(layout(DType::float16(), {3, 5}, {5, 1}), Carry::packed);
+  for (const int dev : {0, 5, kMaxStagedDevice}) {
+    g.cuda_origin = dev;
+    one.tensors = {g};
+    const WireTensor back = decode_message(bytes(encode_message(one)), Limits{}).tensors[0];
+    EXPECT_EQ(back.cuda_origin, dev);
+    EXPECT_EQ(back.carry, Carry::packed);
+    EXPECT_EQ(back.layout.shape, (Shape{3, 5}));
+  }
+  g.cuda_origin = kMaxStagedDevice + 1;
+  one.tensors = {g};
+  EXPECT_THROW(encode_message(one), Error);
 }
 
 TEST(NetWire, DecoderRefusesWhatCouldHurtTheReceiver) {
@@ -204,6 +218,17 @@ TEST(NetWire, DecoderRefusesWhatCouldHurtTheReceiver) {
   refuses(encoded(t), "runs");
   t = wire(layout(DType::uint8(), {1 << 12, 4096}, {8192, 1}), Carry::runs);
   refuses(encoded(t), "runs", Limits{.max_runs = 100});
+  // The flags byte (after carry): a staged tensor that is not packed; a device index without the staged bit.
+  const auto with_flags = [&](WireTensor w, uint8_t flags) {
+    std::string s = encoded(std::move(w));
+    s[8 + 4 + 1] = static_cast<char>(flags);  // message head (8 bytes), dtype (4 bytes), carry (1), then flags
+    return s;
+  };
+  EXPECT_NO_THROW(decode_message(bytes(with_flags(ok, 0)), Limits{}));
+  refuses(with_flags(ok, 2), "staged");
+  refuses(with_flags(ok, 4), "tensor flags");
+  t = wire(layout(DType::float32(), {4, 6}, {6, 1}), Carry::packed);
+  EXPECT_EQ(decode_message(bytes(with_flags(t, 2 | (9 << 2))), Limits{}).tensors[0].cuda_origin, 9);
 }
 
 TEST(NetWire, DecoderRefusesMalformedStructure) {

@@ -298,3 +298,35 @@ def test_a_closed_publisher_keeps_a_torch_tensor_alive_for_its_subscriber():
     np.testing.assert_array_equal(out.get(timeout=60), np.arange(6, 12, dtype=np.float32).reshape(2, 3))
     del junk
     p.join(30)
+
+
+def test_a_cuda_tensor_crosses_to_a_remote_subscriber_staged_and_says_so():
+    # Debian's UCX has no CUDA transports (issue 12): the tensor crosses packed into pinned host memory and goes
+    # back to its device on the other side, or stays in host memory for a subscriber that asked for the CPU.
+    torch = pytest.importorskip("torch")
+    name = topic("remote")
+    try:
+        pub = tw.Publisher(name, listen="127.0.0.1:0")
+    except Exception as e:  # noqa: BLE001
+        if "UCX is not installed" in str(e):
+            pytest.skip(f"no network transport here: {e}")
+        raise
+    with pub:
+        sub = tw.Subscriber(name, connect=pub.address)
+        host = tw.Subscriber(name, connect=pub.address, device="cpu")
+        deadline = time.monotonic() + 20
+        while pub.remote_subscribers < 2:
+            assert time.monotonic() < deadline, "the remote subscribers did not connect"
+            time.sleep(0.005)
+        x = torch.arange(24, dtype=torch.float32, device="cuda").reshape(4, 6).t()[1::2]  # strided, offset
+        pub.send(x, {"k": 5})
+        t = sub.recv(timeout=20)
+        assert t.transport == "ucx-staged"
+        assert str(t.device) == "cuda:0"
+        assert t.metadata["k"] == 5
+        assert torch.equal(torch.from_dlpack(t), x)
+        h = host.recv(timeout=20)
+        assert h.transport == "ucx-staged" and str(h.device) == "cpu"
+        np.testing.assert_array_equal(np.asarray(h), x.cpu().numpy())
+        sub.close()
+        host.close()
