@@ -28,6 +28,7 @@
 #include "tensorwire/device_runtime.hpp"
 #include "tensorwire/ipc.hpp"
 #include "tensorwire/tensorwire.hpp"
+#include "tw_test_cuda.hpp"
 
 namespace {
 
@@ -36,33 +37,8 @@ void say(const std::string& line) {
   std::fflush(stdout);
 }
 
-std::string join(const std::vector<int64_t>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (i) s += ',';
-    s += std::to_string(v[i]);
-  }
-  return s.empty() ? "-" : s;
-}
-
-std::string bytes_of(const tw::Tensor& t) {
-  const tw::Tensor h = t.to(tw::Device::cpu()).contiguous();
-  const auto* p = static_cast<const unsigned char*>(h.data_ptr());
-  const auto n = static_cast<size_t>(h.nbytes());
-  char hex[17];
-  if (n > 4096) {
-    uint64_t fnv = 14695981039346656037ull;  // FNV-1a 64: offset basis and prime from the FNV specification
-    for (size_t i = 0; i < n; ++i) fnv = (fnv ^ p[i]) * 1099511628211ull;
-    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fnv));
-    return std::string("fnv:") + hex;
-  }
-  std::string s;
-  for (size_t i = 0; i < n; ++i) {
-    std::snprintf(hex, sizeof hex, "%02x", p[i]);
-    s += hex;
-  }
-  return s.empty() ? "-" : s;
-}
+using tw_test::bytes_of;
+using tw_test::join;
 
 [[noreturn]] void sleep_until_killed() {
   for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));

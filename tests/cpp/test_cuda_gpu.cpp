@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "tensorwire/cuda.hpp"
+#include "tw_test_cuda.hpp"
 #include "tw_test_util.hpp"
 
 namespace {
@@ -30,19 +31,7 @@ using tw::MemoryOrder;
 using tw::Shape;
 using tw::Tensor;
 
-bool env_is_one(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::string(v) == "1";
-}
-
-// The first statement of every test: skip without a device (fail instead under TW_REQUIRE_CUDA=1).
-#define TW_NEED_CUDA()                                                                                         \
-  do {                                                                                                         \
-    if (!tw::cuda::is_available()) {                                                                           \
-      if (env_is_one("TW_REQUIRE_CUDA")) FAIL() << "TW_REQUIRE_CUDA=1 but no CUDA device: " << tw::cuda::status(); \
-      GTEST_SKIP() << "no CUDA device: " << tw::cuda::status();                                                \
-    }                                                                                                          \
-  } while (0)
+using tw_test::env_is_one;
 
 constexpr uint32_t kSeed = 20240917;
 

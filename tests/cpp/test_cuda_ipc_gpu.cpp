@@ -31,6 +31,7 @@
 #include "tensorwire/cuda.hpp"
 #include "tensorwire/device_runtime.hpp"
 #include "tensorwire/ipc.hpp"
+#include "tw_test_cuda.hpp"
 #include "tw_test_util.hpp"
 
 namespace {
@@ -42,18 +43,8 @@ using tw::Shape;
 using tw::Tensor;
 using namespace std::chrono_literals;
 
-bool env_is_one(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::string(v) == "1";
-}
-
-#define TW_NEED_CUDA()                                                                                         \
-  do {                                                                                                         \
-    if (!tw::cuda::is_available()) {                                                                           \
-      if (env_is_one("TW_REQUIRE_CUDA")) FAIL() << "TW_REQUIRE_CUDA=1 but no CUDA device: " << tw::cuda::status(); \
-      GTEST_SKIP() << "no CUDA device: " << tw::cuda::status();                                                \
-    }                                                                                                          \
-  } while (0)
+using tw_test::bytes_of;
+using tw_test::join;
 
 std::string topic(const char* what) {
   return "tw-test-cuda-ipc-" + std::to_string(::getpid()) + "-" + what;
@@ -161,35 +152,6 @@ std::map<std::string, std::string> fields(const std::optional<std::string>& l) {
     if (eq != std::string::npos) f[kv.substr(0, eq)] = kv.substr(eq + 1);
   }
   return f;
-}
-
-std::string join(const std::vector<int64_t>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (i) s += ',';
-    s += std::to_string(v[i]);
-  }
-  return s.empty() ? "-" : s;
-}
-
-// A tensor's elements in C order, on the host, as the peer prints them (hex up to 4 KiB, else FNV-1a 64).
-std::string bytes_of(const Tensor& t) {
-  const Tensor h = t.to(Device::cpu()).contiguous();
-  const auto* p = static_cast<const unsigned char*>(h.data_ptr());
-  const auto n = static_cast<size_t>(h.nbytes());
-  char hex[17];
-  if (n > 4096) {
-    uint64_t fnv = 14695981039346656037ull;
-    for (size_t i = 0; i < n; ++i) fnv = (fnv ^ p[i]) * 1099511628211ull;
-    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fnv));
-    return std::string("fnv:") + hex;
-  }
-  std::string s;
-  for (size_t i = 0; i < n; ++i) {
-    std::snprintf(hex, sizeof hex, "%02x", p[i]);
-    s += hex;
-  }
-  return s.empty() ? "-" : s;
 }
 
 // What the peer must print for `sent`, received through `transport`.
