@@ -335,8 +335,8 @@ TEST(CudaIpcGpu, FourSubscribersEachGetEveryMessage) {
 
 TEST(CudaIpcGpu, ACopyStillRunningWhenSendReturnsIsWaitedForNotRaced) {
   TW_NEED_CUDA();
-  // 64 MiB written four times over on a stream of the producer's (about 10 ms of copies on an H100) and sent at
-  // once: the subscriber's reads must wait on the publisher's event and see the last write whole.
+  // 64 MiB written over and over on a stream of the producer's and sent at once: the subscriber's reads must wait
+  // on the publisher's event and see the last write whole.
   constexpr int64_t n = int64_t{64} << 20;
   const std::string name = topic("ordering");
   tw::Publisher pub(name);
@@ -363,7 +363,9 @@ TEST(CudaIpcGpu, ACopyStillRunningWhenSendReturnsIsWaitedForNotRaced) {
                                              static_cast<size_t>(n), s), "cuMemsetD8Async");
     d::check(d::driver().api.cuStreamSynchronize(s), "cuStreamSynchronize");
   }
-  for (const Tensor& src : sources) tw::device_runtime().copy(src, loan, stream);  // queued, not done
+  // 256 copies of 64 MiB, the last from sources.back(): tens of milliseconds of work queued, not done, when send
+  // returns (an H100 copies 64 MiB device to device in about 50 us).
+  for (size_t k = 0; k < 256; ++k) tw::device_runtime().copy(sources[k % sources.size()], loan, stream);
   const std::string expected = bytes_of(sources.back());
   tw::SendOptions o;
   o.timeout = 20s;  // (every wait bounded)
