@@ -526,6 +526,7 @@ class PublisherImpl {
       if (group->kind == Message::Kind::dict) wm.keys = group->keys;
     }
     std::vector<const char*> bases(parts.size());
+    std::vector<size_t> held_at(parts.size(), 0);  // where in out->keep each part's pool slot is held
     uint64_t runs = 0;
     for (size_t i = 0; i < parts.size(); ++i) {
       Part& p = parts[i];
@@ -539,6 +540,7 @@ class PublisherImpl {
       }
       const Pool::Slot& slot = pool_->slot(p.slot);
       bases[i] = slot.data() + p.alloc_offset;
+      held_at[i] = out->keep.size();
       out->keep.push_back(pool_->hold(p.slot));
       WireTensor w;
       w.layout = p.layout;
@@ -620,7 +622,10 @@ class PublisherImpl {
       bases[i] = dst;
       w.span_bytes = static_cast<uint64_t>(dense.nbytes());
       w.layout = std::move(dense);
-      out->keep.push_back(pool_->hold(slot));
+      // The remote sends read the packed copy only: the loan goes back to the pool as soon as its local subscribers
+      // and its caller are done with it, not when the slowest remote subscriber has its bytes (holding it doubled
+      // the pool a burst of packed views needed, and its growth cost page faults: bench/RESULTS.md).
+      out->keep[held_at[i]] = pool_->hold(slot);
     }
     out->descriptor = encode_message(wm);
     for (size_t i = 0; i < parts.size(); ++i) {

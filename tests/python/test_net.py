@@ -586,6 +586,39 @@ def test_loan_views_cross_as_their_runs_or_packed(monkeypatch, iov):
             assert same_bits(np.asarray(t), expected)
 
 
+def test_a_packed_loan_views_loan_is_free_while_its_remote_send_waits(agents):
+    # The remote side of a packed loan view reads the packed copy only, so the loan goes back to the pool as soon as
+    # its caller drops it, not when the remote subscriber has the bytes (holding it doubled the pool a burst of packed
+    # views needed; the page faults of that growth showed in `tensorwire bench --net`).
+    name = topic("packedloan")
+    pub = tw.Publisher(name, listen="127.0.0.1:0", depth=4, max_buffers=2)
+    try:
+        sub = agents()
+        sub("sub = tw.Subscriber(name, connect=addr); col = Collector(sub)", name=name, addr=pub.address)
+        wait_until(lambda: pub.remote_subscribers == 1, what="the remote subscriber")
+        sub.signal(signal.SIGSTOP)  # connected but silent: a 16 MiB message cannot complete its send
+        try:
+            loan = pub.loan((1024, 4096), "int64")  # 32 MiB; every other column is 16 MiB of 8-byte runs
+            np.asarray(loan)[...] = np.arange(1024 * 4096, dtype=np.int64).reshape(1024, 4096)
+            view = loan[:, ::2]
+            del loan
+            expected = np.asarray(view).copy()
+            assert pub.send(view, timeout=TIMEOUT) == 1
+            del view
+            # Two buffers in all: the packed copy waits for the stopped subscriber in one; the other is free.
+            again = pub.loan((1024, 4096), "int64", timeout=2.0)
+            assert again.shape == (1024, 4096)
+            del again
+        finally:
+            sub.signal(signal.SIGCONT)
+        assert sub("col.wait(1, tmo)", tmo=TIMEOUT) == 1
+        got = sub("col.got[0]")
+        assert got["transport"] == "ucx-packed"
+        assert same_bits(got["array"], expected)
+    finally:
+        pub.close()
+
+
 def test_a_dict_list_or_tuple_message_arrives_as_one_with_each_layout():
     with Pair("group", depth=16) as p:
         rng = np.random.default_rng(3)
