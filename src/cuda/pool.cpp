@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdio>
+#include <string>
 
 #include "tensorwire/error.hpp"
 
@@ -215,7 +217,7 @@ std::shared_ptr<Buffer> Pool::allocate(size_t nbytes, intptr_t stream) {
     ++stats_.misses;
     if (cls <= kSlabMax) {
       const size_t seg_bytes = std::max(kSegmentBytes, granularity_);  // a multiple of the granularity
-      Segment* seg = new_segment(seg_bytes, cls);
+      Segment* seg = grow(seg_bytes, cls, lk);
       // Every slot but the first goes to the cache.
       for (size_t off = seg_bytes; off > cls;) {
         off -= cls;
@@ -223,7 +225,7 @@ std::shared_ptr<Buffer> Pool::allocate(size_t nbytes, intptr_t stream) {
       }
       b = new_block(seg->base, cls, seg);
     } else {
-      Segment* seg = new_segment(cls, 0);
+      Segment* seg = grow(cls, 0, lk);
       b = new_block(seg->base, cls, seg);
     }
   }
@@ -278,8 +280,44 @@ PoolStats Pool::stats() const {
   return s;
 }
 
+namespace {
+std::string mib(size_t n) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(n) / double(1 << 20));
+  return buf;
+}
+}  // namespace
+
+Segment* Pool::grow(size_t bytes, size_t slot_size, std::unique_lock<std::mutex>& lk) {
+  (void)lk;  // held by the caller throughout
+  try {
+    return new_segment(bytes, slot_size);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::out_of_memory) throw;
+  }
+  // The driver has no room: what this pool caches for reuse goes back to it (its pending work waited for), and
+  // the allocation is tried once more, as PyTorch's caching allocator does before it reports out of memory.
+  const size_t before = stats_.reserved_bytes;
+  release_cached_locked();
+  const size_t released = before - stats_.reserved_bytes;
+  try {
+    return new_segment(bytes, slot_size);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::out_of_memory) throw;
+    const std::string where = device_ >= 0 ? "cuda:" + std::to_string(device_) : std::string("pinned host memory");
+    throw Error(ErrorCode::out_of_memory, "CUDA pool (" + where + "): cannot allocate " + mib(bytes) + ": " + e.what() +
+                                              ", even after giving back " + mib(released) +
+                                              " of the pool's cache; live tensors of this process hold " +
+                                              mib(stats_.in_use_bytes) + " of it");
+  }
+}
+
 void Pool::release_cached() {
-  std::unique_lock lk(mu_);
+  std::lock_guard lk(mu_);
+  release_cached_locked();
+}
+
+void Pool::release_cached_locked() {
   const Api& a = driver().api;
   // Wait for every cached block's work, then give back segments none of whose slots is out.
   for (auto& [cls, v] : free_)

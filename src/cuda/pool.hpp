@@ -4,7 +4,8 @@
 // it, so that issue 10 can pass a segment over a Unix socket like a memfd; cuMemAlloc where it does not) and one
 // pinned host pool (cuMemHostAlloc, portable). Sizes are rounded to classes; requests up to kSlabMax bytes are
 // carved from 2 MiB segments in slots of their class, larger ones get a segment each. A returned block is cached
-// for reuse, never given back to the driver until empty_cache().
+// for reuse, given back to the driver by empty_cache() or when the driver runs out of memory (the pool's idle
+// segments are released and the allocation tried once more).
 //
 // Ordering. A block returns with an event recorded on the stream it was allocated for (queued work there may
 // still use it). Device reuse is stream-ordered: on the same stream at once, on another stream after a
@@ -79,6 +80,9 @@ class Pool {
  private:
   void give_back(Block* b) noexcept;
   Segment* new_segment(size_t bytes, size_t slot_size);
+  /// new_segment, and when the driver is out of memory: the cache given back, then once more.
+  Segment* grow(size_t bytes, size_t slot_size, std::unique_lock<std::mutex>& lk);
+  void release_cached_locked();
   Block* new_block(uintptr_t ptr, size_t size, Segment* seg);  // a Block object (reused from spare_) for a slot
   void free_segment(Segment* s) noexcept;
   Block* take_cached(size_t cls, intptr_t stream, std::unique_lock<std::mutex>& lk);

@@ -75,6 +75,18 @@ struct Fake {
   int records = 0;                    // cuEventRecord calls
   int stream_creates = 0;
   int stream_slot = 0;                // the address of a created stream
+  size_t device_limit = 0;            // when not 0: cuMemCreate beyond this many live VMM bytes is out of memory
+  size_t host_limit = 0;              // the same for cuMemHostAlloc
+  size_t vmm_bytes() const {
+    size_t n = 0;
+    for (const auto& [h, v] : vmm) n += v.second;
+    return n;
+  }
+  size_t host_bytes() const {
+    size_t n = 0;
+    for (const auto& [p, sz] : host_mem) n += sz;
+    return n;
+  }
 };
 Fake* g_fake = nullptr;
 thread_local d::CUcontext t_current = nullptr;
@@ -186,8 +198,9 @@ d::Api fake_api() {
     return 0;
   };
   a.cuMemHostAlloc = [](void** p, size_t n, unsigned) {
-    *p = aligned(n);
     std::lock_guard lk(g_fake->mu);
+    if (g_fake->host_limit && g_fake->host_bytes() + n > g_fake->host_limit) return 2;
+    *p = aligned(n);
     g_fake->host_mem[reinterpret_cast<uintptr_t>(*p)] = n;
     return 0;
   };
@@ -259,6 +272,10 @@ d::Api fake_api() {
     EXPECT_EQ(n % (size_t(2) << 20), 0u);
     EXPECT_EQ(p->type, d::kMemAllocationTypePinned);
     EXPECT_EQ(p->location.type, d::kMemLocationTypeDevice);
+    {
+      std::lock_guard lk(g_fake->mu);
+      if (g_fake->device_limit && g_fake->vmm_bytes() + n > g_fake->device_limit) return 2;
+    }
     const int fd = memfd_create("fake-vmm", MFD_CLOEXEC);
     if (fd < 0 || ftruncate(fd, static_cast<off_t>(n)) != 0) return 2;
     void* m = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -606,6 +623,39 @@ TEST_F(FakeDriver, PoolReusesBlocksInStreamOrder) {
     EXPECT_EQ(again.stream(), std::optional<intptr_t>(2));
     EXPECT_GE(g_fake->stream_waits, 1);
   }
+  expect_no_leaks();
+}
+
+// An allocation the driver refuses for want of memory is tried again once the pool has given its cache back; one
+// that still does not fit is out_of_memory, naming the pool, the size and what live tensors hold.
+TEST_F(FakeDriver, PoolsGiveTheirCacheBackWhenTheDriverRunsOutOfMemory) {
+  constexpr int64_t MiB = 1 << 20;
+  g_fake->device_limit = 8 * MiB;
+  { Tensor a = Tensor::empty({4 * MiB}, DType::uint8(), Device::cuda(0)); }
+  EXPECT_EQ(tw::cuda::device_pool_stats(0).reserved_bytes, size_t(4 * MiB));  // cached, not given back
+  Tensor b = Tensor::empty({6 * MiB}, DType::uint8(), Device::cuda(0));  // 4 + 6 > 8: fits once the 4 go back
+  EXPECT_EQ(tw::cuda::device_pool_stats(0).reserved_bytes, size_t(6 * MiB));
+  EXPECT_EQ(g_fake->handles, 1);
+  try {
+    Tensor c = Tensor::empty({4 * MiB}, DType::uint8(), Device::cuda(0));
+    ADD_FAILURE() << "8 MiB of device memory held 6 + 4 MiB";
+  } catch (const tw::Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::out_of_memory);
+    const std::string m = e.what();
+    for (const char* part : {"cuda:0", "4.0 MiB", "CUDA_ERROR_OUT_OF_MEMORY", "6.0 MiB"})
+      EXPECT_NE(m.find(part), std::string::npos) << part << " not in: " << m;
+  }
+  EXPECT_EQ(tw::cuda::device_pool_stats(0).in_use_bytes, size_t(6 * MiB));  // b still works
+  b = Tensor();
+
+  // The pinned pool: a freed block is reused only once its work is done, and given back the same way.
+  g_fake->host_limit = 8 * MiB;
+  { Tensor p = Tensor::empty({4 * MiB}, DType::uint8(), Device::cuda_host()); }
+  Tensor q = Tensor::empty({6 * MiB}, DType::uint8(), Device::cuda_host());
+  EXPECT_EQ(q.device(), Device::cuda_host());
+  EXPECT_EQ(tw::cuda::pinned_pool_stats().reserved_bytes, size_t(6 * MiB));
+  EXPECT_THROW(Tensor::empty({4 * MiB}, DType::uint8(), Device::cuda_host()), tw::Error);
+  q = Tensor();
   expect_no_leaks();
 }
 
