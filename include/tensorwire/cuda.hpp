@@ -57,15 +57,17 @@ std::string driver_status();
 /// The device ordinal owning `ptr` as the driver reports it, or nullopt when the driver is unavailable or the
 /// pointer is unknown to it.
 std::optional<int> device_of_pointer(uintptr_t ptr) noexcept;
-/// Blocks until all work queued on `stream` is done. 1 and 2 are the legacy and per-thread default streams.
-/// Throws Error(device_unavailable) without a driver, Error(invalid_argument) when the driver refuses the stream.
-void synchronize_stream(intptr_t stream);
+/// Blocks until all work queued on `stream` is done. 1 and 2 are the legacy and per-thread default streams of
+/// cuda:`device` (-1: of the calling thread's current context, else cuda:0's); a stream handle names its own
+/// context, whatever `device` says. Throws Error(device_unavailable) without a driver, Error(invalid_argument) when
+/// the driver refuses the stream.
+void synchronize_stream(intptr_t stream, int device = -1);
 
-/// Creates a CUDA event (a CUevent, returned as a pointer) and records it on `stream` (1 and 2 as above): the
-/// event completes when the work queued so far on the stream is done. Used for Arrow's `sync_event`. The caller
-/// destroys it with destroy_event. Throws Error(device_unavailable) without a driver, Error(invalid_argument) when
-/// the driver refuses.
-void* record_event(intptr_t stream);
+/// Creates a CUDA event (a CUevent, returned as a pointer) in the context of `stream` (chosen as above) and
+/// records it there: the event completes when the work queued so far on the stream is done. Used for Arrow's
+/// `sync_event`. The caller destroys it with destroy_event. Throws Error(device_unavailable) without a driver,
+/// Error(invalid_argument) when the driver refuses.
+void* record_event(intptr_t stream, int device = -1);
 /// Destroys an event made by record_event; a null event or a missing driver is a no-op.
 void destroy_event(void* event) noexcept;
 /// Blocks until `event` (a CUevent) has completed. Throws like record_event.

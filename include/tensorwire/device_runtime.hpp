@@ -65,10 +65,11 @@ class DeviceRuntime {
   virtual std::string status() const = 0;
   /// The device ordinal that owns `ptr`, or nullopt when unknown (no driver, not a device pointer).
   virtual std::optional<int> device_of_pointer(uintptr_t ptr) const noexcept = 0;
-  /// Blocks until the work queued on `stream` is done (1, 2: the legacy and per-thread default streams).
-  virtual void synchronize_stream(intptr_t stream) const = 0;
-  /// An event recorded on `stream`; destroy_event releases it.
-  virtual void* record_event(intptr_t stream) const = 0;
+  /// Blocks until the work queued on `stream` of `device` is done (1, 2: that device's legacy and per-thread
+  /// default streams; a stream handle belongs to its own device).
+  virtual void synchronize_stream(Device device, intptr_t stream) const = 0;
+  /// An event recorded on `stream` of `device` (as above); destroy_event releases it.
+  virtual void* record_event(Device device, intptr_t stream) const = 0;
   virtual void destroy_event(void* event) const noexcept = 0;
   virtual void synchronize_event(void* event) const = 0;
 

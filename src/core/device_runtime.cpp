@@ -12,8 +12,8 @@ class NoRuntime final : public DeviceRuntime {
   bool available() const noexcept override { return false; }
   std::string status() const override { return "no device runtime is installed (tw::cuda::install_runtime())"; }
   std::optional<int> device_of_pointer(uintptr_t) const noexcept override { return std::nullopt; }
-  void synchronize_stream(intptr_t) const override { fail(); }
-  void* record_event(intptr_t) const override { fail(); }
+  void synchronize_stream(Device, intptr_t) const override { fail(); }
+  void* record_event(Device, intptr_t) const override { fail(); }
   void destroy_event(void*) const noexcept override {}
   void synchronize_event(void*) const override { fail(); }
   int device_count() const noexcept override { return 0; }

@@ -317,8 +317,42 @@ std::optional<int> device_of_pointer(uintptr_t ptr) noexcept {
 }
 
 namespace {
-// The interop entry points carry a stream but no device: when the calling thread has no context current (a thread
-// that never touched CUDA), make cuda:0's primary one current, so the call does not fail with INVALID_CONTEXT.
+// Makes current, for one call, the context a stream lives in: a stream handle's own (the driver says which), else
+// the primary context of `device` for the default streams 1 and 2; with no device either, the calling thread's
+// current context, or cuda:0's on a thread that never touched CUDA (so the call does not fail with
+// INVALID_CONTEXT). An event is made in the current context and must be recorded on a stream of that same context.
+class StreamContext {
+ public:
+  StreamContext(intptr_t stream, int device) {
+    const detail::Api& a = driver().api;
+    detail::CUcontext want = nullptr;
+    if (stream != kLegacyStream && stream != kPerThreadStream && a.cuStreamGetCtx) {
+      detail::CUcontext c = nullptr;
+      if (a.cuStreamGetCtx(detail::as_stream(stream), &c) == 0) want = c;  // else the call itself will say why
+    }
+    if (!want && device >= 0) want = detail::primary_context(device);
+    if (a.cuCtxGetCurrent(&prev_) != 0) prev_ = nullptr;
+    if (!want) {
+      if (prev_) return;
+      want = detail::primary_context(0);
+    }
+    if (want != prev_) {
+      detail::check(a.cuCtxSetCurrent(want), "cuCtxSetCurrent");
+      switched_ = true;
+    }
+  }
+  ~StreamContext() {
+    if (switched_) driver().api.cuCtxSetCurrent(prev_);
+  }
+  StreamContext(const StreamContext&) = delete;
+  StreamContext& operator=(const StreamContext&) = delete;
+
+ private:
+  detail::CUcontext prev_ = nullptr;
+  bool switched_ = false;
+};
+
+// Events are destroyed and waited for in any context; a thread with none current gets cuda:0's.
 struct AnyContext {
   std::optional<detail::ContextGuard> guard;
   AnyContext() {
@@ -328,17 +362,17 @@ struct AnyContext {
 };
 }  // namespace
 
-void synchronize_stream(intptr_t stream) {
+void synchronize_stream(intptr_t stream, int device) {
   const detail::Api& a = detail::api("synchronize a CUDA stream");
-  AnyContext ctx;
+  StreamContext ctx(stream, device);
   if (detail::CUresult r = a.cuStreamSynchronize(detail::as_stream(stream)); r != 0)
     throw Error(ErrorCode::invalid_argument,
                 "cuStreamSynchronize(" + std::to_string(stream) + ") failed: " + detail::result_name(r));
 }
 
-void* record_event(intptr_t stream) {
+void* record_event(intptr_t stream, int device) {
   const detail::Api& a = detail::api("record a CUDA event");
-  AnyContext ctx;
+  StreamContext ctx(stream, device);
   void* ev = nullptr;
   detail::check(a.cuEventCreate(&ev, detail::kEventDisableTiming), "cuEventCreate");
   if (detail::CUresult r = a.cuEventRecord(ev, detail::as_stream(stream)); r != 0) {

@@ -202,13 +202,21 @@ std::shared_ptr<Buffer> allocate_on(Device d, size_t nbytes, intptr_t stream) {
 
 namespace {
 
+// The device whose default streams 1 and 2 a call means: cuda:N's (managed memory: N's too); -1 for host memory
+// (pinned or not), whose streams are those of the caller's current context.
+int device_index(Device d) noexcept { return d.type == kDLCUDA || d.type == kDLCUDAManaged ? static_cast<int>(d.id) : -1; }
+
 class CudaRuntime final : public DeviceRuntime {
  public:
   bool available() const noexcept override { return driver_available(); }
   std::string status() const override { return driver_status(); }
   std::optional<int> device_of_pointer(uintptr_t ptr) const noexcept override { return cuda::device_of_pointer(ptr); }
-  void synchronize_stream(intptr_t stream) const override { cuda::synchronize_stream(stream); }
-  void* record_event(intptr_t stream) const override { return cuda::record_event(stream); }
+  void synchronize_stream(Device device, intptr_t stream) const override {
+    cuda::synchronize_stream(stream, device_index(device));
+  }
+  void* record_event(Device device, intptr_t stream) const override {
+    return cuda::record_event(stream, device_index(device));
+  }
   void destroy_event(void* event) const noexcept override { cuda::destroy_event(event); }
   void synchronize_event(void* event) const override { cuda::synchronize_event(event); }
   int device_count() const noexcept override { return cuda::device_count(); }

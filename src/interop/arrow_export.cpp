@@ -543,7 +543,7 @@ void ArrowTensorArray::export_to(ArrowSchema* schema, ArrowDeviceArray* array) c
       throw Error(ErrorCode::device_unavailable,
                   "to_arrow: the tensor is ordered on a CUDA stream and no device runtime is installed to record "
                   "its sync_event (call tw::cuda::install_runtime())");
-    if (device_runtime().available()) event = device_runtime().record_event(*stream);  // no driver: nothing pending
+    if (device_runtime().available()) event = device_runtime().record_event(dev, *stream);  // no driver: nothing pending
   }
   SchemaPtr s;
   ArrayPtr a;

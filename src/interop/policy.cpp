@@ -232,7 +232,7 @@ Tensor import_interface(const InterfaceDesc& desc_in, std::shared_ptr<const void
     // Device memory: the stream is recorded, and every later use (a copy, an export to a consumer's stream) is
     // ordered after it by an event, never by a host wait. Memory the host can read is waited for now.
     const DeviceRuntime& rt = device_runtime();
-    if (t.device().is_host_accessible() && rt.available()) rt.synchronize_stream(static_cast<intptr_t>(*desc.stream));
+    if (t.device().is_host_accessible() && rt.available()) rt.synchronize_stream(t.device(), static_cast<intptr_t>(*desc.stream));
   }
   return finish_import(std::move(t), r, ImportFacts{false, il.byteswap});
 }

@@ -593,7 +593,7 @@ class PublisherImpl {
           const DeviceRuntime& rt = device_runtime();
           staged = rt.allocate(Device::cuda_host(), std::max<size_t>(n, 1), parts[i].stream);
           if (t.numel() > 0) rt.copy(t, Tensor::make(staged, dense, false), parts[i].stream);
-          rt.synchronize_stream(parts[i].stream);
+          rt.synchronize_stream(Device::cuda(parts[i].device), parts[i].stream);
         }
         lock.lock();
         check_usable("send");

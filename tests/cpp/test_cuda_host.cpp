@@ -75,6 +75,7 @@ struct Fake {
   int records = 0;                    // cuEventRecord calls
   int stream_creates = 0;
   int stream_slot = 0;                // the address of a created stream
+  std::vector<int> synced_in;         // the context of each stream cuStreamSynchronize waited for
   size_t device_limit = 0;            // when not 0: cuMemCreate beyond this many live VMM bytes is out of memory
   size_t host_limit = 0;              // the same for cuMemHostAlloc
   size_t vmm_bytes() const {
@@ -92,6 +93,21 @@ Fake* g_fake = nullptr;
 thread_local d::CUcontext t_current = nullptr;
 constexpr intptr_t kForeignStream = 0x7777;  // a stream of another context
 constexpr intptr_t kBadStream = 0x6666;      // not a stream at all
+constexpr int kForeignCtx = 99;
+
+// Which context `c` is: 0..3 the devices' primary ones, kForeignCtx another's, -1 none.
+int ctx_index(d::CUcontext c) {
+  for (int i = 0; i < 4; ++i)
+    if (c == &g_fake->ctx[i]) return i;
+  return c == &g_fake->foreign_ctx ? kForeignCtx : -1;
+}
+// The context a stream belongs to: the default streams 1 and 2 are the current context's; kForeignStream is
+// another context's; every other handle is cuda:0's (as the fake cuStreamGetCtx says).
+int stream_ctx(d::CUstream s) {
+  const auto v = reinterpret_cast<intptr_t>(s);
+  if (v == tw::cuda::kLegacyStream || v == tw::cuda::kPerThreadStream) return ctx_index(t_current);
+  return v == kForeignStream ? kForeignCtx : 0;
+}
 
 void* aligned(size_t n) {
   void* p = std::aligned_alloc(4096, (n + 4095) / 4096 * 4096);
@@ -157,15 +173,26 @@ d::Api fake_api() {
   a.cuCtxSetCurrent = [](d::CUcontext c) { t_current = c; return 0; };
   a.cuPointerGetAttribute = [](void* out, int, d::CUdeviceptr) { *static_cast<int*>(out) = 0; return 0; };
   a.cuMemGetAddressRange = [](d::CUdeviceptr*, size_t*, d::CUdeviceptr) { return 1; };
-  a.cuStreamSynchronize = [](d::CUstream) { ++g_fake->syncs; return 0; };
+  a.cuStreamSynchronize = [](d::CUstream s) {
+    ++g_fake->syncs;
+    const int c = stream_ctx(s);
+    if (c < 0) return 201;  // CUDA_ERROR_INVALID_CONTEXT: a default stream with no context current
+    std::lock_guard lk(g_fake->streams_mu);
+    g_fake->synced_in.push_back(c);
+    return 0;
+  };
   a.cuStreamWaitEvent = [](d::CUstream, d::CUevent, unsigned) { ++g_fake->stream_waits; return 0; };
   a.cuEventCreate = [](d::CUevent* e, unsigned) {
-    *e = new int(0);
+    const int c = ctx_index(t_current);
+    if (c < 0) return 201;  // CUDA_ERROR_INVALID_CONTEXT
+    *e = new int(c);        // the context it belongs to
     std::lock_guard lk(g_fake->mu);
     g_fake->events.insert(reinterpret_cast<uintptr_t>(*e));
     return 0;
   };
-  a.cuEventRecord = [](d::CUevent, d::CUstream s) {
+  a.cuEventRecord = [](d::CUevent e, d::CUstream s) {
+    // The driver's rule: an event is recorded on a stream of its own context (CUDA_ERROR_INVALID_HANDLE else).
+    if (*static_cast<int*>(e) != stream_ctx(s)) return 400;
     ++g_fake->records;
     std::lock_guard lk(g_fake->streams_mu);
     g_fake->recorded_on.insert(reinterpret_cast<uintptr_t>(s));
@@ -744,6 +771,37 @@ TEST_F(FakeDriver, StreamsFollowTheRules) {
   EXPECT_EQ(back.data<float>()[7], 0.0f);
 }
 
+// An event belongs to the context current when it is made, and is recorded only on a stream of that context; the
+// default streams 1 and 2 are the current context's. So the context is chosen from the stream: a handle's own,
+// else the named device's, else the thread's current one, else cuda:0's.
+TEST_F(FakeDriver, EventsAndWaitsHappenInTheStreamsOwnContext) {
+  const auto ctx_of = [](void* ev) { return *static_cast<int*>(ev); };
+  std::vector<void*> events;
+  t_current = nullptr;  // a thread that never touched CUDA
+  events.push_back(tw::cuda::record_event(tw::cuda::kLegacyStream, 1));
+  EXPECT_EQ(ctx_of(events.back()), 1);
+  EXPECT_EQ(t_current, nullptr) << "the caller's context is left as it was";
+  events.push_back(tw::cuda::record_event(tw::cuda::kPerThreadStream));
+  EXPECT_EQ(ctx_of(events.back()), 0);
+  events.push_back(tw::device_runtime().record_event(Device::cuda(1), tw::cuda::kPerThreadStream));
+  EXPECT_EQ(ctx_of(events.back()), 1);
+  t_current = &g_fake->ctx[1];
+  events.push_back(tw::cuda::record_event(tw::cuda::kLegacyStream));
+  EXPECT_EQ(ctx_of(events.back()), 1);
+  events.push_back(tw::cuda::record_event(kForeignStream, 1));  // a handle: its own context, whatever the device
+  EXPECT_EQ(ctx_of(events.back()), kForeignCtx);
+  EXPECT_EQ(t_current, &g_fake->ctx[1]);
+  t_current = nullptr;
+  g_fake->synced_in.clear();
+  tw::cuda::synchronize_stream(tw::cuda::kLegacyStream, 1);
+  tw::cuda::synchronize_stream(tw::cuda::kLegacyStream);
+  tw::device_runtime().synchronize_stream(Device::cuda(1), tw::cuda::kPerThreadStream);
+  EXPECT_EQ(g_fake->synced_in, (std::vector<int>{1, 0, 1}));
+  EXPECT_EQ(t_current, nullptr);
+  for (void* e : events) tw::cuda::destroy_event(e);
+  expect_no_leaks();
+}
+
 TEST_F(FakeDriver, PinKeepsLayoutAndMetadata) {
   std::mt19937 rng(7);
   Tensor base = random_host({6, 5}, DType::int16(), rng);
@@ -900,12 +958,15 @@ TEST_F(FakeDriver, NetACudaTensorCrossesToARemoteSubscriberStagedAndSaysSo) {
     for (int i = 0; i < 24; ++i) f[i] = static_cast<float>(i) - 3.5f;
     const Tensor view = loan.transpose(0, 1).slice(0, 1, 6, 2);  // strided, offset
     const int syncs = g_fake->syncs;
+    g_fake->synced_in.clear();
     tw::SendOptions o;
     o.stream = 1;
     o.metadata.set("k", int64_t{5});
     o.timeout = std::chrono::seconds(5);
     ASSERT_EQ(pub.send(view, o), 3u);
     EXPECT_GT(g_fake->syncs, syncs) << "the host waited for the staging copy before UCX read it";
+    EXPECT_FALSE(g_fake->synced_in.empty());
+    for (int c : g_fake->synced_in) EXPECT_EQ(c, 1) << "cuda:1's legacy stream, where the copy was queued";
     auto t = sub.recv(std::chrono::seconds(5));
     ASSERT_TRUE(t);
     EXPECT_EQ(std::string(t->buffer().transport()), "ucx-staged");

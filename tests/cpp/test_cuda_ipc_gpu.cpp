@@ -181,7 +181,7 @@ void expect_arrived(const std::map<std::string, std::string>& got, const Tensor&
 // Host values -> a new tensor on cuda:0 (the copy done when this returns).
 Tensor on_device(const Tensor& host) {
   Tensor t = host.to(Device::cuda(0));
-  tw::device_runtime().synchronize_stream(1);
+  tw::device_runtime().synchronize_stream(Device::cuda(0), 1);
   return t;
 }
 
@@ -255,7 +255,7 @@ TEST(CudaIpcGpu, TheStackedPlaneOfADriverAllocationArrivesWithItsOffset) {
   Tensor stacked = Tensor::make(buf, tw::Layout{DType::float32(), {2, 2, 3}, {6, 3, 1}, 0, false}, false);
   buf.reset();
   tw::device_runtime().copy(arange_f32(12).view({2, 2, 3}), stacked, 1);
-  tw::device_runtime().synchronize_stream(1);
+  tw::device_runtime().synchronize_stream(Device::cuda(0), 1);
   Tensor second = stacked.select(0, 1), first = stacked.select(0, 0);
   ASSERT_EQ(pub.send(second, tw::Metadata{{"step", 7}}, 20s), 1u);
   ASSERT_EQ(pub.send(first, {}, 20s), 1u);
