@@ -330,8 +330,11 @@ class StreamContext {
       detail::CUcontext c = nullptr;
       if (a.cuStreamGetCtx(detail::as_stream(stream), &c) == 0) want = c;  // else the call itself will say why
     }
-    if (!want && device >= 0) want = detail::primary_context(device);
-    if (a.cuCtxGetCurrent(&prev_) != 0) prev_ = nullptr;
+    if (!want && device >= 0) {
+      detail::check_device(Device::cuda(device), "a CUDA stream's device");
+      want = detail::primary_context(device);
+    }
+    if (a.cuCtxGetCurrent(&prev_) != 0) return;  // cannot tell what to restore: the call goes as it is
     if (!want) {
       if (prev_) return;
       want = detail::primary_context(0);

@@ -19,6 +19,12 @@ size_t size_class(size_t n, size_t granularity) noexcept {
 
 namespace {
 
+std::string mib(size_t n) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(n) / double(1 << 20));
+  return buf;
+}
+
 // Blocks come back from Buffer destructors on any thread; a block whose event cannot be recorded (a driver error
 // at that point) is reused only after its stream is synchronized, or dropped when even that fails.
 CUevent record_on(int device, intptr_t stream) noexcept {
@@ -191,12 +197,15 @@ Block* Pool::take_cached(size_t cls, intptr_t stream, std::unique_lock<std::mute
   v.erase(v.begin());
   CUevent ev = b->free_event;
   b->free_event = nullptr;
-  lk.unlock();  // never hold the pool while the host waits
+  ++b->segment->busy;  // in neither the cache nor the live map meanwhile: its segment must not be released
+  lk.unlock();         // never hold the pool while the host waits
   CUresult r = a.cuEventSynchronize(ev);
   a.cuEventDestroy(ev);
   lk.lock();
+  --b->segment->busy;
   if (r != kSuccess) {
     // The work that used it failed: the memory may still be touched; drop the block rather than reuse it.
+    b->segment->poisoned = true;
     return nullptr;
   }
   return b;
@@ -215,18 +224,30 @@ std::shared_ptr<Buffer> Pool::allocate(size_t nbytes, intptr_t stream) {
     ++stats_.hits;
   } else {
     ++stats_.misses;
-    if (cls <= kSlabMax) {
-      const size_t seg_bytes = std::max(kSegmentBytes, granularity_);  // a multiple of the granularity
-      Segment* seg = grow(seg_bytes, cls, lk);
-      // Every slot but the first goes to the cache.
-      for (size_t off = seg_bytes; off > cls;) {
-        off -= cls;
-        free_[cls].push_back(new_block(seg->base + off, cls, seg));
+    try {
+      b = fresh_block(cls);
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::out_of_memory) throw;
+    }
+    if (!b) {
+      // The driver has no room: what this pool caches goes back to it (its pending work waited for) and the
+      // allocation is tried once more, as PyTorch's caching allocator does before it reports out of memory.
+      const size_t before = stats_.reserved_bytes;
+      release_cached_locked(lk);
+      const size_t released = before - std::min(before, stats_.reserved_bytes);
+      b = take_cached(cls, stream, lk);  // a block of this class whose work was pending may be free now
+      if (!b) {
+        try {
+          b = fresh_block(cls);
+        } catch (const Error& e) {
+          if (e.code() != ErrorCode::out_of_memory) throw;
+          const std::string where = device_ >= 0 ? "cuda:" + std::to_string(device_) : std::string("pinned host memory");
+          throw Error(ErrorCode::out_of_memory,
+                      "CUDA pool (" + where + "): cannot allocate " + mib(nbytes) + ": " + e.what() +
+                          ", even after giving back " + mib(released) + " of the pool's cache; live tensors of this " +
+                          "process hold " + mib(stats_.in_use_bytes) + " of it");
+        }
       }
-      b = new_block(seg->base, cls, seg);
-    } else {
-      Segment* seg = grow(cls, 0, lk);
-      b = new_block(seg->base, cls, seg);
     }
   }
   if (b->segment->slot_size) ++b->segment->slots_out;
@@ -259,7 +280,10 @@ void Pool::give_back(Block* b) noexcept {
   live_.erase(b->ptr);
   stats_.in_use_bytes -= b->size;
   if (b->segment->slot_size) --b->segment->slots_out;
-  if (drop) return;  // leaked on purpose: its memory may still be in use by work that failed
+  if (drop) {  // leaked on purpose: its memory may still be in use by work that failed
+    b->segment->poisoned = true;
+    return;
+  }
   b->free_event = ev;
   free_[b->size].push_back(b);
 }
@@ -280,55 +304,58 @@ PoolStats Pool::stats() const {
   return s;
 }
 
-namespace {
-std::string mib(size_t n) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(n) / double(1 << 20));
-  return buf;
-}
-}  // namespace
-
-Segment* Pool::grow(size_t bytes, size_t slot_size, std::unique_lock<std::mutex>& lk) {
-  (void)lk;  // held by the caller throughout
-  try {
-    return new_segment(bytes, slot_size);
-  } catch (const Error& e) {
-    if (e.code() != ErrorCode::out_of_memory) throw;
+Block* Pool::fresh_block(size_t cls) {
+  if (cls <= kSlabMax) {
+    const size_t seg_bytes = std::max(kSegmentBytes, granularity_);  // a multiple of the granularity
+    Segment* seg = new_segment(seg_bytes, cls);
+    // Every slot but the first goes to the cache.
+    for (size_t off = seg_bytes; off > cls;) {
+      off -= cls;
+      free_[cls].push_back(new_block(seg->base + off, cls, seg));
+    }
+    return new_block(seg->base, cls, seg);
   }
-  // The driver has no room: what this pool caches for reuse goes back to it (its pending work waited for), and
-  // the allocation is tried once more, as PyTorch's caching allocator does before it reports out of memory.
-  const size_t before = stats_.reserved_bytes;
-  release_cached_locked();
-  const size_t released = before - stats_.reserved_bytes;
-  try {
-    return new_segment(bytes, slot_size);
-  } catch (const Error& e) {
-    if (e.code() != ErrorCode::out_of_memory) throw;
-    const std::string where = device_ >= 0 ? "cuda:" + std::to_string(device_) : std::string("pinned host memory");
-    throw Error(ErrorCode::out_of_memory, "CUDA pool (" + where + "): cannot allocate " + mib(bytes) + ": " + e.what() +
-                                              ", even after giving back " + mib(released) +
-                                              " of the pool's cache; live tensors of this process hold " +
-                                              mib(stats_.in_use_bytes) + " of it");
-  }
+  Segment* seg = new_segment(cls, 0);
+  return new_block(seg->base, cls, seg);
 }
 
 void Pool::release_cached() {
-  std::lock_guard lk(mu_);
-  release_cached_locked();
+  std::unique_lock lk(mu_);
+  release_cached_locked(lk);
 }
 
-void Pool::release_cached_locked() {
+void Pool::release_cached_locked(std::unique_lock<std::mutex>& lk) {
   const Api& a = driver().api;
-  // Wait for every cached block's work, then give back segments none of whose slots is out.
+  // Cached blocks whose work may be pending leave the cache while the host waits for it, unlocked (their segments
+  // marked busy), and come back once it is done; a block whose work failed is dropped and its segment kept.
+  std::vector<Block*> waiting;
   for (auto& [cls, v] : free_)
-    for (Block* b : v)
-      if (b->free_event) {
-        a.cuEventSynchronize(b->free_event);
-        a.cuEventDestroy(b->free_event);
-        b->free_event = nullptr;
-      }
+    std::erase_if(v, [&](Block* b) {
+      if (!b->free_event) return false;
+      ++b->segment->busy;
+      waiting.push_back(b);
+      return true;
+    });
+  if (!waiting.empty()) {
+    std::vector<bool> done(waiting.size());
+    lk.unlock();
+    for (size_t i = 0; i < waiting.size(); ++i) {
+      done[i] = a.cuEventSynchronize(waiting[i]->free_event) == kSuccess;
+      a.cuEventDestroy(waiting[i]->free_event);
+      waiting[i]->free_event = nullptr;
+    }
+    lk.lock();
+    for (size_t i = 0; i < waiting.size(); ++i) {
+      Block* b = waiting[i];
+      --b->segment->busy;
+      if (done[i]) free_[b->size].push_back(b);
+      else b->segment->poisoned = true;
+    }
+  }
+  // Then every segment none of whose blocks is out goes back to the driver.
   std::vector<Segment*> idle;
   for (const auto& s : segments_) {
+    if (s->busy || s->poisoned) continue;
     const bool slab_idle = s->slot_size && s->slots_out == 0;
     const bool large_idle = !s->slot_size && std::none_of(live_.begin(), live_.end(), [&](const auto& kv) {
       return kv.second->segment == s.get();

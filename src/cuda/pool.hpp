@@ -44,6 +44,8 @@ struct Segment {
   bool vmm = false;
   size_t slots_out = 0;    ///< slab slots handed out (slab segments only)
   size_t slot_size = 0;    ///< 0 for a large block
+  size_t busy = 0;         ///< its blocks out of both the cache and the live map while the host waits for their work
+  bool poisoned = false;   ///< work on one of its blocks failed: that memory may still be touched, never freed
 };
 
 struct Block {
@@ -80,9 +82,11 @@ class Pool {
  private:
   void give_back(Block* b) noexcept;
   Segment* new_segment(size_t bytes, size_t slot_size);
-  /// new_segment, and when the driver is out of memory: the cache given back, then once more.
-  Segment* grow(size_t bytes, size_t slot_size, std::unique_lock<std::mutex>& lk);
-  void release_cached_locked();
+  /// A block of class `cls` from a new segment (slab slots but the first go to the cache).
+  Block* fresh_block(size_t cls);
+  /// Gives back to the driver every segment none of whose blocks is in use, after waiting (with the pool unlocked)
+  /// for the work of its cached blocks.
+  void release_cached_locked(std::unique_lock<std::mutex>& lk);
   Block* new_block(uintptr_t ptr, size_t size, Segment* seg);  // a Block object (reused from spare_) for a slot
   void free_segment(Segment* s) noexcept;
   Block* take_cached(size_t cls, intptr_t stream, std::unique_lock<std::mutex>& lk);

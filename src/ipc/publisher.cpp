@@ -526,7 +526,7 @@ class PublisherImpl {
       if (group->kind == Message::Kind::dict) wm.keys = group->keys;
     }
     std::vector<const char*> bases(parts.size());
-    std::vector<size_t> held_at(parts.size(), 0);  // where in out->keep each part's pool slot is held
+    std::vector<size_t> held_at(parts.size(), SIZE_MAX);  // where in out->keep each part's pool slot is held
     uint64_t runs = 0;
     for (size_t i = 0; i < parts.size(); ++i) {
       Part& p = parts[i];
@@ -625,6 +625,8 @@ class PublisherImpl {
       // The remote sends read the packed copy only: the loan goes back to the pool as soon as its local subscribers
       // and its caller are done with it, not when the slowest remote subscriber has its bytes (holding it doubled
       // the pool a burst of packed views needed, and its growth cost page faults: bench/RESULTS.md).
+      if (held_at[i] >= out->keep.size())
+        throw Error(ErrorCode::internal, "Publisher::send: a packed loan view held no pool slot");
       out->keep[held_at[i]] = pool_->hold(slot);
     }
     out->descriptor = encode_message(wm);

@@ -60,6 +60,7 @@ struct Fake {
   std::atomic<bool> events_done{true};  // false: every event reports CUDA_ERROR_NOT_READY (queued work pending)
   std::atomic<bool> work_running{false};  // true: cuEventSynchronize and cuCtxSynchronize block until it turns false
   std::atomic<int> event_syncs{0}, ctx_syncs{0};
+  std::atomic<bool> work_fails{false};  // true: cuEventSynchronize reports that the work failed
   std::mutex streams_mu;
   std::multiset<uintptr_t> recorded_on;  // the streams events were recorded on
   std::set<std::string> names;
@@ -202,7 +203,7 @@ d::Api fake_api() {
   a.cuEventSynchronize = [](d::CUevent) {
     wait_for_the_work();
     ++g_fake->event_syncs;
-    return 0;
+    return g_fake->work_fails ? 719 : 0;  // CUDA_ERROR_LAUNCH_FAILED
   };
   a.cuCtxSynchronize = [] {
     wait_for_the_work();
@@ -684,6 +685,26 @@ TEST_F(FakeDriver, PoolsGiveTheirCacheBackWhenTheDriverRunsOutOfMemory) {
   EXPECT_THROW(Tensor::empty({4 * MiB}, DType::uint8(), Device::cuda_host()), tw::Error);
   q = Tensor();
   expect_no_leaks();
+}
+
+// A cached block whose last work failed may still be written by it: giving the cache back keeps its segment.
+TEST_F(FakeDriver, ASegmentWhoseWorkFailedIsNeverGivenBack) {
+  constexpr int64_t MiB = 1 << 20;
+  g_fake->events_done = false;  // blocks come back with work still pending
+  { Tensor a = Tensor::empty({4 * MiB}, DType::uint8(), Device::cuda(0)); }
+  { Tensor b = Tensor::empty({6 * MiB}, DType::uint8(), Device::cuda(0)); }
+  EXPECT_EQ(tw::cuda::device_pool_stats(0).reserved_bytes, size_t(10 * MiB));
+  g_fake->work_fails = true;
+  tw::cuda::empty_cache();
+  EXPECT_EQ(tw::cuda::device_pool_stats(0).reserved_bytes, size_t(10 * MiB));
+  EXPECT_EQ(g_fake->handles, 2);
+  g_fake->work_fails = false;
+  g_fake->events_done = true;
+  { Tensor c = Tensor::empty({4 * MiB}, DType::uint8(), Device::cuda(0)); }  // a fresh segment: nothing reused
+  EXPECT_EQ(tw::cuda::device_pool_stats(0).reserved_bytes, size_t(14 * MiB));
+  tw::cuda::empty_cache();  // the healthy one goes back; the failed ones stay
+  EXPECT_EQ(tw::cuda::device_pool_stats(0).reserved_bytes, size_t(10 * MiB));
+  EXPECT_EQ(g_fake->handles, 2);
 }
 
 TEST_F(FakeDriver, EveryLayoutRoundTripsBitExact) {
