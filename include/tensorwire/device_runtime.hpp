@@ -87,6 +87,16 @@ class DeviceRuntime {
   /// other, on `device`), without blocking the host. Equal streams: nothing to do.
   virtual void stream_wait(Device device, intptr_t producer, intptr_t consumer) const = 0;
 
+  // ---- a foreign producer's ordering. The defaults answer "no device runtime". ----
+  /// An event recorded now on `stream` of `device` (as for record_event), destroyed with the last copy of the
+  /// result: what set_producer_stream keeps in a tensor.
+  virtual std::shared_ptr<void> capture_event(Device device, intptr_t stream) const;
+  /// Makes `consumer` (a stream of `device`; 1, 2: its default streams) wait for `event`, without blocking the host.
+  virtual void wait_event(Device device, void* event, intptr_t consumer) const;
+  /// tensorwire's own stream of `device` (non-blocking, alive as long as the process), made to wait for `event`
+  /// first: for a consumer that takes a stream handle rather than an event.
+  virtual intptr_t stream_after_event(Device device, void* event) const;
+
   // ---- between processes (CUDA IPC). The defaults answer "not supported by this runtime". ----
   /// How another process can open the allocation holding [ptr, ptr + span) on `device` without a copy: a VMM fd, a
   /// legacy handle, or Kind::none with the reason (memory from a stream-ordered pool, a range that crosses
@@ -118,6 +128,19 @@ class DeviceRuntime {
   virtual void release_after_work(Device device, const std::vector<int64_t>* streams,
                                   std::shared_ptr<const void> what) const;
 };
+
+/// Records that `t` (device memory a foreign producer made) is ordered on the producer's `stream` (1, 2: the
+/// default streams, or a handle): sets t.stream() and, for any stream but the legacy default, keeps an event
+/// recorded on it now (Tensor::ready_event), so that later uses never touch the producer's stream again. The
+/// producer may destroy its stream while the tensor lives, and the per-thread default stream means another stream
+/// on another thread. Without a driver (nothing can be pending) only the stream is set.
+void set_producer_stream(Tensor& t, intptr_t stream);
+/// Makes `consumer` (a stream of t's device; -1: none, nothing to do) wait for t's data: for its ready event, else
+/// for an event recorded on its stream now (nothing when that is `consumer` itself or it has no stream).
+void order_after(const Tensor& t, intptr_t consumer);
+/// The stream a consumer that takes a stream handle (the CUDA Array Interface) should wait for to read t: its
+/// stream, or, when it has a ready event, tensorwire's stream ordered after that event; nullopt when t names none.
+std::optional<intptr_t> stream_for_consumers(const Tensor& t);
 
 /// The installed runtime, or one that answers "no device runtime is installed" to everything.
 const DeviceRuntime& device_runtime() noexcept;

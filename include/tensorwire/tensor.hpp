@@ -97,7 +97,20 @@ class Tensor {
 
   /// CUDA stream the data is ordered on, when the producer said so (CUDA Array Interface v3 / DLPack).
   std::optional<intptr_t> stream() const noexcept { return stream_; }
-  void set_stream(std::optional<intptr_t> s) noexcept { stream_ = s; }
+  /// Sets the stream (and forgets any ready event: the data is now ordered on `s` alone).
+  void set_stream(std::optional<intptr_t> s) noexcept {
+    stream_ = s;
+    ready_event_.reset();
+  }
+  /// Sets the stream and the event recorded on it when the tensor was imported (tw::set_producer_stream).
+  void set_stream(intptr_t s, std::shared_ptr<void> ready_event) noexcept {
+    stream_ = s;
+    ready_event_ = std::move(ready_event);
+  }
+  /// The event (a CUevent) recorded on stream() when a foreign producer's tensor was imported, or null. Every later
+  /// use waits on it rather than on stream(), which the producer may destroy meanwhile (or which, as the per-thread
+  /// default stream, means another stream on another thread).
+  void* ready_event() const noexcept { return ready_event_.get(); }
 
   bool is_contiguous(MemoryOrder order = MemoryOrder::C) const { return layout().is_contiguous(order); }
   bool is_dense() const { return layout().is_dense(); }
@@ -150,6 +163,7 @@ class Tensor {
   std::unique_ptr<Metadata> metadata_;  // null means empty
   bool readonly_ = false;
   std::optional<intptr_t> stream_;
+  std::shared_ptr<void> ready_event_;  // see ready_event()
 };
 
 template <class T, class A>

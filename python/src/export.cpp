@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "convert.hpp"
+#include "tensorwire/device_runtime.hpp"
 
 namespace twpy {
 namespace {
@@ -416,7 +417,8 @@ void register_export(nb::class_<tw::Tensor>& cls, nb::module_&) {
     d["descr"] = nb::make_tuple(nb::make_tuple("", ts));
     d["data"] = nb::make_tuple(t.numel() ? reinterpret_cast<uintptr_t>(t.data_ptr()) : 0, t.readonly());
     d["strides"] = byte_strides_or_none(t);
-    if (t.stream()) d["stream"] = *t.stream();
+    // A foreign producer's stream may be gone by now: a tensor with a ready event names tensorwire's stream after it.
+    if (auto s = tw::stream_for_consumers(t)) d["stream"] = *s;
     else d["stream"] = nb::none();
     return d;
   });

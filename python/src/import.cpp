@@ -18,6 +18,7 @@
 #include <deque>
 
 #include "convert.hpp"
+#include "tensorwire/device_runtime.hpp"
 
 namespace twpy {
 namespace {
@@ -212,7 +213,7 @@ tw::Tensor via_dlpack(nb::handle obj, const Request& req, bool& made_copy, bool 
     } else if (PyLong_Check(req.stream.ptr()) && !PyBool_Check(req.stream.ptr())) {
       const long long v = PyLong_AsLongLong(req.stream.ptr());
       if (v == -1 && PyErr_Occurred()) throw nb::python_error();
-      if (v > 0) t.set_stream(static_cast<intptr_t>(v));
+      if (v > 0) tw::set_producer_stream(t, static_cast<intptr_t>(v));  // an event on it, unless legacy
     }
   }
   made_copy = flagged_copy || producer_copied_on_request;
@@ -368,7 +369,7 @@ tw::Tensor via_exchange(nb::handle obj_in, const TypeInfo& ti, const Request& re
     // "NoSync": the data is ordered on the producer's current stream; the tensor says which.
     void* stream = nullptr;
     if (api->current_work_stream(dev.type, dev.id, &stream) != 0) throw nb::python_error();
-    if (stream) t.set_stream(reinterpret_cast<intptr_t>(stream));
+    if (stream) tw::set_producer_stream(t, reinterpret_cast<intptr_t>(stream));  // an event on it: it may go
   }
   const bool copied = flagged_copy || already_copied;
   if (req.immutable && !copied && !t.readonly()) t = t.as_readonly();

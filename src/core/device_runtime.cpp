@@ -3,6 +3,7 @@
 #include <atomic>
 
 #include "tensorwire/error.hpp"
+#include "tensorwire/tensor.hpp"
 
 namespace tw {
 namespace {
@@ -34,7 +35,44 @@ std::atomic<const DeviceRuntime*> g_runtime{nullptr};
                                                  (st.empty() ? std::string() : " (" + st + ")"));
 }
 
+[[noreturn]] void no_device(const DeviceRuntime& r, const char* what) {
+  const std::string st = r.status();
+  throw Error(ErrorCode::device_unavailable,
+              std::string(what) + ": this device runtime cannot" + (st.empty() ? std::string() : " (" + st + ")"));
+}
+
+bool orders_streams(const Tensor& t) {
+  const DLDeviceType d = t.device().type;
+  return d == kDLCUDA || d == kDLCUDAManaged;
+}
+
 }  // namespace
+
+void set_producer_stream(Tensor& t, intptr_t stream) {
+  const DeviceRuntime& rt = device_runtime();
+  if (stream == 1 || !orders_streams(t) || !rt.available()) {
+    t.set_stream(stream);
+    return;
+  }
+  t.set_stream(stream, rt.capture_event(t.device(), stream));
+}
+
+void order_after(const Tensor& t, intptr_t consumer) {
+  if (consumer == -1 || !orders_streams(t) || !t.stream()) return;
+  const DeviceRuntime& rt = device_runtime();
+  if (!rt.available()) return;  // no driver: no work can be pending
+  if (void* ev = t.ready_event()) {
+    rt.wait_event(t.device(), ev, consumer);  // even for an equal handle: 2 is each thread's own stream
+  } else if (consumer != *t.stream()) {
+    rt.stream_wait(t.device(), *t.stream(), consumer);
+  }
+}
+
+std::optional<intptr_t> stream_for_consumers(const Tensor& t) {
+  if (!t.stream()) return std::nullopt;
+  if (void* ev = t.ready_event()) return device_runtime().stream_after_event(t.device(), ev);
+  return t.stream();
+}
 
 DeviceExport DeviceRuntime::export_memory(Device, uintptr_t, uint64_t) const {
   DeviceExport e;
@@ -52,6 +90,9 @@ DeviceImport DeviceRuntime::open_memory(DeviceExport::Kind, const std::array<uin
   no_ipc(*this, "open another process's device memory");
 }
 intptr_t DeviceRuntime::wait_ipc_event(const IpcEvent&) const { no_ipc(*this, "wait for another process's event"); }
+std::shared_ptr<void> DeviceRuntime::capture_event(Device, intptr_t) const { no_device(*this, "record a CUDA event"); }
+void DeviceRuntime::wait_event(Device, void*, intptr_t) const { no_device(*this, "wait for a CUDA event"); }
+intptr_t DeviceRuntime::stream_after_event(Device, void*) const { no_device(*this, "order a stream after an event"); }
 void DeviceRuntime::release_after_work(Device, const std::vector<int64_t>*, std::shared_ptr<const void> what) const {
   what.reset();
 }

@@ -29,7 +29,9 @@ size_t norm_dim(int64_t dim, size_t ndim, const char* op) {
 }  // namespace
 
 Tensor::Tensor(const Tensor& o)
-    : buffer_(o.buffer_), layout_(o.layout_), metadata_(o.clone_metadata()), readonly_(o.readonly_), stream_(o.stream_) {}
+    : buffer_(o.buffer_), layout_(o.layout_), metadata_(o.clone_metadata()), readonly_(o.readonly_),
+      stream_(o.stream_),
+      ready_event_(o.ready_event_) {}
 
 Tensor& Tensor::operator=(const Tensor& o) {
   if (this != &o) {
@@ -38,6 +40,7 @@ Tensor& Tensor::operator=(const Tensor& o) {
     metadata_ = o.clone_metadata();
     readonly_ = o.readonly_;
     stream_ = o.stream_;
+    ready_event_ = o.ready_event_;
   }
   return *this;
 }
@@ -140,6 +143,7 @@ Tensor Tensor::derive(Layout l) const {
   Tensor t(buffer_, std::move(l), readonly_);
   t.metadata_ = clone_metadata();
   t.stream_ = stream_;
+  t.ready_event_ = ready_event_;
   return t;
 }
 

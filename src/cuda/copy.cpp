@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <vector>
 
@@ -103,6 +104,36 @@ void stream_wait(int producer_device, intptr_t producer, int consumer_device, in
   }
   a.cuEventDestroy(ev);  // destroying a recorded event is fine: the wait already captured it
   check(r, "cuEventRecord/cuStreamWaitEvent");
+}
+
+void event_wait(int device, void* event, intptr_t consumer) {
+  const Api& a = api("wait for a CUDA event");
+  ContextGuard g(device);
+  check(a.cuStreamWaitEvent(as_stream(consumer), static_cast<CUevent>(event), 0), "cuStreamWaitEvent");
+}
+
+namespace {
+std::mutex g_own_mu;
+std::map<int, CUstream>* g_own = new std::map<int, CUstream>();  // never destroyed: the streams outlive exit
+void reset_own_streams() {
+  std::lock_guard lk(g_own_mu);
+  g_own->clear();  // a fake driver swap: the old one's streams mean nothing
+}
+const bool g_own_registered = (register_reset(&reset_own_streams), true);
+}  // namespace
+
+intptr_t own_stream(int device) {
+  (void)g_own_registered;
+  const Api& a = api("make a CUDA stream");
+  std::lock_guard lk(g_own_mu);
+  auto it = g_own->find(device);
+  if (it != g_own->end()) return reinterpret_cast<intptr_t>(it->second);
+  if (!a.cuStreamCreate) throw Error(ErrorCode::unsupported, "the NVIDIA driver lacks cuStreamCreate");
+  ContextGuard g(device);
+  CUstream s = nullptr;
+  check(a.cuStreamCreate(&s, kStreamNonBlocking), "cuStreamCreate");
+  g_own->emplace(device, s);
+  return reinterpret_cast<intptr_t>(s);
 }
 
 // ---- kernels -----------------------------------------------------------------------------------------------------

@@ -125,7 +125,10 @@ void copy_any(const Tensor& src, const Tensor& dst, intptr_t stream) {
   }
   check_stream(dev, stream, "copy");
   // The copy's stream waits for the source's (a stream handle is relative to its device's context).
-  if (sk == Mem::device && src.stream() && src.device().id == dev) stream_wait(dev, *src.stream(), dev, stream);
+  if (sk == Mem::device && src.stream() && src.device().id == dev) {
+    if (src.ready_event()) event_wait(dev, src.ready_event(), stream);  // the producer's stream may be gone
+    else stream_wait(dev, *src.stream(), dev, stream);
+  }
   const Layout& sl = src.layout();
   const Layout& dl = dst.layout();
 
@@ -228,6 +231,20 @@ class CudaRuntime final : public DeviceRuntime {
     check_device(device, "order CUDA streams");
     check_stream(device.id, consumer, "order CUDA streams");
     detail::stream_wait(device.id, producer, consumer);
+  }
+  std::shared_ptr<void> capture_event(Device device, intptr_t stream) const override {
+    return std::shared_ptr<void>(cuda::record_event(stream, device_index(device)), &cuda::destroy_event);
+  }
+  void wait_event(Device device, void* event, intptr_t consumer) const override {
+    check_device(device, "wait for a CUDA event");
+    check_stream(device.id, consumer, "wait for a CUDA event");
+    detail::event_wait(device.id, event, consumer);
+  }
+  intptr_t stream_after_event(Device device, void* event) const override {
+    check_device(device, "order a stream after a CUDA event");
+    const intptr_t s = own_stream(device.id);
+    detail::event_wait(device.id, event, s);
+    return s;
   }
   DeviceExport export_memory(Device device, uintptr_t ptr, uint64_t span) const override {
     check_device(device, "export CUDA memory");

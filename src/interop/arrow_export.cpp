@@ -543,7 +543,11 @@ void ArrowTensorArray::export_to(ArrowSchema* schema, ArrowDeviceArray* array) c
       throw Error(ErrorCode::device_unavailable,
                   "to_arrow: the tensor is ordered on a CUDA stream and no device runtime is installed to record "
                   "its sync_event (call tw::cuda::install_runtime())");
-    if (device_runtime().available()) event = device_runtime().record_event(dev, *stream);  // no driver: nothing pending
+    const DeviceRuntime& rt = device_runtime();
+    if (rt.available()) {  // no driver: nothing pending
+      const intptr_t after = state_->data.ready_event() ? *stream_for_consumers(state_->data) : *stream;
+      event = rt.record_event(dev, after);
+    }
   }
   SchemaPtr s;
   ArrayPtr a;

@@ -79,13 +79,8 @@ PreparedExport prepare_export(const Tensor& t, const ExportRequest& r) {
   // The consumer will use the memory on its stream (any stream, when it named none): a received tensor's lease goes
   // back to its publisher only after that work (Buffer::note_stream_use).
   if (stream_capable(e.device().type) && e.device().type != kDLROCM) e.buffer().note_stream_use(r.stream.value_or(1));
-  if (stream_capable(e.device().type) && e.device().type != kDLROCM && e.stream()) {
-    const int64_t consumer = r.stream.value_or(1);
-    if (consumer != -1 && consumer != *e.stream()) {
-      const DeviceRuntime& rt = device_runtime();
-      if (rt.available()) rt.stream_wait(e.device(), *e.stream(), static_cast<intptr_t>(consumer));
-    }
-  }
+  if (stream_capable(e.device().type) && e.device().type != kDLROCM)
+    order_after(e, static_cast<intptr_t>(r.stream.value_or(1)));
   return out;
 }
 
@@ -224,15 +219,20 @@ Tensor import_interface(const InterfaceDesc& desc_in, std::shared_ptr<const void
   rel.byte_offset = 0;
   Tensor t = view_foreign(desc.data, std::move(rel), *desc.device, std::move(keep), desc.readonly);
   if (desc.stream) {
-    t.set_stream(static_cast<intptr_t>(*desc.stream));
     if (!device_runtime_installed())
       throw Error(ErrorCode::device_unavailable, proto + ": the producer's data is ordered on a CUDA stream and no "
                                                           "device runtime is installed to wait for it "
                                                           "(tw::cuda::install_runtime())");
-    // Device memory: the stream is recorded, and every later use (a copy, an export to a consumer's stream) is
-    // ordered after it by an event, never by a host wait. Memory the host can read is waited for now.
+    // Device memory: the stream is recorded with an event on it (the producer may destroy its stream), and every
+    // later use (a copy, an export to a consumer's stream) is ordered after that event, never by a host wait.
+    // Memory the host can read is waited for now.
     const DeviceRuntime& rt = device_runtime();
-    if (t.device().is_host_accessible() && rt.available()) rt.synchronize_stream(t.device(), static_cast<intptr_t>(*desc.stream));
+    if (t.device().is_host_accessible()) {
+      t.set_stream(static_cast<intptr_t>(*desc.stream));
+      if (rt.available()) rt.synchronize_stream(t.device(), static_cast<intptr_t>(*desc.stream));
+    } else {
+      set_producer_stream(t, static_cast<intptr_t>(*desc.stream));
+    }
   }
   return finish_import(std::move(t), r, ImportFacts{false, il.byteswap});
 }

@@ -653,7 +653,9 @@ class PublisherImpl {
       const Device dev = t.device();
       if (dev.type == kDLCUDA) {
         parts[i].device = device_index(dev, "send");
-        parts[i].stream = o.stream ? *o.stream : t.stream().value_or(1);
+        // The producer's work: on stream= when given, else the tensor's own (its ready event, when it has one:
+        // the producer's stream may be gone).
+        parts[i].stream = o.stream ? *o.stream : t.stream() ? *stream_for_consumers(t) : 1;
       } else if (dev.type != kDLCPU && dev.type != kDLCUDAHost) {
         throw Error(ErrorCode::unsupported, "Publisher::send: a tensor on " + dev.str() + which +
                                                 " cannot be published: host and CUDA device memory can; copy it to "

@@ -28,11 +28,13 @@
 #include "cuda/ipc.hpp"
 #include "cuda/kernel_abi.h"
 #include "cuda/pool.hpp"
+#include "tensorwire/arrow.hpp"
 #include "tensorwire/copy.hpp"
 #include "tensorwire/cuda.hpp"
 #include "ipc/ipc_internal.hpp"
 #include "net/net_internal.hpp"
 #include "tensorwire/device_runtime.hpp"
+#include "tensorwire/interop.hpp"
 #include "tensorwire/ipc.hpp"
 #include "tensorwire/tensor.hpp"
 #include "tw_test_util.hpp"
@@ -77,6 +79,9 @@ struct Fake {
   int stream_creates = 0;
   int stream_slot = 0;                // the address of a created stream
   std::vector<int> synced_in;         // the context of each stream cuStreamSynchronize waited for
+  std::set<uintptr_t> dead_streams;   // destroyed by their owner: every call naming one is CUDA_ERROR_INVALID_HANDLE
+  std::map<uintptr_t, uintptr_t> event_stream;             // event -> the stream it was last recorded on
+  std::vector<std::pair<uintptr_t, uintptr_t>> waited;     // (stream, event) of each cuStreamWaitEvent
   size_t device_limit = 0;            // when not 0: cuMemCreate beyond this many live VMM bytes is out of memory
   size_t host_limit = 0;              // the same for cuMemHostAlloc
   size_t vmm_bytes() const {
@@ -179,10 +184,17 @@ d::Api fake_api() {
     const int c = stream_ctx(s);
     if (c < 0) return 201;  // CUDA_ERROR_INVALID_CONTEXT: a default stream with no context current
     std::lock_guard lk(g_fake->streams_mu);
+    if (g_fake->dead_streams.count(reinterpret_cast<uintptr_t>(s))) return 400;
     g_fake->synced_in.push_back(c);
     return 0;
   };
-  a.cuStreamWaitEvent = [](d::CUstream, d::CUevent, unsigned) { ++g_fake->stream_waits; return 0; };
+  a.cuStreamWaitEvent = [](d::CUstream s, d::CUevent e, unsigned) {
+    std::lock_guard lk(g_fake->streams_mu);
+    if (g_fake->dead_streams.count(reinterpret_cast<uintptr_t>(s))) return 400;
+    ++g_fake->stream_waits;
+    g_fake->waited.emplace_back(reinterpret_cast<uintptr_t>(s), reinterpret_cast<uintptr_t>(e));
+    return 0;
+  };
   a.cuEventCreate = [](d::CUevent* e, unsigned) {
     const int c = ctx_index(t_current);
     if (c < 0) return 201;  // CUDA_ERROR_INVALID_CONTEXT
@@ -194,9 +206,11 @@ d::Api fake_api() {
   a.cuEventRecord = [](d::CUevent e, d::CUstream s) {
     // The driver's rule: an event is recorded on a stream of its own context (CUDA_ERROR_INVALID_HANDLE else).
     if (*static_cast<int*>(e) != stream_ctx(s)) return 400;
-    ++g_fake->records;
     std::lock_guard lk(g_fake->streams_mu);
+    if (g_fake->dead_streams.count(reinterpret_cast<uintptr_t>(s))) return 400;
+    ++g_fake->records;
     g_fake->recorded_on.insert(reinterpret_cast<uintptr_t>(s));
+    g_fake->event_stream[reinterpret_cast<uintptr_t>(e)] = reinterpret_cast<uintptr_t>(s);
     return 0;
   };
   a.cuEventQuery = [](d::CUevent) { return g_fake->events_done ? 0 : d::kErrorNotReady; };
@@ -211,6 +225,10 @@ d::Api fake_api() {
     return 0;
   };
   a.cuEventDestroy = [](d::CUevent e) {
+    {
+      std::lock_guard lk(g_fake->streams_mu);
+      g_fake->event_stream.erase(reinterpret_cast<uintptr_t>(e));
+    }
     std::lock_guard lk(g_fake->mu);
     g_fake->events.erase(reinterpret_cast<uintptr_t>(e));
     delete static_cast<int*>(e);
@@ -288,6 +306,10 @@ d::Api fake_api() {
   a.cuStreamGetCtx = [](d::CUstream s, d::CUcontext* c) {
     const auto v = reinterpret_cast<intptr_t>(s);
     if (v == kBadStream) return 400;
+    {
+      std::lock_guard lk(g_fake->streams_mu);
+      if (g_fake->dead_streams.count(static_cast<uintptr_t>(v))) return 400;
+    }
     *c = v == kForeignStream ? static_cast<void*>(&g_fake->foreign_ctx) : static_cast<void*>(&g_fake->ctx[0]);
     return 0;
   };
@@ -823,6 +845,93 @@ TEST_F(FakeDriver, EventsAndWaitsHappenInTheStreamsOwnContext) {
   expect_no_leaks();
 }
 
+// A foreign producer's stream (the CUDA Array Interface's `stream`, a DLPack stream) is captured by an event at
+// import: the producer may destroy the stream while the tensor lives, and every later use (a DLPack export to a
+// consumer's stream, a copy, the CUDA Array Interface's stream, an Arrow sync_event) still waits for exactly the
+// work the producer had queued, never touching the dead stream.
+TEST_F(FakeDriver, AProducersStreamMayBeDestroyedOnceItsTensorIsImported) {
+  constexpr intptr_t kProducer = 0x5000, kConsumer = 0x5100;
+  std::mt19937 rng(11);
+  Tensor host = random_host({4, 6}, DType::float32(), rng);
+  Tensor mem = host.to(Device::cuda(0));  // the producer's device memory
+  tw::InterfaceDesc desc;
+  desc.protocol = "__cuda_array_interface__";
+  desc.typestr = "<f4";
+  desc.shape = {6, 4};
+  desc.byte_strides = std::vector<int64_t>{4, 24};  // its transpose
+  desc.data = reinterpret_cast<uintptr_t>(mem.data_ptr());
+  desc.device = std::nullopt;  // the driver says which
+  desc.stream = kProducer;
+  Tensor t = tw::import_interface(desc, mem.buffer_ptr(), tw::ImportRequest{});
+  EXPECT_EQ(t.stream(), std::optional<intptr_t>(kProducer)) << "t.stream is still the producer's";
+  ASSERT_NE(t.ready_event(), nullptr);
+  const auto ev = reinterpret_cast<uintptr_t>(t.ready_event());
+  EXPECT_EQ(g_fake->event_stream.at(ev), static_cast<uintptr_t>(kProducer)) << "recorded at import";
+  Tensor view = t.slice(0, 1, std::nullopt);
+  EXPECT_EQ(view.ready_event(), t.ready_event()) << "views keep it";
+
+  g_fake->dead_streams.insert(kProducer);  // the producer destroys its stream
+  const auto waited_on = [&](intptr_t stream) {
+    return std::count(g_fake->waited.begin(), g_fake->waited.end(),
+                      std::pair<uintptr_t, uintptr_t>{static_cast<uintptr_t>(stream), ev});
+  };
+  // DLPack export to the consumer's stream: it waits on the import's event.
+  tw::ExportRequest req;
+  req.stream = kConsumer;
+  tw::PreparedExport pe = tw::prepare_export(t, req);
+  EXPECT_EQ(waited_on(kConsumer), 1);
+  // A copy on another stream, and one on the legacy stream.
+  Tensor c = t.to(Device::cuda(0), kConsumer, true);
+  EXPECT_EQ(waited_on(kConsumer), 2);
+  Tensor c2 = view.copy();
+  EXPECT_EQ(waited_on(tw::cuda::kLegacyStream), 1);
+  EXPECT_TRUE(same_values(c.to(Device::cpu()), host.transpose(0, 1)));
+  EXPECT_TRUE(same_values(c2.to(Device::cpu()), host.transpose(0, 1).slice(0, 1, std::nullopt)));
+  // A consumer that takes a stream handle gets tensorwire's own stream, which waited on the event.
+  const std::optional<intptr_t> s = tw::stream_for_consumers(t);
+  ASSERT_TRUE(s);
+  EXPECT_NE(*s, kProducer);
+  EXPECT_EQ(waited_on(*s), 1);
+  EXPECT_EQ(g_fake->stream_creates, 1);
+  EXPECT_EQ(tw::stream_for_consumers(view), s) << "one stream per device, made once";
+  // Arrow's sync_event is recorded on that stream, after the import's event.
+  {
+    ArrowSchema as;
+    ArrowDeviceArray ad;
+    tw::to_arrow(t.transpose(0, 1), &as, &ad);  // (C-contiguous again: Arrow takes it without a copy)
+    ASSERT_NE(ad.sync_event, nullptr);
+    const auto sync = reinterpret_cast<uintptr_t>(*static_cast<void**>(ad.sync_event));
+    EXPECT_EQ(g_fake->event_stream.at(sync), static_cast<uintptr_t>(*s));
+    EXPECT_EQ(waited_on(*s), 3);  // (once for t, once for view above, once here)
+    ad.array.release(&ad.array);
+    as.release(&as);
+  }
+  // Exported to the legacy stream, the per-thread default stream (each thread's own) or the producer's own
+  // handle, the consumer still waits on the event.
+  req.stream = tw::cuda::kPerThreadStream;
+  (void)tw::prepare_export(t, req);
+  EXPECT_EQ(waited_on(tw::cuda::kPerThreadStream), 1);
+
+  // Without the capture (a tensor whose stream is set plainly), the same export records on the dead stream: the
+  // driver refuses it. This is what the import's event avoids.
+  Tensor plain = t;
+  plain.set_stream(kProducer);
+  EXPECT_EQ(plain.ready_event(), nullptr);
+  req.stream = kConsumer;
+  TW_EXPECT_ERROR_MSG(tw::prepare_export(plain, req), ErrorCode::invalid_argument, "cuEventRecord");
+
+  // The legacy default stream is never destroyed: no event is made for it.
+  desc.stream = tw::cuda::kLegacyStream;
+  Tensor legacy = tw::import_interface(desc, mem.buffer_ptr(), tw::ImportRequest{});
+  EXPECT_EQ(legacy.ready_event(), nullptr);
+  EXPECT_EQ(legacy.stream(), std::optional<intptr_t>(tw::cuda::kLegacyStream));
+  t = Tensor();
+  view = Tensor();
+  pe = tw::PreparedExport{};
+  plain = Tensor();
+  EXPECT_EQ(g_fake->event_stream.count(ev), 0u) << "the event goes with the last tensor that keeps it";
+}
+
 TEST_F(FakeDriver, PinKeepsLayoutAndMetadata) {
   std::mt19937 rng(7);
   Tensor base = random_host({6, 5}, DType::int16(), rng);
@@ -1204,6 +1313,41 @@ TEST_F(FakeDriver, IpcCopiesWhatHasNoZeroCopyPathAndRefusesWithCopyFalse) {
   // (a lease goes back on the release thread: the publisher may have handed the allocation to the lingering
   // list at close, which lets it go once it sees the release)
   EXPECT_TRUE(eventually(*freed));
+  expect_no_leaks();
+}
+
+// A tensor imported with a producer's stream that is destroyed before `send`: the interprocess event is recorded
+// on tensorwire's own stream after the import's event, not on the dead stream.
+TEST_F(FakeDriver, IpcATensorWhoseProducersStreamIsGoneIsSentAfterItsImportEvent) {
+  constexpr intptr_t kProducer = 0x5000;
+  const std::string name = ipc_topic("deadstream");
+  {
+    tw::Publisher pub(name);
+    tw::Subscriber sub(name);
+    ASSERT_TRUE(sub.connected());
+    Tensor f = foreign_floats(6, std::make_shared<std::atomic<bool>>(false));
+    tw::InterfaceDesc desc;
+    desc.protocol = "__cuda_array_interface__";
+    desc.typestr = "<f4";
+    desc.shape = {3};
+    desc.byte_strides = std::vector<int64_t>{-8};  // elements 4, 2, 0
+    desc.data = reinterpret_cast<uintptr_t>(f.data_ptr()) + 16;
+    desc.device = std::nullopt;
+    desc.stream = kProducer;
+    Tensor t = tw::import_interface(desc, f.buffer_ptr(), tw::ImportRequest{});
+    ASSERT_NE(t.ready_event(), nullptr);
+    const auto ev = reinterpret_cast<uintptr_t>(t.ready_event());
+    g_fake->dead_streams.insert(kProducer);
+    ASSERT_EQ(pub.send(t), 1u);
+    const intptr_t own = *tw::stream_for_consumers(t);
+    EXPECT_GE(std::count(g_fake->waited.begin(), g_fake->waited.end(),
+                         std::pair<uintptr_t, uintptr_t>{static_cast<uintptr_t>(own), ev}),
+              1);
+    EXPECT_EQ(g_fake->recorded_on.count(static_cast<uintptr_t>(own)), 1u) << "the interprocess event's record";
+    auto got = sub.recv(std::chrono::seconds(5));
+    ASSERT_TRUE(got);
+    EXPECT_EQ(host_values(*got), (std::vector<float>{4, 2, 0}));
+  }
   expect_no_leaks();
 }
 

@@ -364,6 +364,30 @@ def test_import_is_ordered_after_the_producer_stream(via):
     assert (back == 7).all(), f"read {np.unique(back)[:4]}: the copy did not wait for the producer's stream"
 
 
+def test_a_producers_stream_may_be_destroyed_once_its_tensor_is_imported():
+    """CuPy destroys a stream when its object goes; a tensor imported with it still orders its consumers after the
+    producer's work (an event recorded at import), and never names the dead stream to anyone."""
+    torch = need_torch()
+    cp = need_cupy()
+    x = torch.zeros(1 << 22, device="cuda")
+    torch.cuda.synchronize()
+    s = cp.cuda.Stream(non_blocking=True)
+    handle = s.ptr
+    with torch.cuda.stream(torch.cuda.ExternalStream(handle)):
+        torch.cuda._sleep(SLEEP_CYCLES)
+        x.fill_(7.0)
+    t = tw.asarray(CAI(dict(x.__cuda_array_interface__, version=3, stream=handle), keep=x))
+    assert t.stream == handle  # still says whose stream it was
+    del s  # cudaStreamDestroy: the queued work still runs, the handle is gone
+    gc.collect()
+    cai = t.__cuda_array_interface__
+    assert cai["stream"] not in (None, handle), "a consumer must not be told to wait for a destroyed stream"
+    got = torch.from_dlpack(t)  # torch's current stream waits on the import's event
+    assert (got == 7).all().item(), "the consumer did not wait for the producer's work"
+    assert (cp.asarray(t) == 7).all().item()
+    assert (np.asarray(t.to("cpu")) == 7).all()
+
+
 @pytest.mark.parametrize("consumer", ["torch", "cupy"])
 def test_export_makes_the_consumer_wait_for_tensorwire_copy(consumer):
     torch = need_torch()
