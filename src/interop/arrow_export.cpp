@@ -268,13 +268,25 @@ Tensor allocate_ordered(DType dtype, const std::vector<int64_t>& logical, const 
 }
 
 Tensor copy_ordered(const Tensor& src, const std::vector<int64_t>& order) {
-  if (!src.device().is_host_accessible())
-    throw Error(ErrorCode::unsupported, "to_arrow: a copy is needed and the host copy engine cannot read memory on " +
-                                            src.device().str());
-  auto buf = Buffer::allocate(static_cast<size_t>(std::max<int64_t>(src.nbytes(), 0)));
   std::vector<int64_t> logical(src.shape().begin(), src.shape().end());
-  Tensor dst = allocate_ordered(src.dtype(), logical, order, std::move(buf), 0);
-  copy(src, dst);
+  const auto nbytes = static_cast<size_t>(std::max<int64_t>(src.nbytes(), 0));
+  if (src.device().is_host_accessible()) {
+    Tensor dst = allocate_ordered(src.dtype(), logical, order, Buffer::allocate(nbytes), 0);
+    copy(src, dst);
+    dst.metadata() = src.metadata();
+    return dst;
+  }
+  // Device memory: a device copy (the CUDA layer's kernels) into a block of the device pool, queued on the legacy
+  // default stream after the source's stream; the export's sync_event is recorded on that stream.
+  if (!device_runtime_installed())
+    throw Error(ErrorCode::device_unavailable, "to_arrow: a copy of memory on " + src.device().str() +
+                                                   " is needed and no device runtime is installed to make it "
+                                                   "(tw::cuda::install_runtime())");
+  constexpr intptr_t kLegacy = 1;
+  const DeviceRuntime& rt = device_runtime();
+  Tensor dst = allocate_ordered(src.dtype(), logical, order, rt.allocate(src.device(), std::max<size_t>(nbytes, 1), kLegacy), 0);
+  if (src.numel() > 0) rt.copy(src, dst, kLegacy);
+  dst.set_stream(kLegacy);
   dst.metadata() = src.metadata();
   return dst;
 }

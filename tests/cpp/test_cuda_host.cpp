@@ -906,6 +906,25 @@ TEST_F(FakeDriver, AProducersStreamMayBeDestroyedOnceItsTensorIsImported) {
     ad.array.release(&ad.array);
     as.release(&as);
   }
+  // t itself is strided: Arrow gets a device copy, in the legacy stream's order after the import's event.
+  {
+    ArrowSchema as;
+    ArrowDeviceArray ad;
+    const int legacy_waits = static_cast<int>(waited_on(tw::cuda::kLegacyStream));
+    tw::to_arrow(t, &as, &ad);
+    EXPECT_EQ(waited_on(tw::cuda::kLegacyStream), legacy_waits + 1);
+    ASSERT_NE(ad.sync_event, nullptr);
+    const auto sync = reinterpret_cast<uintptr_t>(*static_cast<void**>(ad.sync_event));
+    EXPECT_EQ(g_fake->event_stream.at(sync), static_cast<uintptr_t>(tw::cuda::kLegacyStream));
+    EXPECT_EQ(ad.device_type, ARROW_DEVICE_CUDA);
+    EXPECT_EQ(ad.device_id, 0);
+    ASSERT_EQ(ad.array.n_children, 1);
+    const auto* values = static_cast<const float*>(ad.array.children[0]->buffers[1]);  // fake device memory
+    Tensor want = host.transpose(0, 1).contiguous();
+    EXPECT_EQ(std::memcmp(values, want.data_ptr(), 24 * sizeof(float)), 0) << "t's values, C order";
+    ad.array.release(&ad.array);
+    as.release(&as);
+  }
   // Exported to the legacy stream, the per-thread default stream (each thread's own) or the producer's own
   // handle, the consumer still waits on the event.
   req.stream = tw::cuda::kPerThreadStream;
