@@ -89,7 +89,7 @@ class DeviceRuntime {
 
   // ---- a foreign producer's ordering. The defaults answer "no device runtime". ----
   /// An event recorded now on `stream` of `device` (as for record_event), destroyed with the last copy of the
-  /// result: what set_producer_stream keeps in a tensor.
+  /// result: what set_producer_stream keeps in a tensor. The default returns null (the tensor keeps the stream alone).
   virtual std::shared_ptr<void> capture_event(Device device, intptr_t stream) const;
   /// Makes `consumer` (a stream of `device`; 1, 2: its default streams) wait for `event`, without blocking the host.
   virtual void wait_event(Device device, void* event, intptr_t consumer) const;
@@ -129,11 +129,12 @@ class DeviceRuntime {
                                   std::shared_ptr<const void> what) const;
 };
 
-/// Records that `t` (device memory a foreign producer made) is ordered on the producer's `stream` (1, 2: the
-/// default streams, or a handle): sets t.stream() and, for any stream but the legacy default, keeps an event
-/// recorded on it now (Tensor::ready_event), so that later uses never touch the producer's stream again. The
-/// producer may destroy its stream while the tensor lives, and the per-thread default stream means another stream
-/// on another thread. Without a driver (nothing can be pending) only the stream is set.
+/// Records that `t` (CUDA memory a foreign producer made, or a device result of tensorwire's own work) is ordered
+/// on `stream` (1, 2: the default streams, or a handle): sets t.stream() and, for any stream but the legacy
+/// default, keeps an event recorded on it now (Tensor::ready_event), so that later uses never touch that stream
+/// again. The producer may destroy its stream while the tensor lives, and the per-thread default stream means
+/// another stream on another thread. Memory the host can read (pinned, managed) is waited for now, since host
+/// readers cannot wait on an event. Without a driver (nothing can be pending) only the stream is set.
 void set_producer_stream(Tensor& t, intptr_t stream);
 /// Makes `consumer` (a stream of t's device; -1: none, nothing to do) wait for t's data: for its ready event, else
 /// for an event recorded on its stream now (nothing when that is `consumer` itself or it has no stream).

@@ -92,7 +92,9 @@ struct SendOptions {
   /// CUDA tensors: the stream (a CUstream handle; 1 legacy default, 2 per-thread default) whose work wrote the
   /// tensor. The publisher records an interprocess event there before the message goes out, and subscribers'
   /// streams wait on that event (never the host). nullopt: the stream the tensor carries (Tensor::stream(), set
-  /// when it was imported or made on a stream), else the legacy default. Host tensors: must be nullopt.
+  /// when it was imported or made on a stream; when it has a ready event, tensorwire's own stream of the device
+  /// after that event, since the producer's stream may be gone), else the legacy default. Host tensors: must be
+  /// nullopt.
   std::optional<intptr_t> stream = std::nullopt;
 };
 

@@ -168,7 +168,9 @@ int tw_cuda_device_count(void);
 /* What CUDA there is, or why there is none: copied into buf (NUL-terminated, truncated to len bytes); returns the
    full length (call with len 0 to size the buffer). */
 size_t tw_cuda_status(char* buf, size_t len);
-/* The CUDA stream the tensor's data is ordered on (1 legacy default, 2 per-thread, else a CUstream), 0 if none. */
+/* The CUDA stream the tensor's data is ordered on (1 legacy default, 2 per-thread, else a CUstream), 0 if none:
+   for a tensor imported from a foreign producer, the producer's stream, which the producer may have destroyed since;
+   tensorwire's own uses of the tensor wait on an event recorded on it at import, never on the stream itself. */
 intptr_t tw_tensor_stream(const tw_tensor* t);
 /* The tensor on `device` (tw::Tensor::to): kDLCPU, kDLCUDA (device_id N) or kDLCUDAHost (pinned). copy is a
    tw_copy_mode: IF_NEEDED returns a new handle to the same tensor when it is already there, NEVER fails with

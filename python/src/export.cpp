@@ -280,6 +280,10 @@ int exchange_dltensor_from_py(void* obj, DLTensor* out) noexcept {
       throw tw::Error(tw::ErrorCode::unsupported, "DLPack export: a padded sub-byte tensor needs the versioned "
                                                   "struct's flag; use managed_tensor_from_py_object_no_sync");
     t.buffer().mark_escaped();  // a raw pointer nobody counts: a loan holding it is protected when sent
+    // The consumer orders its work after exchange_current_stream's (the legacy default stream): that stream waits
+    // for the tensor's data, as for every other export.
+    const DLDeviceType dt = t.device().type;
+    if (dt == kDLCUDA || dt == kDLCUDAManaged) tw::order_after(t, 1);
     out->data = t.numel() == 0 ? nullptr : t.data_ptr();
     out->device = t.device().to_dlpack();
     out->ndim = static_cast<int32_t>(t.ndim());

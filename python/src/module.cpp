@@ -702,7 +702,7 @@ NB_MODULE(_tensorwire, m) {
          "This tensor on `device` ('cpu', 'cuda:N', 'cuda_host' = pinned): the same object when already there "
          "(copy=None), else one copy keeping a dense layout's order, dtype and metadata. copy=True always copies; "
          "copy=False raises CopyError instead of copying. CUDA work is queued on `stream` (an int handle, "
-         "torch/cupy stream or __cuda_stream__ object; default: the tensor's stream, else the legacy default) after "
+         "torch/cupy stream or __cuda_stream__ object; default: the legacy default stream) after "
          "the tensor's own stream, through an event; a device or pinned result carries `stream`, a cpu result is "
          "ready when this returns.")
       .def("pin", [](nb::handle self) -> nb::object {

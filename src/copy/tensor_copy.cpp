@@ -91,7 +91,9 @@ Tensor Tensor::to(Device target, std::optional<intptr_t> stream_arg, std::option
   Tensor dst = Tensor::make(std::move(buf), std::move(out), false);
   if (!metadata().empty()) dst.metadata() = metadata();
   device_runtime().copy(*this, dst, s);
-  if (target.type == kDLCUDA) dst.set_stream(s);  // device results are ready in the order of s; host ones now
+  // Device results are ready in the order of s (with an event on it unless it is the legacy stream: the caller's
+  // stream may go, and 2 is each thread's own); host ones now.
+  if (target.type == kDLCUDA) set_producer_stream(dst, s);
   return dst;
 }
 

@@ -50,11 +50,24 @@ bool orders_streams(const Tensor& t) {
 
 void set_producer_stream(Tensor& t, intptr_t stream) {
   const DeviceRuntime& rt = device_runtime();
-  if (stream == 1 || !orders_streams(t) || !rt.available()) {
+  const bool host_reads = t.device().is_host_accessible();  // pinned or managed: read by the host at once
+  if (!rt.available() || (!orders_streams(t) && !host_reads)) {
     t.set_stream(stream);
     return;
   }
-  t.set_stream(stream, rt.capture_event(t.device(), stream));
+  if (stream == 1) {  // the legacy default stream lives as long as its context
+    if (host_reads) rt.synchronize_stream(t.device(), stream);
+    t.set_stream(stream);
+    return;
+  }
+  std::shared_ptr<void> ev = rt.capture_event(t.device(), stream);
+  if (host_reads) {
+    // The host may read it as soon as this returns (NumPy, the buffer protocol, host copies): wait now. Later uses
+    // still wait on the (completed) event, never on the stream.
+    if (ev) rt.synchronize_event(ev.get());
+    else rt.synchronize_stream(t.device(), stream);
+  }
+  t.set_stream(stream, std::move(ev));
 }
 
 void order_after(const Tensor& t, intptr_t consumer) {
@@ -90,7 +103,7 @@ DeviceImport DeviceRuntime::open_memory(DeviceExport::Kind, const std::array<uin
   no_ipc(*this, "open another process's device memory");
 }
 intptr_t DeviceRuntime::wait_ipc_event(const IpcEvent&) const { no_ipc(*this, "wait for another process's event"); }
-std::shared_ptr<void> DeviceRuntime::capture_event(Device, intptr_t) const { no_device(*this, "record a CUDA event"); }
+std::shared_ptr<void> DeviceRuntime::capture_event(Device, intptr_t) const { return nullptr; }  // the stream alone
 void DeviceRuntime::wait_event(Device, void*, intptr_t) const { no_device(*this, "wait for a CUDA event"); }
 intptr_t DeviceRuntime::stream_after_event(Device, void*) const { no_device(*this, "order a stream after an event"); }
 void DeviceRuntime::release_after_work(Device, const std::vector<int64_t>*, std::shared_ptr<const void> what) const {

@@ -43,8 +43,9 @@ void stream_wait(int device, intptr_t producer, intptr_t consumer);
 /// The same across devices: the event is recorded in the producer's context and waited on in the consumer's.
 void stream_wait(int producer_device, intptr_t producer, int consumer_device, intptr_t consumer);
 
-/// `consumer` (a stream of cuda:`device`) waits for `event`, recorded in any context.
-void event_wait(int device, void* event, intptr_t consumer);
+/// `consumer` (a stream of cuda:`device`) waits for `event`, recorded in any context; with `unless_done`, not when
+/// the event has already completed.
+void event_wait(int device, void* event, intptr_t consumer, bool unless_done = false);
 /// tensorwire's own stream of cuda:`device` (non-blocking, made on first use, alive as long as the process).
 intptr_t own_stream(int device);
 

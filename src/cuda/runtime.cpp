@@ -91,6 +91,14 @@ void synchronize(int device, intptr_t stream) {
   check(a.cuStreamSynchronize(as_stream(stream)), "cuStreamSynchronize");
 }
 
+// Pinned memory with work queued on its stream: the host waits for it (on its ready event when it has one: the
+// stream may be gone).
+void host_wait(const Tensor& t) {
+  if (t.device().type != kDLCUDAHost || !t.stream()) return;
+  if (t.ready_event()) cuda::synchronize_event(t.ready_event());
+  else synchronize(0, *t.stream());
+}
+
 void validate_pair(const Tensor& src, const Tensor& dst) {
   if (!(src.dtype() == dst.dtype()))
     throw Error(ErrorCode::type_mismatch, "copy: dtypes differ (" + src.dtype().name() + " -> " + dst.dtype().name() + ")");
@@ -118,8 +126,7 @@ void copy_any(const Tensor& src, const Tensor& dst, intptr_t stream) {
   }
   if (sk != Mem::device && dk != Mem::device) {
     // Host to host: wait for queued device work on pinned memory first (the stream it was produced on).
-    for (const Tensor* t : {&src, &dst})
-      if (t->device().type == kDLCUDAHost && t->stream()) synchronize(0, *t->stream());
+    for (const Tensor* t : {&src, &dst}) host_wait(*t);
     tw::copy(src, dst);
     return;
   }
@@ -152,7 +159,7 @@ void copy_any(const Tensor& src, const Tensor& dst, intptr_t stream) {
   }
 
   if (dk == Mem::device) {  // host -> device
-    if (src.device().type == kDLCUDAHost && src.stream()) synchronize(0, *src.stream());
+    host_wait(src);
     const Layout mid = dense_like(sl, dl);
     Tensor staged = src;
     if (!(sk == Mem::pinned && same_dense(sl, mid))) {
@@ -185,7 +192,7 @@ void copy_any(const Tensor& src, const Tensor& dst, intptr_t stream) {
   Tensor staged = temp(Device::cuda_host(), mid, 0);
   byte_copy_async(dev, packed, staged, stream);
   synchronize(dev, stream);
-  if (dst.device().type == kDLCUDAHost && dst.stream()) synchronize(0, *dst.stream());
+  host_wait(dst);
   tw::copy(staged, dst);
 }
 
@@ -242,8 +249,10 @@ class CudaRuntime final : public DeviceRuntime {
   }
   intptr_t stream_after_event(Device device, void* event) const override {
     check_device(device, "order a stream after a CUDA event");
+    // One stream serves every such consumer, so each wait holds up all later users of it: an event already
+    // complete is not waited for at all.
     const intptr_t s = own_stream(device.id);
-    detail::event_wait(device.id, event, s);
+    detail::event_wait(device.id, event, s, true);
     return s;
   }
   DeviceExport export_memory(Device device, uintptr_t ptr, uint64_t span) const override {

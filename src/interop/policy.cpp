@@ -226,13 +226,7 @@ Tensor import_interface(const InterfaceDesc& desc_in, std::shared_ptr<const void
     // Device memory: the stream is recorded with an event on it (the producer may destroy its stream), and every
     // later use (a copy, an export to a consumer's stream) is ordered after that event, never by a host wait.
     // Memory the host can read is waited for now.
-    const DeviceRuntime& rt = device_runtime();
-    if (t.device().is_host_accessible()) {
-      t.set_stream(static_cast<intptr_t>(*desc.stream));
-      if (rt.available()) rt.synchronize_stream(t.device(), static_cast<intptr_t>(*desc.stream));
-    } else {
-      set_producer_stream(t, static_cast<intptr_t>(*desc.stream));
-    }
+    set_producer_stream(t, static_cast<intptr_t>(*desc.stream));
   }
   return finish_import(std::move(t), r, ImportFacts{false, il.byteswap});
 }

@@ -80,6 +80,7 @@ struct Fake {
   int stream_slot = 0;                // the address of a created stream
   std::vector<int> synced_in;         // the context of each stream cuStreamSynchronize waited for
   std::set<uintptr_t> dead_streams;   // destroyed by their owner: every call naming one is CUDA_ERROR_INVALID_HANDLE
+  std::set<uintptr_t> pending_events;  // cuEventQuery says CUDA_ERROR_NOT_READY for these (their work still runs)
   std::map<uintptr_t, uintptr_t> event_stream;             // event -> the stream it was last recorded on
   std::vector<std::pair<uintptr_t, uintptr_t>> waited;     // (stream, event) of each cuStreamWaitEvent
   size_t device_limit = 0;            // when not 0: cuMemCreate beyond this many live VMM bytes is out of memory
@@ -213,7 +214,10 @@ d::Api fake_api() {
     g_fake->event_stream[reinterpret_cast<uintptr_t>(e)] = reinterpret_cast<uintptr_t>(s);
     return 0;
   };
-  a.cuEventQuery = [](d::CUevent) { return g_fake->events_done ? 0 : d::kErrorNotReady; };
+  a.cuEventQuery = [](d::CUevent e) {
+    std::lock_guard lk(g_fake->streams_mu);
+    return g_fake->events_done && !g_fake->pending_events.count(reinterpret_cast<uintptr_t>(e)) ? 0 : d::kErrorNotReady;
+  };
   a.cuEventSynchronize = [](d::CUevent) {
     wait_for_the_work();
     ++g_fake->event_syncs;
@@ -525,6 +529,11 @@ Tensor random_host(const tw::Shape& shape, DType dt, std::mt19937& rng) {
   auto* p = static_cast<unsigned char*>(t.data_ptr());
   for (int64_t i = 0; i < t.nbytes(); ++i) p[i] = static_cast<unsigned char>(rng());
   return t;
+}
+
+std::vector<int32_t> host_values_i32(const Tensor& t) {
+  Tensor c = t.to(Device::cpu()).contiguous();
+  return std::vector<int32_t>(c.data<const int32_t>(), c.data<const int32_t>() + c.numel());
 }
 
 bool same_values(const Tensor& a, const Tensor& b) {
@@ -870,6 +879,7 @@ TEST_F(FakeDriver, AProducersStreamMayBeDestroyedOnceItsTensorIsImported) {
   Tensor view = t.slice(0, 1, std::nullopt);
   EXPECT_EQ(view.ready_event(), t.ready_event()) << "views keep it";
 
+  g_fake->pending_events.insert(ev);      // the producer's kernel still runs
   g_fake->dead_streams.insert(kProducer);  // the producer destroys its stream
   const auto waited_on = [&](intptr_t stream) {
     return std::count(g_fake->waited.begin(), g_fake->waited.end(),
@@ -894,6 +904,7 @@ TEST_F(FakeDriver, AProducersStreamMayBeDestroyedOnceItsTensorIsImported) {
   EXPECT_EQ(waited_on(*s), 1);
   EXPECT_EQ(g_fake->stream_creates, 1);
   EXPECT_EQ(tw::stream_for_consumers(view), s) << "one stream per device, made once";
+  EXPECT_EQ(waited_on(*s), 2);
   // Arrow's sync_event is recorded on that stream, after the import's event.
   {
     ArrowSchema as;
@@ -903,6 +914,11 @@ TEST_F(FakeDriver, AProducersStreamMayBeDestroyedOnceItsTensorIsImported) {
     const auto sync = reinterpret_cast<uintptr_t>(*static_cast<void**>(ad.sync_event));
     EXPECT_EQ(g_fake->event_stream.at(sync), static_cast<uintptr_t>(*s));
     EXPECT_EQ(waited_on(*s), 3);  // (once for t, once for view above, once here)
+    // Once the producer's work is done, that shared stream does not wait for it any more (nor hold up later users).
+    g_fake->pending_events.erase(ev);
+    EXPECT_EQ(tw::stream_for_consumers(t), s);
+    EXPECT_EQ(waited_on(*s), 3);
+    g_fake->pending_events.insert(ev);
     ad.array.release(&ad.array);
     as.release(&as);
   }
@@ -949,6 +965,83 @@ TEST_F(FakeDriver, AProducersStreamMayBeDestroyedOnceItsTensorIsImported) {
   pe = tw::PreparedExport{};
   plain = Tensor();
   EXPECT_EQ(g_fake->event_stream.count(ev), 0u) << "the event goes with the last tensor that keeps it";
+}
+
+// The same capture for memory the host reads (pinned, managed: waited for at import, since host readers cannot
+// wait on an event), for the per-thread default stream (2 on another thread is another stream), and for a device
+// result of Tensor::to on the caller's stream.
+TEST_F(FakeDriver, HostReadableImportsWaitNowAndPerThreadStreamsAreCaptured) {
+  constexpr intptr_t kProducer = 0x5000, kConsumer = 0x5100;
+  const auto count = [](intptr_t stream, uintptr_t ev) {
+    return std::count(g_fake->waited.begin(), g_fake->waited.end(),
+                      std::pair<uintptr_t, uintptr_t>{static_cast<uintptr_t>(stream), ev});
+  };
+  tw::InterfaceDesc desc;
+  desc.protocol = "__cuda_array_interface__";
+  desc.typestr = "<i4";
+  desc.shape = {5};
+  desc.stream = kProducer;
+  // Pinned memory: waited for now (on the event), and a later host wait never names the producer's stream.
+  {
+    Tensor pinned = Tensor::empty({5}, DType::int32(), Device::cuda_host());
+    for (int i = 0; i < 5; ++i) pinned.data<int32_t>()[i] = i * 3;
+    desc.data = reinterpret_cast<uintptr_t>(pinned.data_ptr());
+    desc.device = Device::cuda_host();
+    const int syncs = g_fake->event_syncs.load();
+    Tensor t = tw::import_interface(desc, pinned.buffer_ptr(), tw::ImportRequest{});
+    ASSERT_NE(t.ready_event(), nullptr);
+    EXPECT_EQ(g_fake->event_syncs.load(), syncs + 1) << "the host reads pinned memory at once: waited for at import";
+    g_fake->dead_streams.insert(kProducer);
+    Tensor d = t.to(Device::cuda(0));  // a host wait for pinned memory: on the event, not the dead stream
+    EXPECT_EQ(host_values_i32(d), (std::vector<int32_t>{0, 3, 6, 9, 12}));
+    g_fake->dead_streams.clear();
+  }
+  // Managed memory: the same (NumPy reads it as soon as the import returns); a DLPack export waits on the event.
+  {
+    std::vector<int32_t> managed{1, 2, 3, 4, 5};
+    desc.data = reinterpret_cast<uintptr_t>(managed.data());
+    desc.device = Device{kDLCUDAManaged, 0};
+    const int syncs = g_fake->event_syncs.load();
+    Tensor t = tw::import_interface(desc, nullptr, tw::ImportRequest{});
+    ASSERT_NE(t.ready_event(), nullptr);
+    EXPECT_EQ(g_fake->event_syncs.load(), syncs + 1);
+    const auto ev = reinterpret_cast<uintptr_t>(t.ready_event());
+    g_fake->dead_streams.insert(kProducer);
+    tw::ExportRequest req;
+    req.stream = kConsumer;
+    (void)tw::prepare_export(t, req);
+    EXPECT_EQ(count(kConsumer, ev), 1);
+    g_fake->dead_streams.clear();
+  }
+  // The per-thread default stream: the import's event is recorded on the importing thread's stream 2; an export
+  // to stream 2 on another thread (another stream) waits on it instead of treating the equal numbers as one stream.
+  {
+    Tensor mem = Tensor::zeros({5}, DType::int32()).to(Device::cuda(0));
+    desc.data = reinterpret_cast<uintptr_t>(mem.data_ptr());
+    desc.device = std::nullopt;
+    desc.stream = tw::cuda::kPerThreadStream;
+    Tensor t = tw::import_interface(desc, mem.buffer_ptr(), tw::ImportRequest{});
+    ASSERT_NE(t.ready_event(), nullptr);
+    const auto ev = reinterpret_cast<uintptr_t>(t.ready_event());
+    EXPECT_EQ(g_fake->event_stream.at(ev), static_cast<uintptr_t>(tw::cuda::kPerThreadStream));
+    std::thread other([&] {
+      tw::ExportRequest req;
+      req.stream = tw::cuda::kPerThreadStream;
+      (void)tw::prepare_export(t, req);
+    });
+    other.join();
+    EXPECT_EQ(count(tw::cuda::kPerThreadStream, ev), 1);
+  }
+  // Tensor::to on the caller's stream: the result carries that stream and an event recorded on it after the copy.
+  {
+    Tensor r = Tensor::zeros({5}, DType::int32()).to(Device::cuda(0), kConsumer);
+    EXPECT_EQ(r.stream(), std::optional<intptr_t>(kConsumer));
+    ASSERT_NE(r.ready_event(), nullptr);
+    EXPECT_EQ(g_fake->event_stream.at(reinterpret_cast<uintptr_t>(r.ready_event())), static_cast<uintptr_t>(kConsumer));
+    Tensor legacy = Tensor::zeros({5}, DType::int32()).to(Device::cuda(0));
+    EXPECT_EQ(legacy.ready_event(), nullptr) << "the legacy default stream needs none";
+  }
+  expect_no_leaks();
 }
 
 TEST_F(FakeDriver, PinKeepsLayoutAndMetadata) {
@@ -1356,6 +1449,7 @@ TEST_F(FakeDriver, IpcATensorWhoseProducersStreamIsGoneIsSentAfterItsImportEvent
     Tensor t = tw::import_interface(desc, f.buffer_ptr(), tw::ImportRequest{});
     ASSERT_NE(t.ready_event(), nullptr);
     const auto ev = reinterpret_cast<uintptr_t>(t.ready_event());
+    g_fake->pending_events.insert(ev);  // the producer's kernel still runs
     g_fake->dead_streams.insert(kProducer);
     ASSERT_EQ(pub.send(t), 1u);
     const intptr_t own = *tw::stream_for_consumers(t);
