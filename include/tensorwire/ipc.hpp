@@ -138,7 +138,8 @@ struct SubscriberOptions {
   bool allow_other_users = false;
   /// Deliver every tensor on this device: what arrives elsewhere is copied there on receive (Device::cpu() on a
   /// machine without a GPU receives CUDA tensors as host copies). nullopt: tensors arrive where they were sent,
-  /// and a CUDA tensor this process cannot open (no driver, no such GPU) is an error at recv naming why.
+  /// and a CUDA tensor this process cannot open (no driver, no such GPU) is an error at recv naming why. A CUDA
+  /// device here that this process does not have (no driver, no such index) is refused by the constructor.
   std::optional<Device> device = std::nullopt;
 
   // -- across machines (UCX) --

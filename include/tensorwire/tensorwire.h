@@ -293,7 +293,8 @@ typedef struct {
   /* ABI 1.2 */
   const char* connect;       /* NULL or "": this machine's shared memory; "host:port": a remote publisher (UCX) */
   const char* token;         /* the remote publisher's token (NULL or "": none) */
-  int32_t has_device;        /* nonzero: every tensor is copied to `device` on receive (e.g. CUDA tensors to kDLCPU) */
+  int32_t has_device;        /* nonzero: every tensor is copied to `device` on receive (e.g. CUDA tensors to kDLCPU);
+                                a CUDA device this process does not have fails tw_subscriber_new */
   DLDevice device;
 } tw_subscriber_options;
 

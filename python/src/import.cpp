@@ -603,8 +603,10 @@ tw::Tensor via_buffer(nb::handle obj, const Request& req) {  std::shared_ptr<PyB
 
 // Final error after every protocol refused: one class when all agree, else BufferError (CopyError when any
 // refusal was a forbidden copy).
-[[noreturn]] void raise_refusals(nb::handle obj, const std::vector<Refusal>& refusals) {
+// `why`, when not empty, is the reason that explains every refusal (a device= that cannot be served here): it leads.
+[[noreturn]] void raise_refusals(nb::handle obj, const std::vector<Refusal>& refusals, const std::string& why = {}) {
   std::string msg = std::string("tensorwire.asarray: cannot import an object of type ") + Py_TYPE(obj.ptr())->tp_name;
+  if (!why.empty()) msg += " (" + why + ")";
   if (refusals.empty()) {
     msg += ": it supports none of __dlpack__, __cuda_array_interface__, __array_interface__, the buffer protocol, "
            "the Arrow PyCapsule interface, or a DLPack capsule";
@@ -750,7 +752,13 @@ nb::object asarray(nb::handle obj_in, nb::handle device, nb::handle copy, nb::ha
     });
     if (t) return wrap(std::move(*t));
   }
-  raise_refusals(obj, refusals);
+  // A device= naming CUDA on a machine where CUDA is unavailable explains every protocol's refusal: say it first
+  // (it cannot be refused up front: a foreign CUDA array may still be imported as it is).
+  std::string why;
+  if (req.policy.device && req.policy.device->type != kDLCPU && !tw::device_runtime().available())
+    why = "device=" + req.policy.device->str() + " needs CUDA, which is unavailable here: " +
+          tw::device_runtime().status();
+  raise_refusals(obj, refusals, why);
 }
 
 }  // namespace

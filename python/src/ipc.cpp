@@ -453,8 +453,8 @@ void register_ipc(nb::module_& m) {
            "connected arrives once. connect='host:port' subscribes to a publisher on another machine (its "
            "listen=) over UCX, retrying until it is there; token= proves the shared secret (and checks the "
            "publisher's proof); keepalive: seconds of publisher silence that end the stream. device='cpu' (or "
-           "'cuda:N') delivers every tensor there, copying what arrives elsewhere; without it a CUDA tensor this "
-           "process cannot open is an error at recv.")
+           "'cuda:N') delivers every tensor there, copying what arrives elsewhere (a device this process does not "
+           "have is refused here, at once); without it a CUDA tensor this process cannot open is an error at recv.")
       .def("recv", &recv, "timeout"_a = nb::none(),
            "The next message as a read-only tensor. timeout=None waits (interruptible, GIL released); raises "
            "TimeoutError when the timeout passes and EOFError at end-of-stream.")

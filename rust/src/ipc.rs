@@ -9,7 +9,7 @@ use crate::dtype::Pod;
 use crate::error::{check, Error, ErrorKind, Result};
 use crate::ffi;
 use crate::metadata::{metadata_to_raw, Metadata};
-use crate::tensor::Tensor;
+use crate::tensor::{Device, Tensor};
 
 /// What `send` and `loan` do when a subscriber's ring is full or the pool is exhausted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -82,6 +82,10 @@ pub struct SubscriberOptions {
     pub connect: Option<String>,
     /// The remote publisher's token.
     pub token: Option<String>,
+    /// Deliver every tensor on this device, copying what arrives elsewhere (`Device::CPU` receives CUDA tensors
+    /// as host copies). `None`: tensors arrive where they were sent. A CUDA device this process does not have is
+    /// refused by `with_options`.
+    pub device: Option<Device>,
 }
 
 fn c_option(what: &str, s: &Option<String>) -> Result<Option<CString>> {
@@ -402,6 +406,10 @@ impl Subscriber {
         let token = c_option("token", &options.token)?;
         o.connect = c_ptr(&connect);
         o.token = c_ptr(&token);
+        if let Some(d) = options.device {
+            o.has_device = 1;
+            o.device = ffi::DLDevice { device_type: d.kind, device_id: d.id };
+        }
         let mut out = std::ptr::null_mut();
         // SAFETY: the strings live until the call returns; the library copies them.
         check(unsafe { ffi::tw_subscriber_new(c.as_ptr(), &o, &mut out) })?;

@@ -18,6 +18,10 @@ pub struct Device {
 
 impl Device {
     pub const CPU: Device = Device { kind: ffi::K_DL_CPU, id: 0 };
+    /// CUDA device `id` (its ordinal in this process).
+    pub const fn cuda(id: i32) -> Device {
+        Device { kind: ffi::K_DL_CUDA, id }
+    }
     /// True for memory the host can read (CPU and pinned host memory).
     pub fn is_host_accessible(self) -> bool {
         self.kind == ffi::K_DL_CPU || self.kind == ffi::K_DL_CUDA_HOST

@@ -7,7 +7,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use tensorwire::{
-    DType, Element, ErrorKind, Metadata, OnFull, Publisher, PublisherOptions, Subscriber, SubscriberOptions, Tensor,
+    DType, Device, Element, ErrorKind, Metadata, OnFull, Publisher, PublisherOptions, Subscriber, SubscriberOptions, Tensor,
     Value, BF16, F16,
 };
 
@@ -62,6 +62,25 @@ fn a_loan_sent_by_reference_is_never_writable_again() {
     drop(p);
     let rest: Vec<_> = sub.iter().collect();
     assert!(rest.is_empty(), "the iterator ends at end-of-stream");
+}
+
+#[test]
+fn a_subscriber_delivers_on_the_device_it_names_and_refuses_one_it_lacks() {
+    let topic = common::topic("device");
+    // No machine has a 1000th GPU: refused when the subscriber is made (no driver here, or no such ordinal).
+    let e = Subscriber::with_options(&topic, SubscriberOptions { device: Some(Device::cuda(999)), ..Default::default() })
+        .unwrap_err();
+    assert!(matches!(e.kind(), ErrorKind::DeviceUnavailable | ErrorKind::InvalidArgument), "{e}");
+    assert!(e.message().contains("cuda:999"), "{e}");
+    let e = Subscriber::with_options(&topic, SubscriberOptions { device: Some(Device { kind: 999, id: 0 }), ..Default::default() })
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+    let sub = Subscriber::with_options(&topic, SubscriberOptions { device: Some(Device::CPU), ..Default::default() }).unwrap();
+    let p = Publisher::new(&topic, PublisherOptions::default()).unwrap();
+    p.send(Tensor::from_vec((0..8).map(|i| i as f32).collect(), &[8]).unwrap()).unwrap();
+    let got = sub.recv(SECS).unwrap();
+    assert_eq!(got.device(), Device::CPU);
+    assert_eq!(got.as_slice::<f32>().unwrap()[5], 5.0);
 }
 
 #[test]

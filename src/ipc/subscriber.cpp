@@ -716,7 +716,27 @@ std::chrono::steady_clock::time_point deadline_after(std::chrono::nanoseconds ti
 }
 }  // namespace
 
+namespace {
+// SubscriberOptions::device must be a device this process can hold tensors on: refused when the subscriber is made,
+// not at the first recv (the device cannot appear later).
+void check_wanted_device(std::string_view name, const std::optional<Device>& want) {
+  if (!want || want->type == kDLCPU) return;
+  const std::string who = "Subscriber('" + std::string(name) + "', device=" + want->str() + ")";
+  const bool cuda = want->type == kDLCUDA || want->type == kDLCUDAManaged || want->type == kDLCUDAHost;
+  if (!cuda)
+    throw Error(ErrorCode::unsupported,
+                who + ": a subscriber delivers to cpu, cuda:N or cuda_host (pinned), not to " + want->str());
+  const DeviceRuntime& rt = device_runtime();
+  if (!rt.available()) throw Error(ErrorCode::device_unavailable, who + ": CUDA is unavailable: " + rt.status());
+  const int n = rt.device_count();
+  if (want->type == kDLCUDA && (want->id < 0 || want->id >= n))
+    throw Error(ErrorCode::invalid_argument, who + ": " + want->str() + " does not exist (this process sees " +
+                                                 std::to_string(n) + " CUDA device" + (n == 1 ? "" : "s") + ")");
+}
+}  // namespace
+
 Subscriber::Subscriber(std::string_view name, SubscriberOptions options) {
+  check_wanted_device(name, options.device);
   if (!options.connect.empty()) {
     net_detail::ClientOptions o;
     o.connect = options.connect;

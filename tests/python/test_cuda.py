@@ -535,7 +535,8 @@ def test_host_only_exports_refuse_device_memory():
 def test_invalid_device_index_is_refused_naming_it():
     h = tw.asarray(np.ones(3))
     for make in (lambda: tw.empty((2,), "float32", device="cuda:99"), lambda: h.to("cuda:99"),
-                 lambda: tw.asarray(np.ones(3), device="cuda:99")):
+                 lambda: tw.asarray(np.ones(3), device="cuda:99"),
+                 lambda: tw.Subscriber("test/cuda/nosuchdevice", device="cuda:99")):
         with pytest.raises((ValueError, BufferError, IndexError)) as ei:
             make()
         assert not isinstance(ei.value, tw.CopyError)

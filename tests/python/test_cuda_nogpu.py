@@ -4,6 +4,8 @@ Skipped where a device is present (tests/python/test_cuda.py covers that machine
 
 from __future__ import annotations
 
+import uuid
+
 import numpy as np
 import pytest
 
@@ -55,6 +57,28 @@ def _raises_naming_why(fn):
 ], ids=["empty", "zeros", "empty-pinned", "asarray", "asarray-cuda_host", "to", "to-cuda_host", "pin"])
 def test_cuda_operations_raise_the_device_unavailable_error(make):
     _raises_naming_why(make)
+
+
+def test_asarray_to_cuda_leads_with_why_before_each_protocols_refusal():
+    # Every protocol refuses for the same reason; the message says it first, not after NumPy's own words.
+    msg = str(_raises_naming_why(lambda: tw.asarray(np.ones(3), device="cuda:0")))
+    head = msg.splitlines()[0]
+    assert "device=cuda:0 needs CUDA, which is unavailable here" in head, msg
+    assert status() in head, msg
+
+
+@pytest.mark.parametrize("device", ["cuda:0", "cuda_host"])
+@pytest.mark.parametrize("remote", [False, True], ids=["shm", "ucx"])
+def test_a_subscriber_for_a_cuda_device_is_refused_when_made(device, remote):
+    # Not at its first recv: a device this process cannot use never appears later.
+    name = f"test/nogpu/{uuid.uuid4().hex[:12]}"
+    kw = {"connect": "127.0.0.1:9"} if remote else {}
+    err = _raises_naming_why(lambda: tw.Subscriber(name, device=device, **kw))
+    assert isinstance(err, BufferError), repr(err)
+    assert f"Subscriber('{name}', device={device}" in str(err), err
+    with tw.Subscriber(name, device="cpu") as sub:  # cpu always works
+        with pytest.raises(TimeoutError):
+            sub.recv(timeout=0.01)
 
 
 def test_to_cpu_on_cpu():
