@@ -52,7 +52,7 @@ typedef enum {
 /* The C ABI's version: TW_ABI_VERSION_MAJOR changes when a declaration here changes incompatibly; MINOR when
    functions or trailing fields of size-versioned structs are added. */
 #define TW_ABI_VERSION_MAJOR 1
-#define TW_ABI_VERSION_MINOR 2
+#define TW_ABI_VERSION_MINOR 3
 /* (major << 16) | minor of the linked library: a binding checks the major equals the one it was written for. */
 uint32_t tw_abi_version(void);
 /* "MAJOR.MINOR.PATCH" of the linked library. */
@@ -160,6 +160,10 @@ int tw_tensor_readonly(const tw_tensor* t);
    export or escaped pointer (tw_tensor_data) shares its memory, and the memory is tensorwire's or was handed over
    (tw_tensor_adopt, a loan). What a binding checks before it hands out a mutable slice. */
 int tw_tensor_is_exclusive(const tw_tensor* t);
+/* How the tensor's memory arrived (ABI 1.3), a string with static storage: "shm" (a publisher's loan, no copy),
+   "shm-copy", "cuda-ipc", "cuda-vmm", "cuda-copy", "ucx", "ucx-packed", "ucx-staged"; "" for memory no transport
+   made (and for NULL). */
+const char* tw_tensor_transport(const tw_tensor* t);
 
 /* CUDA (tensorwire/cuda.hpp). The driver is loaded at run time: without one these say so and every CUDA operation
    fails with TW_ERR_DEVICE_UNAVAILABLE naming why. */

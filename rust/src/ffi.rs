@@ -86,8 +86,9 @@ pub const TW_END_OF_STREAM: tw_status = 14;
 
 /// The C ABI major version this crate was written for.
 pub const TW_ABI_VERSION_MAJOR: u32 = 1;
-/// The minor version whose declarations this file mirrors (1.2: listen/connect/token, tw_publisher_address).
-pub const TW_ABI_VERSION_MINOR: u32 = 2;
+/// The minor version whose declarations this file mirrors (1.2: listen/connect/token, tw_publisher_address,
+/// loans on a device, per-send options; 1.3: tw_tensor_transport).
+pub const TW_ABI_VERSION_MINOR: u32 = 3;
 
 pub const TW_COPY_IF_NEEDED: i32 = 0;
 pub const TW_COPY_ALWAYS: i32 = 1;
@@ -180,6 +181,16 @@ pub struct tw_subscriber_options {
     pub token: *const c_char,
     pub has_device: i32,
     pub device: DLDevice,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct tw_send_options {
+    pub struct_size: u32,
+    pub copy: i32,
+    pub timeout_ns: i64,
+    pub extra: *const tw_value,
+    pub stream: isize,
 }
 
 pub type ReleaseFn = unsafe extern "C" fn(ctx: *mut c_void);
@@ -278,6 +289,23 @@ extern "C" {
 
     pub fn tw_publisher_options_init_sized(options: *mut tw_publisher_options, size: usize);
     pub fn tw_subscriber_options_init_sized(options: *mut tw_subscriber_options, size: usize);
+    pub fn tw_send_options_init_sized(options: *mut tw_send_options, size: usize);
+    pub fn tw_publisher_loan_on(
+        p: *mut tw_publisher,
+        ndim: i32,
+        shape: *const i64,
+        dtype: DLDataType,
+        device: DLDevice,
+        timeout_ns: i64,
+        out: *mut *mut tw_tensor,
+    ) -> tw_status;
+    pub fn tw_publisher_send_with(
+        p: *mut tw_publisher,
+        t: *const tw_tensor,
+        options: *const tw_send_options,
+        delivered: *mut usize,
+    ) -> tw_status;
+    pub fn tw_tensor_transport(t: *const tw_tensor) -> *const c_char;
     pub fn tw_publisher_new(
         name: *const c_char,
         options: *const tw_publisher_options,

@@ -9,7 +9,8 @@ use crate::dtype::Pod;
 use crate::error::{check, Error, ErrorKind, Result};
 use crate::ffi;
 use crate::metadata::{metadata_to_raw, Metadata};
-use crate::tensor::{Device, Tensor};
+use crate::dtype::DType;
+use crate::tensor::{CopyMode, Device, Tensor};
 
 /// What `send` and `loan` do when a subscriber's ring is full or the pool is exhausted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -70,6 +71,23 @@ impl Default for PublisherOptions {
             insecure: false,
         }
     }
+}
+
+/// Options of one `Publisher::send_options` call.
+#[derive(Clone, Debug, Default)]
+pub struct SendOptions {
+    /// `IfNeeded` crosses without a copy where there is a way (a loan; a CUDA allocation the driver can share),
+    /// else with exactly one copy into the pool; `Always` copies once (the caller may reuse its memory at once);
+    /// `Never` fails with `ErrorKind::CopyRequired`, naming why, where there is no zero-copy way.
+    pub copy: CopyMode,
+    /// CUDA: the stream the data was produced on, whose work subscribers wait for (`None`: the tensor's own
+    /// stream, else the legacy default stream). A raw `CUstream` handle, or 1 / 2 for the legacy / per-thread
+    /// default streams.
+    pub stream: Option<isize>,
+    /// How long a full ring may hold the send (`None`: as long as it takes).
+    pub timeout: Option<Duration>,
+    /// Merged into the tensor's own metadata (these entries win).
+    pub metadata: Metadata,
 }
 
 /// Subscriber settings.
@@ -322,6 +340,47 @@ impl Publisher {
             )
         })?;
         Ok(Loan { tensor: unsafe { Tensor::from_raw(out) }?, _t: PhantomData })
+    }
+
+    /// A writable, C-contiguous, uninitialised buffer on `device`: `Device::CPU` as `loan` (shared memory);
+    /// `Device::cuda(n)` a buffer of the publisher's IPC-capable device pool, which local subscribers receive
+    /// without a copy (fill it on a stream, then send it with `SendOptions::stream`). Device memory cannot be read
+    /// as a slice here: hand it to CUDA code through `to_dlpack` / the data pointer.
+    pub fn loan_on(&self, dtype: DType, shape: &[usize], device: Device, timeout: Option<Duration>) -> Result<Tensor> {
+        let dims = crate::tensor::dims_i64(shape)?;
+        let ndim = crate::tensor::ndim_i32(dims.len())?;
+        let mut out = std::ptr::null_mut();
+        let dl = ffi::DLDevice { device_type: device.kind, device_id: device.id };
+        // SAFETY: live publisher; dims outlives the call; the library writes one handle to out.
+        check(unsafe {
+            ffi::tw_publisher_loan_on(
+                self.raw.as_ptr(),
+                ndim,
+                dims.as_ptr(),
+                dtype.to_dl(),
+                dl,
+                timeout_ns(timeout),
+                &mut out,
+            )
+        })?;
+        // SAFETY: on success out is an owned handle.
+        unsafe { Tensor::from_raw(out) }
+    }
+
+    /// `send` of a tensor the caller keeps, with per-send options: the copy mode (`CopyMode::Never` makes a send
+    /// that would copy an error instead), the CUDA stream subscribers wait on, a timeout and metadata. Returns how
+    /// many subscribers got it.
+    pub fn send_options(&self, tensor: &Tensor, options: &SendOptions) -> Result<usize> {
+        let mut o = ffi::default_options(ffi::tw_send_options_init_sized);
+        o.copy = options.copy as i32;
+        o.timeout_ns = timeout_ns(options.timeout);
+        o.stream = options.stream.unwrap_or(0);
+        let extra = if options.metadata.is_empty() { None } else { Some(metadata_to_raw(&options.metadata)?) };
+        o.extra = extra.as_ref().map_or(std::ptr::null(), |e| e.as_ptr());
+        let mut delivered = 0usize;
+        // SAFETY: live handles; the metadata tree lives until the call returns, and the library takes none of them.
+        check(unsafe { ffi::tw_publisher_send_with(self.raw.as_ptr(), tensor.as_raw(), &o, &mut delivered) })?;
+        Ok(delivered)
     }
 
     /// Delivers a message to every current subscriber, or to none; returns how many got it. A `Loan` (moved in)

@@ -53,7 +53,9 @@ mod tensor;
 
 pub use dtype::{DType, Element, Pod, BF16, F16};
 pub use error::{Error, ErrorKind, Result};
-pub use ipc::{Loan, Messages, OnFull, Outgoing, Publisher, PublisherOptions, SendError, Subscriber, SubscriberOptions};
+pub use ipc::{
+    Loan, Messages, OnFull, Outgoing, Publisher, PublisherOptions, SendError, SendOptions, Subscriber, SubscriberOptions,
+};
 pub use metadata::{Metadata, Value};
 pub use tensor::{CopyMode, Device, ExportOptions, Tensor};
 

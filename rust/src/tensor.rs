@@ -226,6 +226,13 @@ impl Tensor {
         let d = unsafe { ffi::tw_tensor_device(self.as_raw()) };
         Device { kind: d.device_type, id: d.device_id }
     }
+    /// How the memory arrived, when a transport made it: `"shm"` (a publisher's loan, no copy), `"shm-copy"`,
+    /// `"cuda-ipc"`, `"cuda-vmm"`, `"cuda-copy"`, `"ucx"`, `"ucx-packed"`, `"ucx-staged"`; `None` otherwise.
+    pub fn transport(&self) -> Option<&'static str> {
+        // SAFETY: the C ABI returns a NUL-terminated string with static storage, never NULL.
+        let s = unsafe { std::ffi::CStr::from_ptr(ffi::tw_tensor_transport(self.as_raw())) };
+        s.to_str().ok().filter(|s| !s.is_empty())
+    }
     pub fn numel(&self) -> usize {
         unsafe { ffi::tw_tensor_numel(self.as_raw()) as usize }
     }

@@ -41,6 +41,19 @@ fn option_structs_match_the_header() {
     assert_eq!(offset_of!(tw_subscriber_options, has_device), 24);
     assert_eq!(offset_of!(tw_subscriber_options, device), 28);
     assert_eq!(size_of::<tw_subscriber_options>(), 40);
+    assert_eq!(offset_of!(tw_send_options, copy), 4);
+    assert_eq!(offset_of!(tw_send_options, timeout_ns), 8);
+    assert_eq!(offset_of!(tw_send_options, extra), 16);
+    assert_eq!(offset_of!(tw_send_options, stream), 24);
+    assert_eq!(size_of::<tw_send_options>(), 32);
+    let mut sb = [0xEFu8; 32 + 16];
+    let s = sb.as_mut_ptr() as *mut tw_send_options;
+    unsafe { tw_send_options_init_sized(s, size_of::<tw_send_options>()) };
+    let s = unsafe { std::ptr::read_unaligned(s) };
+    assert_eq!(s.struct_size as usize, size_of::<tw_send_options>());
+    assert_eq!((s.copy, s.timeout_ns, s.stream), (TW_COPY_IF_NEEDED, -1, 0));
+    assert!(s.extra.is_null());
+    assert!(sb[32..].iter().all(|&b| b == 0xEF), "the library wrote past the struct");
     // The library agrees: its _init_sized fills our declaration's size and not one byte more.
     let mut buf = [0xABu8; 80 + 16];
     let o = buf.as_mut_ptr() as *mut tw_publisher_options;

@@ -7,7 +7,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use tensorwire::{
-    DType, Device, Element, ErrorKind, Metadata, OnFull, Publisher, PublisherOptions, Subscriber, SubscriberOptions, Tensor,
+    CopyMode, DType, Device, Element, ErrorKind, Metadata, OnFull, Publisher, PublisherOptions, SendOptions, Subscriber,
+    SubscriberOptions, Tensor,
     Value, BF16, F16,
 };
 
@@ -81,6 +82,42 @@ fn a_subscriber_delivers_on_the_device_it_names_and_refuses_one_it_lacks() {
     let got = sub.recv(SECS).unwrap();
     assert_eq!(got.device(), Device::CPU);
     assert_eq!(got.as_slice::<f32>().unwrap()[5], 5.0);
+}
+
+#[test]
+fn send_options_loans_on_a_device_and_how_each_tensor_came() {
+    let topic = common::topic("sendopts");
+    let sub = Subscriber::new(&topic).unwrap();
+    let p = Publisher::new(&topic, PublisherOptions::default()).unwrap();
+    // A loan crosses without a copy ("shm"), even with copy forbidden.
+    let mut loan = p.loan_on(DType::F32, &[2, 3], Device::CPU, SECS).unwrap();
+    assert_eq!(loan.device(), Device::CPU);
+    loan.as_mut_slice::<f32>().unwrap().copy_from_slice(&[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+    let mut md = Metadata::new();
+    md.insert("step", Value::Int(7));
+    let never = SendOptions { copy: CopyMode::Never, metadata: md, timeout: SECS, ..Default::default() };
+    assert_eq!(p.send_options(&loan, &never).unwrap(), 1);
+    let got = sub.recv(SECS).unwrap();
+    assert_eq!(got.transport(), Some("shm"));
+    assert_eq!(got.as_slice::<f32>().unwrap(), &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+    assert_eq!(got.metadata().unwrap().get("step"), Some(&Value::Int(7)));
+    // The caller's own memory needs a copy: forbidden, it is an error naming why, and nobody got anything.
+    let mine = Tensor::from_vec((0..6).collect::<Vec<i32>>(), &[3, 2]).unwrap();
+    assert_eq!(mine.transport(), None, "made by no transport");
+    let e = p.send_options(&mine.transpose(0, 1).unwrap(), &never).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::CopyRequired, "{e}");
+    assert!(sub.try_recv().unwrap().is_none());
+    // Allowed, it is packed with one copy and says so, its layout kept.
+    let once = SendOptions { copy: CopyMode::Always, ..Default::default() };
+    assert_eq!(p.send_options(&mine.transpose(0, 1).unwrap(), &once).unwrap(), 1);
+    let got = sub.recv(SECS).unwrap();
+    assert_eq!(got.transport(), Some("shm-copy"));
+    assert_eq!(got.shape(), &[2, 3]);
+    assert!(same_values(&got, &mine.transpose(0, 1).unwrap()));
+    // No machine has a 1000th GPU, and a device kind tensorwire does not know is refused.
+    let e = p.loan_on(DType::F32, &[4], Device::cuda(999), SECS).unwrap_err();
+    assert!(matches!(e.kind(), ErrorKind::DeviceUnavailable | ErrorKind::InvalidArgument), "{e}");
+    assert!(p.loan_on(DType::F32, &[4], Device { kind: 999, id: 0 }, SECS).is_err());
 }
 
 #[test]

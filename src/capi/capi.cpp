@@ -434,6 +434,11 @@ int tw_tensor_is_exclusive(const tw_tensor* t) {
   return t->t.buffer().escaped() ? 0 : 1;
 }
 
+const char* tw_tensor_transport(const tw_tensor* t) {
+  const char* how = t && t->t.defined() ? t->t.buffer().transport() : nullptr;
+  return how ? how : "";
+}
+
 int tw_cuda_is_available(void) { return tw::cuda::is_available() ? 1 : 0; }
 int tw_cuda_device_count(void) { return tw::cuda::device_count(); }
 

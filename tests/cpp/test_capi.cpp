@@ -654,7 +654,18 @@ TEST(CApi, SubscriberOnADeviceAndBadDevices) {
   ASSERT_EQ(tw_subscriber_recv(s, 5'000'000'000, &got), TW_OK);
   EXPECT_EQ(tw_tensor_device(got).device_type, kDLCPU);
   EXPECT_EQ(static_cast<const float*>(tw_tensor_data_borrowed(got))[3], 42.0f);
+  EXPECT_STREQ(tw_tensor_transport(got), "shm");  // a loan: no copy
   tw_tensor_free(got);
+  // A tensor of the caller's own memory is packed into the pool with one copy, and says so.
+  tw_tensor* mine = nullptr;
+  ASSERT_EQ(tw_tensor_empty(1, shape, kF32, &mine), TW_OK) << tw_last_error();
+  EXPECT_STREQ(tw_tensor_transport(mine), "") << "made by no transport";
+  ASSERT_EQ(tw_publisher_send(p, mine, nullptr, -1, nullptr), TW_OK) << tw_last_error();
+  ASSERT_EQ(tw_subscriber_recv(s, 5'000'000'000, &got), TW_OK);
+  EXPECT_STREQ(tw_tensor_transport(got), "shm-copy");
+  EXPECT_STREQ(tw_tensor_transport(nullptr), "");
+  tw_tensor_free(got);
+  tw_tensor_free(mine);
   tw_publisher_free(p);
   tw_subscriber_free(s);
 }
