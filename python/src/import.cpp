@@ -209,7 +209,7 @@ tw::Tensor via_dlpack(nb::handle obj, const Request& req, bool& made_copy, bool 
   // so, and every later use waits for that stream with an event. -1 (no sync) leaves it unknown.
   if (t.device().type == kDLCUDA || t.device().type == kDLCUDAManaged) {
     if (req.stream.is_none()) {
-      t.set_stream(intptr_t{1});
+      tw::set_producer_stream(t, 1);  // managed memory is host-readable: waited for now, like every other path
     } else if (PyLong_Check(req.stream.ptr()) && !PyBool_Check(req.stream.ptr())) {
       const long long v = PyLong_AsLongLong(req.stream.ptr());
       if (v == -1 && PyErr_Occurred()) throw nb::python_error();
@@ -369,7 +369,11 @@ tw::Tensor via_exchange(nb::handle obj_in, const TypeInfo& ti, const Request& re
     // "NoSync": the data is ordered on the producer's current stream; the tensor says which.
     void* stream = nullptr;
     if (api->current_work_stream(dev.type, dev.id, &stream) != 0) throw nb::python_error();
-    if (stream) tw::set_producer_stream(t, reinterpret_cast<intptr_t>(stream));  // an event on it: it may go
+    // A NULL handle is the default stream (PyTorch's current_stream() on its default stream is handle 0, CUDA's
+    // legacy default stream); other handles get an event, since the stream may go.
+    const bool cuda = dev.type == kDLCUDA || dev.type == kDLCUDAManaged || dev.type == kDLCUDAHost;
+    if (stream) tw::set_producer_stream(t, reinterpret_cast<intptr_t>(stream));
+    else if (cuda) tw::set_producer_stream(t, 1);
   }
   const bool copied = flagged_copy || already_copied;
   if (req.immutable && !copied && !t.readonly()) t = t.as_readonly();

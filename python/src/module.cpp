@@ -673,7 +673,10 @@ NB_MODULE(_tensorwire, m) {
       }, "(base address, byte size) of the memory block the tensor lives in.")
       .def_prop_ro("dtype", [](const tw::Tensor& t) { return t.dtype(); }, "The element type, a tensorwire.DType.")
       .def_prop_ro("device", [](const tw::Tensor& t) { return t.device(); }, "Where the memory lives, a tensorwire.Device ('cpu', 'cuda:0', ...).")
-      .def_prop_ro("stream", [](const tw::Tensor& t) { return t.stream(); }, "The producer's CUDA stream handle when it named one on import, else None.")
+      .def_prop_ro("stream", [](const tw::Tensor& t) { return t.stream(); }, "The CUDA stream the data is ordered on (1: the legacy default, 2: per-thread, else a handle), or None: for an "
+                   "import, the producer's stream, which the producer may have destroyed since (tensorwire's own uses "
+                   "wait on an event recorded on it at import, never on the stream); for to(), copy() and empty(), "
+                   "the stream their work was queued on; for a received tensor, the stream it arrived on.")
       .def_prop_ro("subbyte_padded", [](const tw::Tensor& t) { return t.subbyte_padded(); }, "True when sub-byte elements (int4, float4...) are stored one per byte.")
       .def("is_contiguous", [](const tw::Tensor& t, const std::string& order) { return t.is_contiguous(parse_order(order)); },
            "order"_a = "C", "True when dense in C order ('C'), Fortran order ('F'), or some order ('any').")
@@ -703,8 +706,8 @@ NB_MODULE(_tensorwire, m) {
          "(copy=None), else one copy keeping a dense layout's order, dtype and metadata. copy=True always copies; "
          "copy=False raises CopyError instead of copying. CUDA work is queued on `stream` (an int handle, "
          "torch/cupy stream or __cuda_stream__ object; default: the legacy default stream) after "
-         "the tensor's own stream, through an event; a device or pinned result carries `stream`, a cpu result is "
-         "ready when this returns.")
+         "the tensor's own stream, through an event; a device result carries `stream` (and an event on it), a "
+         "pinned or cpu result is ready when this returns.")
       .def("pin", [](nb::handle self) -> nb::object {
         const tw::Tensor& t = unwrap(self);
         if (t.pinned()) return nb::borrow(self);

@@ -26,6 +26,8 @@ namespace {
 struct Pending {
   CUevent event = nullptr;
   std::vector<std::shared_ptr<Buffer>> keep;
+  int device = 0;
+  std::vector<std::shared_ptr<Buffer>> scratch;  // blocks of pool(device), settled when the event is done
 };
 std::mutex g_pending_mu;
 std::deque<Pending>* g_pending = new std::deque<Pending>();  // never destroyed: buffers may be held at exit
@@ -54,11 +56,15 @@ void poll_pending() noexcept {
       }
     }
   }
-  for (auto& p : done) driver().api.cuEventDestroy(p.event);
+  for (auto& p : done) {
+    driver().api.cuEventDestroy(p.event);
+    for (const auto& b : p.scratch) pool(p.device).settle(reinterpret_cast<uintptr_t>(b->base()));
+  }
   // the buffers go back to their owners here, outside the lock
 }
 
-void hold(int device, intptr_t stream, std::vector<std::shared_ptr<Buffer>> keep) {
+void hold(int device, intptr_t stream, std::vector<std::shared_ptr<Buffer>> keep,
+          std::vector<std::shared_ptr<Buffer>> scratch) {
   const Api& a = api("CUDA copy");
   ContextGuard g(device);
   CUevent ev = nullptr;
@@ -70,7 +76,7 @@ void hold(int device, intptr_t stream, std::vector<std::shared_ptr<Buffer>> keep
     check(r, "cuEventRecord");
   }
   std::lock_guard lk(g_pending_mu);
-  g_pending->push_back(Pending{ev, std::move(keep)});
+  g_pending->push_back(Pending{ev, std::move(keep), device, std::move(scratch)});
 }
 
 void wait_all_pending() {
@@ -81,8 +87,10 @@ void wait_all_pending() {
   }
   const Api& a = driver().api;
   for (auto& p : all) {
-    a.cuEventSynchronize(p.event);
+    const bool done = a.cuEventSynchronize(p.event) == kSuccess;
     a.cuEventDestroy(p.event);
+    if (done)
+      for (const auto& b : p.scratch) pool(p.device).settle(reinterpret_cast<uintptr_t>(b->base()));
   }
 }
 

@@ -32,8 +32,11 @@ KernelPlan plan_device_copy(const Layout& src, uintptr_t src_element0, const Lay
 /// Queues `p` on `stream` of cuda:`device` (kernels loaded on first use).
 void launch(int device, const KernelPlan& p, intptr_t stream);
 
-/// Keeps `keep` alive until the work queued so far on `stream` (cuda:`device`) is done.
-void hold(int device, intptr_t stream, std::vector<std::shared_ptr<Buffer>> keep);
+/// Keeps `keep` alive until the work queued so far on `stream` (cuda:`device`) is done. `scratch`: tensorwire's own
+/// temporary blocks of cuda:`device`'s pool, used by that work only; once it is done they go back to the pool with
+/// nothing to wait for (Pool::settle), never naming `stream` again (a caller may destroy it once the copy is queued).
+void hold(int device, intptr_t stream, std::vector<std::shared_ptr<Buffer>> keep,
+          std::vector<std::shared_ptr<Buffer>> scratch = {});
 /// Releases the held buffers whose work is done (called on every allocation and copy).
 void poll_pending() noexcept;
 /// Waits for every held buffer's work and releases them all (empty_cache).

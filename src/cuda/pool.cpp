@@ -261,22 +261,34 @@ std::shared_ptr<Buffer> Pool::allocate(size_t nbytes, intptr_t stream) {
   return std::make_shared<Buffer>(reinterpret_cast<void*>(b->ptr), b->size, dev, std::move(owner));
 }
 
+void Pool::settle(uintptr_t ptr) noexcept {
+  std::lock_guard lk(mu_);
+  if (auto it = live_.find(ptr); it != live_.end()) it->second->stream = 0;
+}
+
 void Pool::give_back(Block* b) noexcept {
+  // The free event goes on the stream the block was allocated on: work its user queued there through the memory
+  // is done before another allocation reuses it. Stream 2 names the per-thread default stream of whichever thread
+  // calls, and the last reference may go on another thread: the legacy default stream orders after every thread's
+  // (they are blocking streams), so the event goes there.
+  const intptr_t stream = b->stream == 2 ? 1 : b->stream;
   CUevent ev = nullptr;
-  if (b->stream) ev = record_on(b->stream_device, b->stream);
+  if (stream) ev = record_on(b->stream_device, stream);
   bool drop = false;
-  if (b->stream && !ev) {
-    // No event: wait for the stream now, or never reuse the block.
+  if (stream && !ev) {
+    // No event: the stream is gone (its owner destroyed it while the memory lived; the driver still runs what was
+    // queued on it) or the driver failed. Wait for all of the device's work now, or never reuse the block.
     try {
       const Api& a = api("pool");
       ContextGuard g(b->stream_device);
-      drop = a.cuStreamSynchronize(as_stream(b->stream)) != kSuccess;
+      drop = a.cuCtxSynchronize() != kSuccess;
     } catch (...) {
       drop = true;
     }
   }
   std::lock_guard lk(mu_);
   if (auto it = live_.find(b->ptr); it == live_.end() || it->second != b) return;  // from before a reset()
+  b->stream = ev ? stream : 0;  // what take_cached compares: the stream the event is on
   live_.erase(b->ptr);
   stats_.in_use_bytes -= b->size;
   if (b->segment->slot_size) --b->segment->slots_out;

@@ -71,6 +71,9 @@ class Pool {
   std::shared_ptr<Buffer> allocate(size_t nbytes, intptr_t stream);
   /// The block containing [ptr, ptr + 1) handed out by this pool, as (block base, block size), or (0, 0).
   std::pair<uintptr_t, size_t> find(uintptr_t ptr) const;
+  /// The live block at `ptr` has no work pending any more (a scratch block whose copy completed, see hold()): it
+  /// comes back with no event, and its stream (a caller's, perhaps destroyed since) is never named again.
+  void settle(uintptr_t ptr) noexcept;
   PoolStats stats() const;
   /// Gives every cached block whose work is done back to the driver (waiting for pending work first).
   void release_cached();

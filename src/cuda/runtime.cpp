@@ -169,7 +169,9 @@ void copy_any(const Tensor& src, const Tensor& dst, intptr_t stream) {
     Tensor landing = same_dense(mid, dl) ? dst : temp(dst.device(), mid, stream);
     byte_copy_async(dev, staged, landing, stream);
     if (landing.buffer_ptr() != dst.buffer_ptr()) kernel_copy(dev, landing, dst, stream);
-    hold(dev, stream, {src.buffer_ptr(), dst.buffer_ptr(), staged.buffer_ptr(), landing.buffer_ptr()});
+    std::vector<std::shared_ptr<Buffer>> scratch;
+    if (landing.buffer_ptr() != dst.buffer_ptr()) scratch.push_back(landing.buffer_ptr());
+    hold(dev, stream, {src.buffer_ptr(), dst.buffer_ptr(), staged.buffer_ptr()}, std::move(scratch));
     return;
   }
 

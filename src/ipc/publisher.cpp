@@ -656,6 +656,9 @@ class PublisherImpl {
         // The producer's work: on stream= when given, else the tensor's own (its ready event, when it has one:
         // the producer's stream may be gone).
         parts[i].stream = o.stream ? *o.stream : t.stream() ? *stream_for_consumers(t) : 1;
+        // stream= names where the data was produced; an imported tensor's own producer work (its ready event)
+        // comes first there too, as it does on the copy path.
+        if (o.stream && t.ready_event()) order_after(t, *o.stream);
       } else if (dev.type != kDLCPU && dev.type != kDLCUDAHost) {
         throw Error(ErrorCode::unsupported, "Publisher::send: a tensor on " + dev.str() + which +
                                                 " cannot be published: host and CUDA device memory can; copy it to "

@@ -722,7 +722,7 @@ namespace {
 void check_wanted_device(std::string_view name, const std::optional<Device>& want) {
   if (!want || want->type == kDLCPU) return;
   const std::string who = "Subscriber('" + std::string(name) + "', device=" + want->str() + ")";
-  const bool cuda = want->type == kDLCUDA || want->type == kDLCUDAManaged || want->type == kDLCUDAHost;
+  const bool cuda = want->type == kDLCUDA || want->type == kDLCUDAHost;  // (tensorwire allocates no managed memory)
   if (!cuda)
     throw Error(ErrorCode::unsupported,
                 who + ": a subscriber delivers to cpu, cuda:N or cuda_host (pinned), not to " + want->str());

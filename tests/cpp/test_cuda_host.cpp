@@ -1297,6 +1297,52 @@ size_t recorded_on(intptr_t stream) {
   return g_fake->recorded_on.count(static_cast<uintptr_t>(stream));
 }
 
+TEST_F(FakeDriver, PoolMemoryOrderedOnACallersStreamComesBackAfterThatStreamIsGone) {
+  // Blocks taken for work on a caller's stream s are in s's order. The caller may destroy s once the work is queued
+  // (CuPy and Numba do when the stream object goes): a copy's scratch block must come back without naming s, a
+  // result's block must come back too (the pool waits for the device), and neither may be leaked.
+  constexpr intptr_t kCaller = 0x5200;
+  std::mt19937 rng(12);
+  const Tensor host = random_host({640, 480}, DType::float32(), rng);  // > kSlabMax: blocks of their own
+  const int ctx_syncs = g_fake->ctx_syncs;
+  {
+    // Into every other column of a device tensor: the rows land dense in a scratch block, then a kernel scatters.
+    Tensor big = Tensor::empty({640, 960}, DType::float32(), Device::cuda(0));
+    Tensor cols = big.slice(1, 0, std::nullopt, 2);
+    const int launches = g_fake->launches_strided + g_fake->launches_transpose;
+    tw::device_runtime().copy(host, cols, kCaller);
+    EXPECT_GT(g_fake->launches_strided + g_fake->launches_transpose, launches) << "the scratch path ran";
+    Tensor g = host.to(Device::cuda(0), kCaller, std::nullopt);  // a result whose block is in kCaller's order
+    g_fake->dead_streams.insert(kCaller);
+    d::poll_pending();  // the work is done: the scratch block goes back
+    EXPECT_EQ(g_fake->ctx_syncs, ctx_syncs) << "the scratch block needed no wait at all";
+    EXPECT_TRUE(same_values(cols.to(Device::cpu()), host));
+    EXPECT_TRUE(same_values(g.to(Device::cpu()), host)) << "read after its ready event, not the dead stream";
+  }
+  EXPECT_EQ(g_fake->ctx_syncs, ctx_syncs + 1) << "the result's stream is gone: the device was waited for once";
+  tw::cuda::empty_cache();
+  EXPECT_EQ(tw::cuda::device_pool_stats(0).in_use_bytes, 0u);
+  EXPECT_EQ(tw::cuda::device_pool_stats(0).reserved_bytes, 0u) << "a block was leaked (poisoned) instead";
+  g_fake->dead_streams.erase(kCaller);
+
+  // Stream 2 is the per-thread default stream of whichever thread names it: a block allocated on thread A's and
+  // released on thread B gets its free event on the legacy stream (which orders after every thread's), never on B's.
+  std::optional<Tensor> on_a;
+  std::thread([&] { on_a = host.to(Device::cuda(0), tw::cuda::kPerThreadStream, std::nullopt); }).join();
+  ASSERT_TRUE(on_a);
+  d::poll_pending();  // the copy's hold lets go of it
+  const size_t per_thread = recorded_on(tw::cuda::kPerThreadStream), legacy = recorded_on(tw::cuda::kLegacyStream);
+  std::thread([&] { on_a.reset(); }).join();
+  EXPECT_EQ(recorded_on(tw::cuda::kPerThreadStream), per_thread) << "recorded on another thread's stream";
+  EXPECT_EQ(recorded_on(tw::cuda::kLegacyStream), legacy + 1);
+  // Its next user on thread B's stream waits for that event: a 2 is never the same stream as a cached block's.
+  const size_t waits = g_fake->waited.size();
+  std::thread([&] { Tensor again = host.to(Device::cuda(0), tw::cuda::kPerThreadStream, std::nullopt); }).join();
+  EXPECT_GT(g_fake->waited.size(), waits);
+  tw::cuda::empty_cache();
+  EXPECT_EQ(tw::cuda::device_pool_stats(0).reserved_bytes, 0u);
+}
+
 TEST_F(FakeDriver, IpcALeaseGoesBackOnlyAfterTheConsumersWorkIsDone) {
   // A consumer imports a received tensor on its stream, queues kernels on it and drops the tensor at once (as
   // PyTorch does with DLPack memory: the deleter runs when the Python object goes, not when the kernels finish).
@@ -1461,6 +1507,19 @@ TEST_F(FakeDriver, IpcATensorWhoseProducersStreamIsGoneIsSentAfterItsImportEvent
               1);
     EXPECT_EQ(g_fake->recorded_on.count(static_cast<uintptr_t>(own)), 1u) << "the interprocess event's record";
     auto got = sub.recv(std::chrono::seconds(5));
+    ASSERT_TRUE(got);
+    EXPECT_EQ(host_values(*got), (std::vector<float>{4, 2, 0}));
+    // With stream= naming where the caller wrote next, the import's event still comes first there (as on the
+    // copy path), and the interprocess event goes on that stream.
+    constexpr intptr_t kCaller = 0x5300;
+    tw::SendOptions o;
+    o.stream = kCaller;
+    ASSERT_EQ(pub.send(t, o), 1u);
+    EXPECT_EQ(std::count(g_fake->waited.begin(), g_fake->waited.end(),
+                         std::pair<uintptr_t, uintptr_t>{static_cast<uintptr_t>(kCaller), ev}),
+              1);
+    EXPECT_EQ(g_fake->recorded_on.count(static_cast<uintptr_t>(kCaller)), 1u);
+    got = sub.recv(std::chrono::seconds(5));
     ASSERT_TRUE(got);
     EXPECT_EQ(host_values(*got), (std::vector<float>{4, 2, 0}));
   }

@@ -364,6 +364,22 @@ def test_import_is_ordered_after_the_producer_stream(via):
     assert (back == 7).all(), f"read {np.unique(back)[:4]}: the copy did not wait for the producer's stream"
 
 
+def test_an_import_on_torchs_default_stream_orders_a_consumer_on_another_stream():
+    # PyTorch's default stream is handle 0 (the legacy default stream): an import made while it is current must
+    # still order its consumers after it, not leave the tensor without a stream.
+    torch = need_torch()
+    x = torch.zeros(1 << 22, device="cuda")
+    torch.cuda._sleep(SLEEP_CYCLES)  # on the default stream, still running when the import returns
+    x.fill_(7.0)
+    t = tw.asarray(x)
+    assert t.stream == 1, t.stream
+    c = torch.cuda.Stream()  # a non-blocking stream: nothing orders it after the legacy stream but an event
+    with torch.cuda.stream(c):
+        got = torch.from_dlpack(t).clone()  # t.__dlpack__(stream=c) makes c wait
+    c.synchronize()
+    assert (got == 7).all(), f"read {torch.unique(got)[:4]}: the consumer's stream did not wait"
+
+
 def test_a_producers_stream_may_be_destroyed_once_its_tensor_is_imported():
     """CuPy destroys a stream when its object goes; a tensor imported with it still orders its consumers after the
     producer's work (an event recorded at import), and never names the dead stream to anyone."""
