@@ -139,7 +139,8 @@ struct SubscriberOptions {
   /// Deliver every tensor on this device: what arrives elsewhere is copied there on receive (Device::cpu() on a
   /// machine without a GPU receives CUDA tensors as host copies). nullopt: tensors arrive where they were sent,
   /// and a CUDA tensor this process cannot open (no driver, no such GPU) is an error at recv naming why. A CUDA
-  /// device here that this process does not have (no driver, no such index) is refused by the constructor.
+  /// device here that this process does not have (no driver, no such index) is refused by the constructor, and so
+  /// is a kind tensorwire does not allocate (only cpu, cuda:N and cuda_host are delivered to).
   std::optional<Device> device = std::nullopt;
 
   // -- across machines (UCX) --

@@ -298,7 +298,8 @@ typedef struct {
   const char* connect;       /* NULL or "": this machine's shared memory; "host:port": a remote publisher (UCX) */
   const char* token;         /* the remote publisher's token (NULL or "": none) */
   int32_t has_device;        /* nonzero: every tensor is copied to `device` on receive (e.g. CUDA tensors to kDLCPU);
-                                a CUDA device this process does not have fails tw_subscriber_new */
+                                a CUDA device this process does not have fails tw_subscriber_new, and so does a
+                                kind other than kDLCPU, kDLCUDA and kDLCUDAHost */
   DLDevice device;
 } tw_subscriber_options;
 

@@ -101,8 +101,8 @@ pub struct SubscriberOptions {
     /// The remote publisher's token.
     pub token: Option<String>,
     /// Deliver every tensor on this device, copying what arrives elsewhere (`Device::CPU` receives CUDA tensors
-    /// as host copies). `None`: tensors arrive where they were sent. A CUDA device this process does not have is
-    /// refused by `with_options`.
+    /// as host copies). `None`: tensors arrive where they were sent. A CUDA device this process does not have, or
+    /// a kind other than CPU, CUDA and pinned host memory, is refused by `with_options`.
     pub device: Option<Device>,
 }
 

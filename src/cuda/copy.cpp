@@ -43,12 +43,14 @@ const bool g_registered = (register_reset(&reset_pending), true);
 void poll_pending() noexcept {
   (void)g_registered;
   std::vector<Pending> done;
+  std::vector<bool> ok;  // the work succeeded: its scratch blocks are free of it
   {
     std::lock_guard lk(g_pending_mu);
     if (g_pending->empty()) return;
     const Api& a = driver().api;
     for (auto it = g_pending->begin(); it != g_pending->end();) {
-      if (a.cuEventQuery(it->event) != kErrorNotReady) {
+      if (const CUresult r = a.cuEventQuery(it->event); r != kErrorNotReady) {
+        ok.push_back(r == kSuccess);
         done.push_back(std::move(*it));
         it = g_pending->erase(it);
       } else {
@@ -56,9 +58,12 @@ void poll_pending() noexcept {
       }
     }
   }
-  for (auto& p : done) {
+  for (size_t i = 0; i < done.size(); ++i) {
+    Pending& p = done[i];
     driver().api.cuEventDestroy(p.event);
-    for (const auto& b : p.scratch) pool(p.device).settle(reinterpret_cast<uintptr_t>(b->base()));
+    // (Failed work may still touch its scratch: those keep their stream, and the pool's failure path drops them.)
+    if (ok[i])
+      for (const auto& b : p.scratch) pool(p.device).settle(reinterpret_cast<uintptr_t>(b->base()));
   }
   // the buffers go back to their owners here, outside the lock
 }

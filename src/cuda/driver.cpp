@@ -79,6 +79,7 @@ Driver load_real() {
   TW_RESOLVE(cuLaunchKernel);
   TW_RESOLVE(cuGetErrorName);
   TW_RESOLVE(cuStreamGetCtx);
+  TW_RESOLVE(cuStreamGetFlags);
   TW_RESOLVE(cuMemGetAllocationGranularity);
   TW_RESOLVE(cuMemCreate);
   TW_RESOLVE(cuMemRelease);

@@ -121,6 +121,7 @@ struct Api {
   // optional
   CUresult (*cuGetErrorName)(CUresult, const char**) = nullptr;
   CUresult (*cuStreamGetCtx)(CUstream, CUcontext*) = nullptr;
+  CUresult (*cuStreamGetFlags)(CUstream, unsigned*) = nullptr;
   CUresult (*cuMemGetAllocationGranularity)(size_t*, const MemAllocationProp*, int) = nullptr;
   CUresult (*cuMemCreate)(CUmemHandle*, size_t, const MemAllocationProp*, unsigned long long) = nullptr;
   CUresult (*cuMemRelease)(CUmemHandle) = nullptr;

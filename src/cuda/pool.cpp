@@ -211,6 +211,27 @@ Block* Pool::take_cached(size_t cls, intptr_t stream, std::unique_lock<std::mute
   return b;
 }
 
+namespace {
+// The stream a device block's free event goes on, decided while the caller's stream is surely alive. A blocking
+// stream (CUDA's default kind: CuPy's and Numba's streams, the per-thread default stream 2) is followed by the
+// legacy default stream, so the event goes there and the caller's handle is never named again: the caller may
+// destroy it while the memory lives. A non-blocking stream (PyTorch's side streams) is followed by nothing else:
+// the event must go on it, and it must outlive the block (or the pool waits for the device when it finds it gone).
+intptr_t free_stream_for(int device, intptr_t stream) noexcept {
+  if (stream == 0 || stream == 1 || stream == 2) return stream == 2 ? 1 : stream;
+  const Api& a = driver().api;
+  if (!a.cuStreamGetFlags) return stream;
+  unsigned flags = 0;
+  try {
+    ContextGuard g(device);
+    if (a.cuStreamGetFlags(as_stream(stream), &flags) != kSuccess) return stream;
+  } catch (...) {
+    return stream;
+  }
+  return (flags & kStreamNonBlocking) ? stream : 1;
+}
+}  // namespace
+
 std::shared_ptr<Buffer> Pool::allocate(size_t nbytes, intptr_t stream) {
   const size_t g = [&] {
     std::lock_guard lk(mu_);
@@ -218,6 +239,7 @@ std::shared_ptr<Buffer> Pool::allocate(size_t nbytes, intptr_t stream) {
   }();
   const size_t cls = size_class(std::max<size_t>(nbytes, 1), g);
   if (cls < nbytes) throw Error(ErrorCode::overflow, "CUDA pool: " + std::to_string(nbytes) + " bytes cannot be allocated");
+  const intptr_t free_stream = device_ >= 0 ? free_stream_for(device_, stream) : 0;
   std::unique_lock lk(mu_);
   Block* b = take_cached(cls, stream, lk);
   if (b) {
@@ -251,7 +273,7 @@ std::shared_ptr<Buffer> Pool::allocate(size_t nbytes, intptr_t stream) {
     }
   }
   if (b->segment->slot_size) ++b->segment->slots_out;
-  b->stream = device_ >= 0 ? stream : 0;
+  b->stream = device_ >= 0 ? free_stream : 0;
   b->stream_device = std::max(device_, 0);
   live_[b->ptr] = b;
   stats_.in_use_bytes += b->size;

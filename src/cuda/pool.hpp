@@ -8,7 +8,10 @@
 // segments are released and the allocation tried once more).
 //
 // Ordering. A block returns with an event recorded on the stream it was allocated for (queued work there may
-// still use it). Device reuse is stream-ordered: on the same stream at once, on another stream after a
+// still use it) — or, when that stream is a blocking one (the per-thread default stream 2, a caller's stream made
+// without CU_STREAM_NON_BLOCKING), on the legacy default stream, which orders after every blocking stream and so
+// never names a caller's handle that may be destroyed by then. A copy's scratch block returns with no event once
+// its copy is done (settle). A stream found gone makes the pool wait for the device instead. Device reuse is stream-ordered: on the same stream at once, on another stream after a
 // cuStreamWaitEvent on that event — the host never waits. Pinned memory is written by the host, so a pinned block
 // is reused only once its event has completed (a block still in flight is skipped; only when the pool is over its
 // soft limit does the host wait for the oldest).
@@ -52,7 +55,7 @@ struct Block {
   uintptr_t ptr = 0;
   size_t size = 0;            ///< class size
   Segment* segment = nullptr;
-  intptr_t stream = 0;          ///< the stream its user's work is ordered on (0: none, host-only use so far)
+  intptr_t stream = 0;          ///< where its free event goes (0: none, host-only use so far); see Ordering
   int stream_device = 0;        ///< the device `stream` belongs to
   CUevent free_event = nullptr; ///< recorded on `stream` when it came back; null when nothing can be pending
 };

@@ -656,9 +656,6 @@ class PublisherImpl {
         // The producer's work: on stream= when given, else the tensor's own (its ready event, when it has one:
         // the producer's stream may be gone).
         parts[i].stream = o.stream ? *o.stream : t.stream() ? *stream_for_consumers(t) : 1;
-        // stream= names where the data was produced; an imported tensor's own producer work (its ready event)
-        // comes first there too, as it does on the copy path.
-        if (o.stream && t.ready_event()) order_after(t, *o.stream);
       } else if (dev.type != kDLCPU && dev.type != kDLCUDAHost) {
         throw Error(ErrorCode::unsupported, "Publisher::send: a tensor on " + dev.str() + which +
                                                 " cannot be published: host and CUDA device memory can; copy it to "
@@ -712,13 +709,20 @@ class PublisherImpl {
       if (found >= 0) {  // a view of a pool buffer: crosses as it is, with no copy
         p.loan = true;
         p.slot = static_cast<size_t>(found);
+        if (o.stream && pool_->slot(p.slot).seg.foreign) order_after(t, *o.stream);  // (see adopt_foreign below)
         p.layout = t.layout();
         p.alloc_bytes = t.buffer().size();
         continue;
       }
       if (p.device >= 0 && o.copy != true && t.numel() > 0) {  // a caller's CUDA memory: zero-copy if it can be
         std::string why;
-        if (adopt_foreign(p, why)) continue;
+        if (adopt_foreign(p, why)) {
+          // stream= names where the caller last wrote it; the tensor's own producer work (its ready event, or
+          // the stream it was imported on) comes first there too, as it does on the copy path. (A loan of the
+          // pool's own memory is not ordered here: it was ordered when exported to the code that filled it.)
+          if (o.stream) order_after(t, *o.stream);
+          continue;
+        }
         if (o.copy == false)
           throw Error(ErrorCode::copy_required, "Publisher::send: this CUDA tensor has no zero-copy path (" + why +
                                                     "); send with copy=None to copy it once into the pool");

@@ -80,6 +80,7 @@ struct Fake {
   int stream_slot = 0;                // the address of a created stream
   std::vector<int> synced_in;         // the context of each stream cuStreamSynchronize waited for
   std::set<uintptr_t> dead_streams;   // destroyed by their owner: every call naming one is CUDA_ERROR_INVALID_HANDLE
+  std::set<uintptr_t> nonblocking_streams;  // made with CU_STREAM_NON_BLOCKING (every other handle is blocking)
   std::set<uintptr_t> pending_events;  // cuEventQuery says CUDA_ERROR_NOT_READY for these (their work still runs)
   std::map<uintptr_t, uintptr_t> event_stream;             // event -> the stream it was last recorded on
   std::vector<std::pair<uintptr_t, uintptr_t>> waited;     // (stream, event) of each cuStreamWaitEvent
@@ -317,6 +318,13 @@ d::Api fake_api() {
     *c = v == kForeignStream ? static_cast<void*>(&g_fake->foreign_ctx) : static_cast<void*>(&g_fake->ctx[0]);
     return 0;
   };
+  a.cuStreamGetFlags = [](d::CUstream s, unsigned* flags) {
+    const auto v = reinterpret_cast<uintptr_t>(s);
+    std::lock_guard lk(g_fake->streams_mu);
+    if (v == uintptr_t{kBadStream} || g_fake->dead_streams.count(v)) return 400;
+    *flags = g_fake->nonblocking_streams.count(v) ? d::kStreamNonBlocking : 0u;
+    return 0;
+  };
   a.cuMemGetAllocationGranularity = [](size_t* g, const d::MemAllocationProp* p, int) {
     EXPECT_EQ(p->requested_handle_types, d::kMemHandleTypePosixFd);
     *g = size_t(2) << 20;
@@ -490,6 +498,8 @@ d::Api fake_api() {
     EXPECT_EQ(flags, d::kStreamNonBlocking);
     ++g_fake->stream_creates;
     *s = &g_fake->stream_slot;
+    std::lock_guard lk(g_fake->streams_mu);
+    g_fake->nonblocking_streams.insert(reinterpret_cast<uintptr_t>(*s));
     return 0;
   };
   return a;
@@ -1299,9 +1309,11 @@ size_t recorded_on(intptr_t stream) {
 
 TEST_F(FakeDriver, PoolMemoryOrderedOnACallersStreamComesBackAfterThatStreamIsGone) {
   // Blocks taken for work on a caller's stream s are in s's order. The caller may destroy s once the work is queued
-  // (CuPy and Numba do when the stream object goes): a copy's scratch block must come back without naming s, a
-  // result's block must come back too (the pool waits for the device), and neither may be leaked.
-  constexpr intptr_t kCaller = 0x5200;
+  // (CuPy and Numba do when the stream object goes): a copy's scratch block must come back without naming s; a
+  // result's block too when s is a blocking stream (the legacy stream follows it); with a non-blocking s the pool
+  // finds it gone and waits for the device. No block may be leaked.
+  constexpr intptr_t kCaller = 0x5200, kSide = 0x5210;
+  g_fake->nonblocking_streams.insert(uintptr_t{kSide});
   std::mt19937 rng(12);
   const Tensor host = random_host({640, 480}, DType::float32(), rng);  // > kSlabMax: blocks of their own
   const int ctx_syncs = g_fake->ctx_syncs;
@@ -1310,19 +1322,27 @@ TEST_F(FakeDriver, PoolMemoryOrderedOnACallersStreamComesBackAfterThatStreamIsGo
     Tensor big = Tensor::empty({640, 960}, DType::float32(), Device::cuda(0));
     Tensor cols = big.slice(1, 0, std::nullopt, 2);
     const int launches = g_fake->launches_strided + g_fake->launches_transpose;
-    tw::device_runtime().copy(host, cols, kCaller);
+    tw::device_runtime().copy(host, cols, kSide);
     EXPECT_GT(g_fake->launches_strided + g_fake->launches_transpose, launches) << "the scratch path ran";
     Tensor g = host.to(Device::cuda(0), kCaller, std::nullopt);  // a result whose block is in kCaller's order
+    Tensor side = host.to(Device::cuda(0), kSide, std::nullopt);
     g_fake->dead_streams.insert(kCaller);
+    g_fake->dead_streams.insert(kSide);
     d::poll_pending();  // the work is done: the scratch block goes back
     EXPECT_EQ(g_fake->ctx_syncs, ctx_syncs) << "the scratch block needed no wait at all";
     EXPECT_TRUE(same_values(cols.to(Device::cpu()), host));
     EXPECT_TRUE(same_values(g.to(Device::cpu()), host)) << "read after its ready event, not the dead stream";
+    EXPECT_TRUE(same_values(side.to(Device::cpu()), host));
+    const size_t legacy_now = recorded_on(tw::cuda::kLegacyStream);
+    g = Tensor();
+    EXPECT_EQ(recorded_on(tw::cuda::kLegacyStream), legacy_now + 1) << "a blocking stream's block: on legacy";
+    EXPECT_EQ(g_fake->ctx_syncs, ctx_syncs);
   }
-  EXPECT_EQ(g_fake->ctx_syncs, ctx_syncs + 1) << "the result's stream is gone: the device was waited for once";
+  EXPECT_EQ(g_fake->ctx_syncs, ctx_syncs + 1) << "the non-blocking stream is gone: the device was waited for once";
   tw::cuda::empty_cache();
   EXPECT_EQ(tw::cuda::device_pool_stats(0).in_use_bytes, 0u);
   EXPECT_EQ(tw::cuda::device_pool_stats(0).reserved_bytes, 0u) << "a block was leaked (poisoned) instead";
+  g_fake->dead_streams.erase(kSide);
   g_fake->dead_streams.erase(kCaller);
 
   // Stream 2 is the per-thread default stream of whichever thread names it: a block allocated on thread A's and
@@ -1519,6 +1539,21 @@ TEST_F(FakeDriver, IpcATensorWhoseProducersStreamIsGoneIsSentAfterItsImportEvent
                          std::pair<uintptr_t, uintptr_t>{static_cast<uintptr_t>(kCaller), ev}),
               1);
     EXPECT_EQ(g_fake->recorded_on.count(static_cast<uintptr_t>(kCaller)), 1u);
+    got = sub.recv(std::chrono::seconds(5));
+    ASSERT_TRUE(got);
+    EXPECT_EQ(host_values(*got), (std::vector<float>{4, 2, 0}));
+    // Imported on the legacy stream (PyTorch's default): no event, and kCaller still waits for that stream.
+    desc.stream = tw::cuda::kLegacyStream;
+    Tensor on_legacy = tw::import_interface(desc, f.buffer_ptr(), tw::ImportRequest{});
+    ASSERT_EQ(on_legacy.ready_event(), nullptr);
+    const size_t legacy_records = g_fake->recorded_on.count(static_cast<uintptr_t>(tw::cuda::kLegacyStream));
+    const size_t waits = g_fake->waited.size();
+    ASSERT_EQ(pub.send(on_legacy, o), 1u);
+    EXPECT_EQ(g_fake->recorded_on.count(static_cast<uintptr_t>(tw::cuda::kLegacyStream)), legacy_records + 1);
+    // (an event recorded on the legacy stream, which kCaller waited for; the fake forgets destroyed events)
+    EXPECT_GE(std::count_if(g_fake->waited.begin() + static_cast<std::ptrdiff_t>(waits), g_fake->waited.end(),
+                            [&](const auto& w) { return w.first == uintptr_t{kCaller}; }),
+              1);
     got = sub.recv(std::chrono::seconds(5));
     ASSERT_TRUE(got);
     EXPECT_EQ(host_values(*got), (std::vector<float>{4, 2, 0}));
