@@ -706,8 +706,8 @@ NB_MODULE(_tensorwire, m) {
          "(copy=None), else one copy keeping a dense layout's order, dtype and metadata. copy=True always copies; "
          "copy=False raises CopyError instead of copying. CUDA work is queued on `stream` (an int handle, "
          "torch/cupy stream or __cuda_stream__ object; default: the legacy default stream) after "
-         "the tensor's own stream, through an event; a device result carries `stream` (and an event on it unless it is the legacy stream), a "
-         "pinned or cpu result is ready when this returns.")
+         "the tensor's own stream, through an event; a device result carries `stream` (and an event on it unless "
+         "it is the legacy stream), a pinned or cpu result is ready when this returns.")
       .def("pin", [](nb::handle self) -> nb::object {
         const tw::Tensor& t = unwrap(self);
         if (t.pinned()) return nb::borrow(self);

@@ -11,8 +11,9 @@
 // still use it) — or, when that stream is a blocking one (the per-thread default stream 2, a caller's stream made
 // without CU_STREAM_NON_BLOCKING), on the legacy default stream, which orders after every blocking stream and so
 // never names a caller's handle that may be destroyed by then. A copy's scratch block returns with no event once
-// its copy is done (settle). A stream found gone makes the pool wait for the device instead. Device reuse is stream-ordered: on the same stream at once, on another stream after a
-// cuStreamWaitEvent on that event — the host never waits. Pinned memory is written by the host, so a pinned block
+// its copy is done (settle). A stream found gone makes the pool wait for the device instead. Device reuse is
+// stream-ordered: on the same stream at once, on another stream after a cuStreamWaitEvent on that event — the host
+// never waits. Pinned memory is written by the host, so a pinned block
 // is reused only once its event has completed (a block still in flight is skipped; only when the pool is over its
 // soft limit does the host wait for the oldest).
 #pragma once
