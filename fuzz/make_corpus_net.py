@@ -10,7 +10,7 @@ import struct
 import sys
 
 HERE = pathlib.Path(__file__).resolve().parent
-MAGIC, VERSION = 0x544E5754, 1
+MAGIC, VERSION = 0x544E5754, 2
 HELLO, AUTH, WELCOME, REFUSED, DATA, CREDIT, PING, BYE = range(1, 9)
 SPAN, RUNS, PACKED = 0, 1, 2
 FLOAT, UINT, INT = 2, 1, 0

@@ -535,6 +535,9 @@ class PublisherImpl {
         w.metadata_bytes = p.meta;
         w.carry = Carry::packed;
         w.cuda_origin = p.device;
+        // Its layout now (dense, as staged), so that `fits` below measures the descriptor that will be sent.
+        const Tensor& t = *p.t;
+        w.layout = Layout{t.dtype(), t.shape(), Layout::contiguous_strides(t.shape()), 0, t.subbyte_padded()};
         wm.tensors.push_back(std::move(w));
         continue;
       }

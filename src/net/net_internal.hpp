@@ -46,7 +46,7 @@ namespace tw::net_detail {
 // ---- wire format ------------------------------------------------------------------------------------------------
 
 inline constexpr uint32_t kNetMagic = 0x544E5754;  // "TWNT" little-endian
-inline constexpr uint16_t kNetVersion = 1;
+inline constexpr uint16_t kNetVersion = 2;  // 2: a tensor's flags byte carries cuda_origin (staged CUDA tensors)
 /// Active-message ids: publisher -> subscriber, subscriber -> publisher.
 inline constexpr unsigned kAmToSubscriber = 0x7731;
 inline constexpr unsigned kAmToPublisher = 0x7732;
@@ -149,7 +149,8 @@ struct WireTensor {
   Metadata metadata;
   std::string metadata_bytes;  ///< encoder side: the encoded metadata
   /// The sender's CUDA device (0..kMaxStagedDevice) when the tensor was there and crossed staged through host memory
-  /// (UCX without CUDA transports; carry packed), else -1. On the wire: bits 1-7 of the tensor's flags byte.
+  /// (UCX without CUDA transports; carry packed), else -1. On the wire, in the tensor's flags byte: bit 1 set, and
+  /// the device in bits 2-7.
   int cuda_origin = -1;
 };
 inline constexpr int kMaxStagedDevice = 63;
