@@ -278,6 +278,10 @@ Tensor copy_ordered(const Tensor& src, const std::vector<int64_t>& order) {
   }
   // Device memory: a device copy (the CUDA layer's kernels) into a block of the device pool, queued on the legacy
   // default stream after the source's stream; the export's sync_event is recorded on that stream.
+  if (src.device().type != kDLCUDA)
+    throw Error(ErrorCode::unsupported, "to_arrow: Arrow cannot describe this layout of a tensor on " +
+                                            src.device().str() + ", and tensorwire copies only CUDA device memory "
+                                            "into a layout it can; make it contiguous first");
   if (!device_runtime_installed())
     throw Error(ErrorCode::device_unavailable, "to_arrow: a copy of memory on " + src.device().str() +
                                                    " is needed and no device runtime is installed to make it "

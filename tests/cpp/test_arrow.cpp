@@ -1088,7 +1088,13 @@ TEST(ArrowDevice, SyncEventsNeedTheDriver) {
   ArrowSchema s2;
   ArrowDeviceArray d2;
   TW_EXPECT_ERROR_MSG(tw::to_arrow(t, &s2, &d2), ErrorCode::device_unavailable, "no device runtime is installed");
+  // A layout Arrow cannot describe on a device tensorwire does not copy on: refused as such, not as a CUDA failure.
+  Tensor rocm = Tensor::from_blob(reinterpret_cast<void*>(uintptr_t{0x1000}), {4, 4}, DType::float32(),
+                                  tw::Device{kDLROCM, 0}, nullptr)
+                    .slice(1, 0, std::nullopt, 2);
+  TW_EXPECT_ERROR_MSG(tw::to_arrow(rocm, &s2, &d2), ErrorCode::unsupported, "rocm:0");
   tw::cuda::install_runtime();
+  TW_EXPECT_ERROR_MSG(tw::to_arrow(rocm, &s2, &d2), ErrorCode::unsupported, "copies only CUDA device memory");
   tw::to_arrow(t, &s2, &d2);
   EXPECT_EQ(d2.sync_event, nullptr);
   EXPECT_EQ(d2.device_type, ARROW_DEVICE_CUDA);
