@@ -717,13 +717,14 @@ TEST_F(FakeDriver, PoolsGiveTheirCacheBackWhenTheDriverRunsOutOfMemory) {
   EXPECT_EQ(tw::cuda::device_pool_stats(0).in_use_bytes, size_t(6 * MiB));  // b still works
   b = Tensor();
 
-  // The pinned pool: a freed block is reused only once its work is done, and given back the same way.
+  // The pinned pool: out of memory, it gives its idle blocks back and tries again, and says so when that fails.
   g_fake->host_limit = 8 * MiB;
   { Tensor p = Tensor::empty({4 * MiB}, DType::uint8(), Device::cuda_host()); }
   Tensor q = Tensor::empty({6 * MiB}, DType::uint8(), Device::cuda_host());
   EXPECT_EQ(q.device(), Device::cuda_host());
   EXPECT_EQ(tw::cuda::pinned_pool_stats().reserved_bytes, size_t(6 * MiB));
-  EXPECT_THROW(Tensor::empty({4 * MiB}, DType::uint8(), Device::cuda_host()), tw::Error);
+  TW_EXPECT_ERROR_MSG(Tensor::empty({4 * MiB}, DType::uint8(), Device::cuda_host()), ErrorCode::out_of_memory,
+                      "pinned host memory");
   q = Tensor();
   expect_no_leaks();
 }
@@ -956,6 +957,15 @@ TEST_F(FakeDriver, AProducersStreamMayBeDestroyedOnceItsTensorIsImported) {
   req.stream = tw::cuda::kPerThreadStream;
   (void)tw::prepare_export(t, req);
   EXPECT_EQ(waited_on(tw::cuda::kPerThreadStream), 1);
+  const int legacy_waits = static_cast<int>(waited_on(tw::cuda::kLegacyStream));
+  req.stream = tw::cuda::kLegacyStream;
+  (void)tw::prepare_export(t, req);
+  EXPECT_EQ(waited_on(tw::cuda::kLegacyStream), legacy_waits + 1);
+  g_fake->dead_streams.erase(kProducer);  // (a new stream given the same handle: still the event, not the handle)
+  req.stream = kProducer;
+  (void)tw::prepare_export(t, req);
+  EXPECT_EQ(waited_on(kProducer), 1);
+  g_fake->dead_streams.insert(kProducer);
 
   // Without the capture (a tensor whose stream is set plainly), the same export records on the dead stream: the
   // driver refuses it. This is what the import's event avoids.
@@ -1520,9 +1530,12 @@ TEST_F(FakeDriver, IpcATensorWhoseProducersStreamIsGoneIsSentAfterItsImportEvent
     const auto ev = reinterpret_cast<uintptr_t>(t.ready_event());
     g_fake->pending_events.insert(ev);  // the producer's kernel still runs
     g_fake->dead_streams.insert(kProducer);
+    const size_t before_send = g_fake->waited.size();
     ASSERT_EQ(pub.send(t), 1u);
-    const intptr_t own = *tw::stream_for_consumers(t);
-    EXPECT_GE(std::count(g_fake->waited.begin(), g_fake->waited.end(),
+    const size_t after_send = g_fake->waited.size();
+    const intptr_t own = *tw::stream_for_consumers(t);  // (itself waits again: count only what send did)
+    EXPECT_EQ(std::count(g_fake->waited.begin() + static_cast<std::ptrdiff_t>(before_send),
+                         g_fake->waited.begin() + static_cast<std::ptrdiff_t>(after_send),
                          std::pair<uintptr_t, uintptr_t>{static_cast<uintptr_t>(own), ev}),
               1);
     EXPECT_EQ(g_fake->recorded_on.count(static_cast<uintptr_t>(own)), 1u) << "the interprocess event's record";

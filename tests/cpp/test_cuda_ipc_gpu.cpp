@@ -200,7 +200,9 @@ size_t free_device_bytes() {
   return free_b;
 }
 
-constexpr size_t kMemSlack = size_t{4} << 20;  // what the driver's own bookkeeping may move between two readings
+// What the driver's own bookkeeping may move between two readings. cuMemGetInfo sees the whole device: these
+// tests run alone (RUN_SERIAL in tests/cpp/CMakeLists.txt), and leak 64 MiB allocations if they leak.
+constexpr size_t kMemSlack = size_t{4} << 20;
 
 TEST(CudaIpcPeer, HostLoansCrossThroughThePeerAndAKilledHolderIsReclaimed) {
   // The harness itself, on any machine: the peer, its lines and the comparison, with host memory (what the GPU
@@ -371,6 +373,13 @@ TEST(CudaIpcGpu, ACopyStillRunningWhenSendReturnsIsWaitedForNotRaced) {
   o.timeout = 20s;  // (every wait bounded)
   o.stream = stream;
   ASSERT_EQ(pub.send(std::move(loan), o), 1u);
+  {
+    // The premise: the copies still run when send returns (else this test proves no ordering at all).
+    void* mark = tw::cuda::record_event(stream, 0);
+    const d::CUresult q = d::driver().api.cuEventQuery(static_cast<d::CUevent>(mark));
+    tw::cuda::destroy_event(mark);
+    EXPECT_EQ(q, d::kErrorNotReady) << "the GPU finished the queued copies before send returned: queue more work";
+  }
   expect_arrived(fields(peer.line()), sources.back(), "cuda-vmm");
   EXPECT_EQ(peer.wait(), 0);
   d::ContextGuard g(0);
@@ -407,7 +416,7 @@ TEST(CudaIpcGpu, AKilledSubscribersLeaseIsReclaimedAndNoDeviceMemoryStays) {
 
 TEST(CudaIpcGpu, AKilledPublisherLeavesReceivedTensorsReadable) {
   TW_NEED_CUDA();
-  constexpr int64_t n = int64_t{1} << 20;
+  constexpr int64_t n = int64_t{64} << 20;  // far above kMemSlack: a mapping left behind shows
   const size_t before = free_device_bytes();
   const std::string name = topic("killpub");
   {

@@ -184,7 +184,7 @@ TEST(NetWire, MessagesRoundTripEveryCarry) {
   }
   g.cuda_origin = kMaxStagedDevice + 1;
   one.tensors = {g};
-  EXPECT_THROW(encode_message(one), Error);
+  TW_EXPECT_ERROR_MSG(encode_message(one), ErrorCode::internal, "cuda:0..63");
 }
 
 TEST(NetWire, DecoderRefusesWhatCouldHurtTheReceiver) {
