@@ -389,7 +389,21 @@ class PublisherImpl {
     bool packed = false;   // copied into the pool (kPacked)
     int device = -1;       // CUDA ordinal, -1 for host memory
     intptr_t stream = 1;   // CUDA: the producer's stream
+    bool remote_only = false;  // CUDA, with no local subscriber: staged for the remote ones, no pool slot here
   };
+
+  // Runs f with mu_ released, and takes it back however f ends (the caller's cleanup runs with it held).
+  template <class F>
+  static void unlocked(std::unique_lock<std::mutex>& lock, F&& f) {
+    lock.unlock();
+    try {
+      f();
+    } catch (...) {
+      lock.lock();
+      throw;
+    }
+    lock.lock();
+  }
 
   // copy=False with nobody to send to: the same refusal a send with subscribers would give.
   void check_zero_copy(std::vector<Part>& parts) {
@@ -578,32 +592,38 @@ class PublisherImpl {
                                       [](const WireTensor& w) { return w.carry == Carry::runs; });
     const bool fits = any_runs && net_->runs_worthwhile() &&
                       kNetHeaderBytes + encode_message(wm).size() <= net_->max_header();
+    // CUDA tensors cross staged: packed into pinned host memory on their producers' streams (a copy into pinned
+    // memory returns with the data there, since UCX reads the bytes with no way to wait on a CUDA event). The
+    // receiver puts them back on a device (t.transport "ucx-staged"). Their pool slots, loans or callers'
+    // allocations are untouched.
+    std::vector<size_t> to_stage;
     for (size_t i = 0; i < parts.size(); ++i) {
+      if (parts[i].device < 0) continue;
+      if (parts[i].device > kMaxStagedDevice)
+        throw Error(ErrorCode::unsupported, "Publisher::send: remote subscribers receive CUDA tensors from cuda:0 "
+                                            "to cuda:" + std::to_string(kMaxStagedDevice) + " only");
+      to_stage.push_back(i);
+    }
+    std::vector<std::shared_ptr<Buffer>> staged(to_stage.size());
+    if (!to_stage.empty()) {
+      unlocked(lock, [&] {
+        const DeviceRuntime& rt = device_runtime();
+        for (size_t k = 0; k < to_stage.size(); ++k) {
+          const Part& p = parts[to_stage[k]];
+          const Layout& dense = wm.tensors[to_stage[k]].layout;  // (made dense above)
+          staged[k] = rt.allocate(Device::cuda_host(), std::max<size_t>(static_cast<size_t>(dense.nbytes()), 1),
+                                  p.stream);
+          if (p.t->numel() > 0) rt.copy(*p.t, Tensor::make(staged[k], dense, false), p.stream);
+        }
+      });
+      check_usable("send");
+    }
+    for (size_t i = 0, k = 0; i < parts.size(); ++i) {
       WireTensor& w = wm.tensors[i];
       if (parts[i].device >= 0) {
-        // A CUDA tensor crosses staged: packed into pinned host memory on the producer's stream, which the host
-        // then waits for (UCX reads the bytes with no way to wait on a CUDA event). The receiver puts it back on a
-        // device (t.transport "ucx-staged"). Its pool slot, loan or caller's allocation is untouched.
-        const Tensor& t = *parts[i].t;
-        Layout dense{t.dtype(), t.shape(), Layout::contiguous_strides(t.shape()), 0, t.subbyte_padded()};
-        if (parts[i].device > kMaxStagedDevice)
-          throw Error(ErrorCode::unsupported, "Publisher::send: remote subscribers receive CUDA tensors from cuda:0 "
-                                              "to cuda:" + std::to_string(kMaxStagedDevice) + " only");
-        const size_t n = static_cast<size_t>(dense.nbytes());
-        lock.unlock();
-        std::shared_ptr<Buffer> staged;
-        {
-          const DeviceRuntime& rt = device_runtime();
-          staged = rt.allocate(Device::cuda_host(), std::max<size_t>(n, 1), parts[i].stream);
-          if (t.numel() > 0) rt.copy(t, Tensor::make(staged, dense, false), parts[i].stream);
-          rt.synchronize_stream(Device::cuda(parts[i].device), parts[i].stream);
-        }
-        lock.lock();
-        check_usable("send");
-        bases[i] = static_cast<const char*>(staged->base());
-        w.layout = std::move(dense);
-        w.span_bytes = n;
-        out->keep.push_back(std::move(staged));
+        bases[i] = static_cast<const char*>(staged[k]->base());
+        w.span_bytes = static_cast<uint64_t>(w.layout.nbytes());
+        out->keep.push_back(std::move(staged[k++]));
         continue;
       }
       if (w.carry == Carry::runs && !fits) w.carry = Carry::packed;
@@ -618,9 +638,7 @@ class PublisherImpl {
       pool_->make_writable(slot);
       char* dst = pool_->slot(slot).data();
       const size_t cap = pool_->slot(slot).size();
-      lock.unlock();
-      copy(t, Tensor::make(std::make_shared<Buffer>(dst, cap, Device::cpu(), nullptr), dense, false));
-      lock.lock();
+      unlocked(lock, [&] { copy(t, Tensor::make(std::make_shared<Buffer>(dst, cap, Device::cpu(), nullptr), dense, false)); });
       check_usable("send");
       bases[i] = dst;
       w.span_bytes = static_cast<uint64_t>(dense.nbytes());
@@ -655,10 +673,7 @@ class PublisherImpl {
                                                      " is undefined (a loan can be sent once: send consumes it)");
       const Device dev = t.device();
       if (dev.type == kDLCUDA) {
-        parts[i].device = device_index(dev, "send");
-        // The producer's work: on stream= when given, else the tensor's own (its ready event, when it has one:
-        // the producer's stream may be gone).
-        parts[i].stream = o.stream ? *o.stream : t.stream() ? *stream_for_consumers(t) : 1;
+        parts[i].device = device_index(dev, "send");  // (its stream is found once there is someone to send to)
       } else if (dev.type != kDLCPU && dev.type != kDLCUDAHost) {
         throw Error(ErrorCode::unsupported, "Publisher::send: a tensor on " + dev.str() + which +
                                                 " cannot be published: host and CUDA device memory can; copy it to "
@@ -695,19 +710,31 @@ class PublisherImpl {
     check_usable("send");
     reap();
     release_foreign();
-    if (active_count() == 0 && remote_count() == 0) {
+    const bool local = active_count() > 0;
+    if (!local && remote_count() == 0) {
       if (o.copy == false) check_zero_copy(parts);  // the same answer with or without subscribers
       return 0;
     }
     // 1. Room in every ring first (nothing is packed twice when a wait is retried).
     wait_for_room(deadline, lock, cells);
     const bool remote = remote_count() > 0;
+    for (Part& p : parts) {
+      if (p.device < 0) continue;
+      // The producer's work: on stream= when given, else the tensor's own (its ready event, when it has one: the
+      // producer's stream may be gone).
+      p.stream = o.stream ? *o.stream : p.t->stream() ? *stream_for_consumers(*p.t) : 1;
+      // Remote subscribers only: a CUDA tensor is staged for them straight from where it is (remote_message), with
+      // no device copy into the pool, no handle exported and no event recorded for subscribers that are not here.
+      p.remote_only = !local;
+    }
+    if (!local && o.copy == false) check_zero_copy(parts);  // the answer local subscribers would get
     // 2. The buffers: loans as they are, a caller's CUDA allocation by its handle, anything else packed into pool
     //    buffers reserved until pushed.
     Reservation reserved{*this, {}};
     const DeviceRuntime& rt = device_runtime();
     for (Part& p : parts) {
       const Tensor& t = *p.t;
+      if (p.remote_only) continue;
       const long found = o.copy == true ? -1 : pool_->find(t.buffer(), p.alloc_offset);
       if (found >= 0) {  // a view of a pool buffer: crosses as it is, with no copy
         p.loan = true;
@@ -754,23 +781,23 @@ class PublisherImpl {
         continue;
       }
       // The slot is ours until pushed (reserved, and send_mu_ orders every taker): pack without mu_.
-      lock.unlock();
-      if (t.numel() > 0 && t.is_contiguous()) {
-        // One memcpy: tw::copy would plan (costly for small messages) and split large copies across its thread
-        // pool, which competes with busy-polling peers for the same cores.
-        std::memcpy(dst, t.data_ptr(), static_cast<size_t>(p.layout.nbytes()));
-      } else if (t.numel() > 0) {
-        auto dst_buf = std::make_shared<Buffer>(dst, p.alloc_bytes, Device::cpu(), nullptr);
-        copy(t, Tensor::make(std::move(dst_buf), p.layout, false));
-      }
-      lock.lock();
+      unlocked(lock, [&] {
+        if (t.numel() > 0 && t.is_contiguous()) {
+          // One memcpy: tw::copy would plan (costly for small messages) and split large copies across its thread
+          // pool, which competes with busy-polling peers for the same cores.
+          std::memcpy(dst, t.data_ptr(), static_cast<size_t>(p.layout.nbytes()));
+        } else if (t.numel() > 0) {
+          auto dst_buf = std::make_shared<Buffer>(dst, p.alloc_bytes, Device::cpu(), nullptr);
+          copy(t, Tensor::make(std::move(dst_buf), p.layout, false));
+        }
+      });
       check_usable("send");
     }
     // 2a. CUDA parts: the producer's work is recorded on the segment's interprocess event before any subscriber
     //     can see the message. Re-recorded while a subscriber may still wait on the previous record, the stream
     //     first waits for that record, so the event never covers less than it did.
     for (Part& p : parts) {
-      if (p.device < 0) continue;
+      if (p.device < 0 || p.remote_only) continue;
       Segment& seg = pool_->slot(p.slot).seg;
       rt.record_ipc_event(seg.event, p.stream, seg.recorded && held(p.slot));
       seg.recorded = true;
@@ -794,9 +821,11 @@ class PublisherImpl {
     }
     const uint64_t seqno = ++sequence_;
     size_t delivered = 0;
+    // (A local subscriber that joined while this send was staging for remote ones only has nothing to read.)
+    const bool any_remote_only = std::any_of(parts.begin(), parts.end(), [](const Part& p) { return p.remote_only; });
     for (auto& sp : subs_) {
       Sub& sub = *sp;
-      if (!sub.active()) continue;
+      if (!sub.active() || any_remote_only) continue;
       bool announced = true;
       for (const Part& p : parts) {
         const Pool::Slot& ps = pool_->slot(p.slot);

@@ -1264,6 +1264,116 @@ TEST_F(FakeDriver, NetACudaTensorCrossesToARemoteSubscriberStagedAndSaysSo) {
   expect_no_leaks();
 }
 
+TEST_F(FakeDriver, NetWithOnlyRemoteSubscribersACudaTensorIsStagedStraightFromWhereItIs) {
+  // No local subscriber: nothing is copied into the device pool, exported or recorded for one. Each tensor is one
+  // copy into pinned memory, which returns with the data there (no second wait for the stream).
+  const std::string why = tw::net_detail::ucx_unavailable_reason();
+  if (!why.empty()) GTEST_SKIP() << "UCX cannot run here: " << why;
+  const std::string name = ipc_topic("netonly");
+  auto freed = std::make_shared<std::atomic<bool>>(false);
+  {
+    tw::Publisher pub(name, tw::PublisherOptions{.depth = 8, .listen = "127.0.0.1:0"});
+    tw::Subscriber sub(name, tw::SubscriberOptions{.connect = pub.address()});
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (pub.remote_subscriber_count() < 1 && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    ASSERT_EQ(pub.remote_subscriber_count(), 1u);
+    tw::SendOptions o;
+    o.timeout = std::chrono::seconds(5);
+    // A caller's allocation (it has a zero-copy path, which only local subscribers would use), and the same with
+    // copy=true (which would copy it into the pool for them).
+    for (const std::optional<bool> copy : {std::optional<bool>(), std::optional<bool>(true)}) {
+      o.copy = copy;
+      const int copies = g_fake->memcpys, records = g_fake->records, syncs = g_fake->syncs;
+      const size_t vmm = g_fake->vmm_bytes();
+      ASSERT_EQ(pub.send(foreign_floats(6, freed).view({2, 3}), o), 1u);
+      EXPECT_EQ(g_fake->memcpys, copies + 1) << "one copy, device to pinned host (copy=" << copy.has_value() << ")";
+      EXPECT_EQ(g_fake->syncs, syncs + 1) << "the copy into pinned memory waits; nothing else does";
+      EXPECT_EQ(g_fake->vmm_bytes(), vmm) << "no device pool memory taken for subscribers that are not there";
+      EXPECT_EQ(g_fake->records, records) << "no interprocess event recorded for subscribers that are not there";
+      auto t = sub.recv(std::chrono::seconds(5));
+      ASSERT_TRUE(t);
+      EXPECT_EQ(std::string(t->buffer().transport()), "ucx-staged");
+      EXPECT_EQ(t->device(), Device::cuda(0));
+      EXPECT_EQ(host_values(*t), (std::vector<float>{0, 1, 2, 3, 4, 5}));
+    }
+    // copy=false gives the answer local subscribers would get: a received tensor has no zero-copy path.
+    {
+      const std::string other = ipc_topic("netonly-src");
+      tw::Publisher src(other);
+      tw::Subscriber in(other);
+      ASSERT_TRUE(in.connected());
+      ASSERT_EQ(src.send(foreign_floats(4, std::make_shared<std::atomic<bool>>(false))), 1u);
+      auto got = in.recv(std::chrono::seconds(5));
+      ASSERT_TRUE(got);
+      o.copy = false;
+      TW_EXPECT_ERROR_MSG(pub.send(*got, o), ErrorCode::copy_required, "received");
+      o.copy = std::nullopt;
+    }
+    // A message of two CUDA tensors.
+    Tensor a = foreign_floats(4, std::make_shared<std::atomic<bool>>(false));
+    Tensor b = foreign_floats(8, std::make_shared<std::atomic<bool>>(false)).view({2, 4});
+    const int syncs = g_fake->syncs;
+    const int copies = g_fake->memcpys;
+    tw::Message m;
+    m.tensors = {a, b};
+    ASSERT_EQ(pub.send(m, o), 1u);
+    EXPECT_EQ(g_fake->memcpys, copies + 2);
+    EXPECT_EQ(g_fake->syncs, syncs + 2);
+    auto r = sub.recv_message(std::chrono::seconds(5));
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->message.tensors.size(), 2u);
+    EXPECT_EQ(host_values(r->message.tensors[0]), host_values(a));
+    EXPECT_EQ(host_values(r->message.tensors[1]), host_values(b));
+    EXPECT_EQ(r->message.tensors[1].shape(), b.shape());
+    // A local subscriber joins: it gets the next message through CUDA IPC, and the remote one still staged.
+    tw::Subscriber local(name);
+    ASSERT_TRUE(local.connected());
+    ASSERT_EQ(pub.send(foreign_floats(3, std::make_shared<std::atomic<bool>>(false)), o), 2u);
+    auto l = local.recv(std::chrono::seconds(5));
+    ASSERT_TRUE(l);
+    EXPECT_EQ(std::string(l->buffer().transport()), "cuda-ipc");
+    auto rr = sub.recv(std::chrono::seconds(5));
+    ASSERT_TRUE(rr);
+    EXPECT_EQ(std::string(rr->buffer().transport()), "ucx-staged");
+    EXPECT_EQ(host_values(*l), host_values(*rr));
+    l.reset();
+    d::wait_releases();
+  }
+  EXPECT_TRUE(eventually(*freed));
+  expect_no_leaks();
+}
+
+TEST_F(FakeDriver, NetAStagedTensorThatCannotGoBackToItsDeviceIsAnErrorAtRecvAndTheStreamGoesOn) {
+  const std::string why = tw::net_detail::ucx_unavailable_reason();
+  if (!why.empty()) GTEST_SKIP() << "UCX cannot run here: " << why;
+  const std::string name = ipc_topic("netback");
+  {
+    tw::Publisher pub(name, tw::PublisherOptions{.depth = 8, .listen = "127.0.0.1:0"});
+    tw::Subscriber sub(name, tw::SubscriberOptions{.connect = pub.address()});
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (pub.remote_subscriber_count() < 1 && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    ASSERT_EQ(pub.remote_subscriber_count(), 1u);
+    ASSERT_EQ(pub.send(foreign_floats(6, std::make_shared<std::atomic<bool>>(false)), tw::Metadata{},
+                       std::chrono::seconds(5)),
+              1u);
+    ASSERT_EQ(pub.send(foreign_floats(2, std::make_shared<std::atomic<bool>>(false)), tw::Metadata{},
+                       std::chrono::seconds(5)),
+              1u);
+    tw::cuda::empty_cache();
+    g_fake->device_limit = 1;  // cuda:0 has no memory left for the first message to go back to
+    TW_EXPECT_ERROR_MSG(sub.recv(std::chrono::seconds(5)), ErrorCode::out_of_memory,
+                        "arrived staged through host memory, and cannot go to cuda:0 here");
+    g_fake->device_limit = 0;
+    auto t = sub.recv(std::chrono::seconds(5));
+    ASSERT_TRUE(t) << "the stream goes on after the refused message";
+    EXPECT_EQ(host_values(*t), (std::vector<float>{0, 1}));
+    t.reset();
+  }
+  expect_no_leaks();
+}
+
 TEST_F(FakeDriver, IpcAClosedPublisherKeepsACallersAllocationUntilItsSubscribersLetGo) {
   // Closing (or destroying) the publisher must not free or recycle the caller's memory under a subscriber still
   // reading it: with PyTorch's caching allocator that memory would be handed to the next tensor at once.
@@ -1570,6 +1680,13 @@ TEST_F(FakeDriver, IpcATensorWhoseProducersStreamIsGoneIsSentAfterItsImportEvent
     got = sub.recv(std::chrono::seconds(5));
     ASSERT_TRUE(got);
     EXPECT_EQ(host_values(*got), (std::vector<float>{4, 2, 0}));
+    // With nobody to send to, a send queues no work at all (not even the wait on the import's event).
+    tw::Publisher alone(ipc_topic("deadstream-alone"));
+    const size_t before = g_fake->waited.size();
+    const int records = g_fake->records;
+    EXPECT_EQ(alone.send(t), 0u);
+    EXPECT_EQ(g_fake->waited.size(), before);
+    EXPECT_EQ(g_fake->records, records);
   }
   expect_no_leaks();
 }
