@@ -50,7 +50,9 @@ struct State {
   std::mutex mu;
   // Legacy handles open in this process, by handle bytes: cuIpcOpenMemHandle opens one allocation once per process.
   std::map<std::array<uint8_t, 64>, std::weak_ptr<void>> legacy;
-  std::map<int, CUstream> receive_streams;  // device -> this process's receive stream
+  // device -> this process's receive stream. Not own_stream() (copy.cpp), which imports' ready events are waited
+  // on: one stream for both would make every received tensor's consumer wait for unrelated producers' kernels.
+  std::map<int, CUstream> receive_streams;
 };
 State& state() {
   static State* s = [] {

@@ -328,5 +328,22 @@ def test_a_cuda_tensor_crosses_to_a_remote_subscriber_staged_and_says_so():
         h = host.recv(timeout=20)
         assert h.transport == "ucx-staged" and str(h.device) == "cpu"
         np.testing.assert_array_equal(np.asarray(h), x.cpu().numpy())
+        # Ordering: a kernel still writing when send is called. The staging copy runs after it, on stream= or on
+        # the stream current at send (the one the tensor is imported with); a copy not ordered after the kernel
+        # would stage the zeros.
+        s = torch.cuda.Stream()
+        for how in ("stream=", "current stream"):
+            y = torch.zeros(1 << 16, device="cuda")
+            torch.cuda.synchronize()
+            with torch.cuda.stream(s):
+                torch.cuda._sleep(SLEEP_CYCLES)
+                y.fill_(7.0)
+                if how == "current stream":
+                    pub.send(y)
+            if how == "stream=":
+                pub.send(y, stream=s)
+            got = host.recv(timeout=20)
+            assert (np.asarray(got) == 7.0).all(), f"the staging copy ({how}) read before the kernel wrote"
+            assert (torch.from_dlpack(sub.recv(timeout=20)) == 7.0).all()
         sub.close()
         host.close()
