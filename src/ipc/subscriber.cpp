@@ -29,6 +29,14 @@ namespace tw {
 namespace ipc_detail {
 
 namespace {
+// A received tensor copied to `to` (SubscriberOptions::device, or back to the device a staged tensor came from),
+// still saying how it came and with its metadata. Leaves `t` as it was when the copy fails.
+void move_received(Tensor& t, const Device& to) {
+  Tensor moved = t.to(to);
+  moved.buffer_ptr()->set_transport(t.buffer().transport());
+  moved.metadata() = std::move(t.metadata());
+  t = std::move(moved);
+}
 
 using Clock = std::chrono::steady_clock;
 constexpr auto kSpin = std::chrono::microseconds(50);  // busy hand-off window before sleeping
@@ -568,13 +576,7 @@ class SubscriberImpl {
       t = Tensor::make(std::move(buf), std::move(m.layout), true);
     }
     t.metadata() = std::move(m.metadata);
-    if (opt_.device && !(t.device() == *opt_.device)) {  // SubscriberOptions::device: one copy, here
-      const char* how = t.buffer().transport();
-      Metadata md = std::move(t.metadata());
-      t = t.to(*opt_.device);
-      t.buffer_ptr()->set_transport(how);
-      t.metadata() = std::move(md);
-    }
+    if (opt_.device && !(t.device() == *opt_.device)) move_received(t, *opt_.device);  // one copy, here
     return t;
   }
 
@@ -774,10 +776,8 @@ std::optional<Subscriber::Received> received(std::optional<net_detail::Delivered
     const int origin = i < d->cuda_origin.size() ? d->cuda_origin[i] : -1;
     const std::optional<Device> to = want ? want : origin >= 0 ? std::optional<Device>(Device::cuda(origin)) : std::nullopt;
     if (!to || t.device() == *to) continue;
-    const char* how = t.buffer().transport();
-    Metadata md = std::move(t.metadata());
     try {
-      t = t.to(*to);
+      ipc_detail::move_received(t, *to);
     } catch (const Error& e) {
       if (want) throw;
       throw Error(e.code(), "Subscriber('" + name + "'): a CUDA tensor (on cuda:" + std::to_string(origin) +
@@ -785,8 +785,6 @@ std::optional<Subscriber::Received> received(std::optional<net_detail::Delivered
                                 " here: " + e.what() +
                                 "; subscribe with device='cpu' (SubscriberOptions::device) to receive it in host memory");
     }
-    t.buffer_ptr()->set_transport(how);
-    t.metadata() = std::move(md);
   }
   return r;
 }
