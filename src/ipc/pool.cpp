@@ -2,7 +2,10 @@
 #include <fcntl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
+#include <map>
+#include <mutex>
 
 #include "ipc/pool_internal.hpp"
 
@@ -181,6 +184,57 @@ Tensor Pool::loan(size_t i, Layout layout) {
   return t;
 }
 
+namespace {
+struct LocalSegments {
+  std::mutex mu;
+  std::map<std::array<uint8_t, 64>, std::weak_ptr<void>> events;
+  struct Legacy {
+    uintptr_t base = 0;
+    std::weak_ptr<const void> alive;
+  };
+  std::map<std::array<uint8_t, 64>, Legacy> legacy;
+  size_t purge_at = 64;
+  void purge() {  // (mu held) entries of segments that are gone, once the maps have doubled since the last purge
+    if (events.size() + legacy.size() < purge_at) return;
+    std::erase_if(events, [](const auto& kv) { return kv.second.expired(); });
+    std::erase_if(legacy, [](const auto& kv) { return kv.second.alive.expired(); });
+    purge_at = std::max<size_t>(64, 2 * (events.size() + legacy.size()));
+  }
+};
+LocalSegments& local_segments() {
+  static auto* l = new LocalSegments();  // never destroyed: subscribers may look up at exit
+  return *l;
+}
+std::atomic<bool> g_local_shortcut{true};
+}  // namespace
+
+void register_local_cuda_segment(const Segment& seg, const std::shared_ptr<const void>& alive) {
+  LocalSegments& l = local_segments();
+  std::lock_guard lk(l.mu);
+  l.purge();
+  if (seg.event.event) l.events[seg.event.handle] = seg.event.event;
+  if (seg.cuda.handle == CudaHandle::legacy && alive)
+    l.legacy[seg.cuda.mem_handle] = LocalSegments::Legacy{seg.device_base - seg.cuda.handle_offset, alive};
+}
+
+std::shared_ptr<void> local_ipc_event(const std::array<uint8_t, 64>& event_handle) {
+  LocalSegments& l = local_segments();
+  std::lock_guard lk(l.mu);
+  auto it = l.events.find(event_handle);
+  return it == l.events.end() ? nullptr : it->second.lock();
+}
+
+std::optional<uintptr_t> local_legacy_base(const std::array<uint8_t, 64>& mem_handle) {
+  LocalSegments& l = local_segments();
+  std::lock_guard lk(l.mu);
+  auto it = l.legacy.find(mem_handle);
+  if (it == l.legacy.end() || it->second.alive.expired()) return std::nullopt;
+  return it->second.base;
+}
+
+void set_local_shortcut(bool on) noexcept { g_local_shortcut.store(on); }
+bool local_shortcut() noexcept { return g_local_shortcut.load(); }
+
 Segment Pool::device_segment(int device, size_t bytes) {
   const DeviceRuntime& rt = device_runtime();
   DeviceExport e = rt.allocate_exportable(Device::cuda(device), bytes);
@@ -195,6 +249,7 @@ Segment Pool::device_segment(int device, size_t bytes) {
   seg.cuda.device_uuid = e.device_uuid;
   seg.event = rt.create_ipc_event(Device::cuda(device));
   seg.cuda.event_handle = seg.event.handle;
+  register_local_cuda_segment(seg, nullptr);
   return seg;
 }
 
@@ -238,6 +293,11 @@ std::optional<size_t> Pool::adopt(DeviceExport e, const std::function<bool(size_
   seg.cuda.handle_offset = e.handle_offset;
   seg.event = device_runtime().create_ipc_event(Device::cuda(e.device));
   seg.cuda.event_handle = seg.event.handle;
+  // Lives with the tensors the segment keeps (seg.keep: moved to the lingering list at close while a subscriber
+  // still reads them), so a subscriber in this process finds the allocation exactly as long as it may use it.
+  auto alive = std::make_shared<int>(0);
+  register_local_cuda_segment(seg, alive);
+  seg.keep.push_back(std::move(alive));
   s.seg = std::move(seg);
   s.segment_id = next_segment_id_++;
   s.writable = true;

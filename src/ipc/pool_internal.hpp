@@ -103,7 +103,8 @@ class Pool : public std::enable_shared_from_this<Pool> {
   /// The slot exporting a caller's CUDA allocation at (device, base), or -1.
   long find_foreign(int device, uintptr_t base) const noexcept;
   /// A slot for a caller's CUDA allocation (zero-copy): an empty slot, retiring free ones to make room; nullopt
-  /// when every slot is in use. The segment keeps nothing alive yet (the caller adds to seg.keep).
+  /// when every slot is in use. The segment keeps none of the caller's tensors alive yet (the caller adds them to
+  /// seg.keep, after the token local_legacy_base goes by).
   std::optional<size_t> adopt(DeviceExport e, const std::function<bool(size_t)>& held,
                               const std::function<void(size_t, uint64_t)>& on_retire);
   /// Retires every free foreign slot (no lease, no hold): their tensors are let go and subscribers close them.
@@ -130,5 +131,23 @@ class Pool : public std::enable_shared_from_this<Pool> {
   std::string name_;
   uint64_t next_segment_id_ = 1;
 };
+
+// ---- a subscriber in the publisher's own process ----------------------------------------------------------------
+// The driver refuses to open an IPC event handle, or a legacy memory handle, in the process that exported it
+// (CUDA_ERROR_INVALID_CONTEXT). A subscriber of a publisher in its own process finds them here instead, by the
+// handle bytes it was sent. (VMM memory is imported from its fd as from any other process.)
+
+/// Registers a CUDA segment's interprocess event (held weakly: found while the segment lives) and, for a legacy
+/// handle, where its allocation is (found while `alive` lives: the publisher keeps it with the segment's tensors,
+/// and after close until the last subscriber lets go).
+void register_local_cuda_segment(const Segment& seg, const std::shared_ptr<const void>& alive);
+/// The event of a segment this process exported; null once the segment is gone (its destructor waited for the
+/// work last recorded on it, so nothing is left to wait for).
+std::shared_ptr<void> local_ipc_event(const std::array<uint8_t, 64>& event_handle);
+/// Where the legacy-handle allocation this process exported starts; nullopt when unknown.
+std::optional<uintptr_t> local_legacy_base(const std::array<uint8_t, 64>& mem_handle);
+/// Tests with a fake driver, whose handles open in any process, turn this off to exercise the open path.
+void set_local_shortcut(bool on) noexcept;
+bool local_shortcut() noexcept;
 
 }  // namespace tw::ipc_detail

@@ -23,6 +23,7 @@
 #include "ipc/fork_internal.hpp"
 #include "net/net_internal.hpp"
 #include "ipc/ipc_internal.hpp"
+#include "ipc/pool_internal.hpp"
 #include "tensorwire/device_runtime.hpp"
 
 namespace tw {
@@ -589,16 +590,46 @@ class SubscriberImpl {
   Tensor cuda_tensor(CudaSegment& cs, DecodedMessage& m) {
     const DeviceRuntime& rt = device_runtime();
     if (!rt.available()) throw Error(ErrorCode::device_unavailable, rt.status());
+    // The driver opens no handle in the process that exported it: a publisher in this process is found by its
+    // handles instead (pool_internal.hpp). VMM memory is imported from its fd all the same.
+    const bool local = publisher_pid_ == os::current_pid() && local_shortcut();
     std::shared_ptr<const DeviceImport> opened = cs.opened.lock();
     if (!opened) {
       const auto kind = cs.info.handle == CudaHandle::vmm ? DeviceExport::Kind::vmm : DeviceExport::Kind::legacy;
-      auto imp = std::make_shared<DeviceImport>(
-          rt.open_memory(kind, cs.info.device_uuid, cs.fd.get(), cs.info.mem_handle, cs.info.handle_offset, cs.size));
-      opened = imp;
+      std::optional<uintptr_t> here;
+      if (local && kind == DeviceExport::Kind::legacy) {
+        here = local_legacy_base(cs.info.mem_handle);
+        if (!here)
+          throw Error(ErrorCode::invalid_argument, "Subscriber('" + name_ + "'): the publisher in this process sent "
+                                                   "a CUDA allocation it does not hold (a stale or forged handle)");
+      }
+      DeviceImport imp;
+      if (here) {
+        // Valid for as long as this message's lease: the publisher keeps the allocation until every lease is back.
+        if (cs.info.device < 0 || cs.info.device >= rt.device_count())
+          throw Error(ErrorCode::invalid_argument, "Subscriber('" + name_ + "'): the publisher in this process named "
+                                                   "cuda:" + std::to_string(cs.info.device) + ", which it does not have");
+        imp.base = *here + cs.info.handle_offset;
+        imp.bytes = cs.size;
+        imp.device = cs.info.device;
+      } else {
+        imp = rt.open_memory(kind, cs.info.device_uuid, cs.fd.get(), cs.info.mem_handle, cs.info.handle_offset,
+                             cs.size);
+      }
+      opened = std::make_shared<DeviceImport>(std::move(imp));
       cs.opened = opened;
     }
-    if (!cs.event.event) cs.event = rt.open_ipc_event(cs.info.device_uuid, cs.info.event_handle);
-    const intptr_t stream = rt.wait_ipc_event(cs.event);
+    if (!cs.event.event) {
+      if (!local) {
+        cs.event = rt.open_ipc_event(cs.info.device_uuid, cs.info.event_handle);
+      } else if (std::shared_ptr<void> ev = local_ipc_event(cs.info.event_handle)) {
+        cs.event.event = std::move(ev);  // the publisher's own event
+        cs.event.handle = cs.info.event_handle;
+        cs.event.device = cs.info.device;
+      }
+    }
+    // (A publisher's segment in this process that is gone waited for its event when it went: nothing to wait for.)
+    const intptr_t stream = cs.event.event ? rt.wait_ipc_event(cs.event) : 1;
     auto* base = reinterpret_cast<char*>(opened->base) + m.alloc_offset;
     const int device = opened->device;
     auto uses = std::make_shared<StreamUses>();

@@ -32,6 +32,7 @@
 #include "tensorwire/copy.hpp"
 #include "tensorwire/cuda.hpp"
 #include "ipc/ipc_internal.hpp"
+#include "ipc/pool_internal.hpp"
 #include "net/net_internal.hpp"
 #include "tensorwire/device_runtime.hpp"
 #include "tensorwire/interop.hpp"
@@ -86,6 +87,9 @@ struct Fake {
   std::vector<std::pair<uintptr_t, uintptr_t>> waited;     // (stream, event) of each cuStreamWaitEvent
   size_t device_limit = 0;            // when not 0: cuMemCreate beyond this many live VMM bytes is out of memory
   size_t host_limit = 0;              // the same for cuMemHostAlloc
+  // As the real driver: an IPC memory or event handle does not open in the process that exported it (201,
+  // CUDA_ERROR_INVALID_CONTEXT). Off by default: the other tests play two processes in one.
+  bool one_process = false;
   size_t vmm_bytes() const {
     size_t n = 0;
     for (const auto& [h, v] : vmm) n += v.second;
@@ -463,6 +467,7 @@ d::Api fake_api() {
   };
   a.cuIpcOpenMemHandle = [](d::CUdeviceptr* p, d::IpcHandle h, unsigned flags) {
     EXPECT_EQ(flags, d::kIpcLazyPeerAccess);
+    if (g_fake->one_process) return 201;
     if (std::memcmp(h.bytes, "fakeipc", 7) != 0) return 400;  // a forged handle
     std::memcpy(p, h.bytes + 8, sizeof *p);
     std::lock_guard lk(g_fake->mu);
@@ -482,6 +487,7 @@ d::Api fake_api() {
     return 0;
   };
   a.cuIpcOpenEventHandle = [](d::CUevent* e, d::IpcHandle h) {
+    if (g_fake->one_process) return 201;
     if (std::memcmp(h.bytes, "fakeevt", 7) != 0) return 400;
     *e = new int(0);
     std::lock_guard lk(g_fake->mu);
@@ -513,8 +519,10 @@ class FakeDriver : public ::testing::Test {
     api_ = fake_api();
     d::install_fake_driver(&api_, 2, 13000);
     tw::cuda::install_runtime();
+    tw::ipc_detail::set_local_shortcut(false);  // the fake's handles open in one process: exercise the open path
   }
   void TearDown() override {
+    tw::ipc_detail::set_local_shortcut(true);
     tw::cuda::empty_cache();  // every held buffer back before the fake goes
     d::install_fake_driver(nullptr, 0, 0);
     delete g_fake;
@@ -1135,8 +1143,8 @@ Tensor foreign_floats(size_t n, std::shared_ptr<std::atomic<bool>> freed) {
   auto* f = reinterpret_cast<float*>(p);
   for (size_t i = 0; i < n; ++i) f[i] = static_cast<float>(i);
   std::shared_ptr<void> owner(f, [freed](void* q) {
-    freed->store(true);
     d::driver().api.cuMemFree(reinterpret_cast<d::CUdeviceptr>(q));
+    freed->store(true);  // (after the free: a test that saw it may count allocations at once)
   });
   auto buf = std::make_shared<tw::Buffer>(f, n * 4, Device::cuda(0), owner);
   return Tensor::make(buf, tw::Layout{DType::float32(), {static_cast<int64_t>(n)}, {1}, 0, false}, false);
@@ -1371,6 +1379,71 @@ TEST_F(FakeDriver, NetAStagedTensorThatCannotGoBackToItsDeviceIsAnErrorAtRecvAnd
     EXPECT_EQ(host_values(*t), (std::vector<float>{0, 1}));
     t.reset();
   }
+  expect_no_leaks();
+}
+
+TEST_F(FakeDriver, IpcASubscriberInThePublishersProcessUsesItsHandlesWithoutOpeningThem) {
+  // The real driver opens no IPC handle in the process that exported it: a subscriber of a publisher in its own
+  // process takes the publisher's event and allocation as they are (VMM memory is imported from its fd as usual).
+  tw::ipc_detail::set_local_shortcut(true);
+  g_fake->one_process = true;
+  const std::string name = ipc_topic("oneprocess");
+  auto freed = std::make_shared<std::atomic<bool>>(false), freed_queued = std::make_shared<std::atomic<bool>>(false);
+  std::optional<Tensor> kept;
+  {
+    tw::Publisher pub(name);
+    tw::Subscriber sub(name);
+    ASSERT_TRUE(sub.connected());
+    // A caller's cudaMalloc allocation (a legacy handle): the stacked plane, with its offset, on a stream.
+    constexpr intptr_t kCaller = 0x5400;
+    tw::SendOptions o;
+    o.stream = kCaller;
+    Tensor stacked = foreign_floats(12, freed).view({2, 2, 3});
+    ASSERT_EQ(pub.send(stacked.select(0, 1), o), 1u);
+    stacked = Tensor();
+    const size_t waits = g_fake->waited.size();
+    auto t = sub.recv(std::chrono::seconds(5));
+    ASSERT_TRUE(t);
+    EXPECT_EQ(std::string(t->buffer().transport()), "cuda-ipc");
+    EXPECT_EQ(host_values(*t), (std::vector<float>{6, 7, 8, 9, 10, 11}));
+    EXPECT_EQ(g_fake->ipc_opens.load(), 0);
+    EXPECT_EQ(g_fake->ipc_event_opens, 0);
+    // The receive stream waits on the publisher's own event, recorded on the caller's stream.
+    bool waited_on_it = false;
+    for (size_t i = waits; i < g_fake->waited.size(); ++i) {
+      const auto it = g_fake->event_stream.find(g_fake->waited[i].second);
+      waited_on_it |= it != g_fake->event_stream.end() && it->second == uintptr_t{kCaller};
+    }
+    EXPECT_TRUE(waited_on_it) << "the subscriber's stream did not wait on the event the publisher recorded";
+    // A device loan (the pool's VMM memory): imported from its fd.
+    Tensor loan = pub.loan({2, 3}, DType::float32(), Device::cuda(0));
+    auto* f = reinterpret_cast<float*>(loan.data_ptr());
+    for (int i = 0; i < 6; ++i) f[i] = static_cast<float>(10 * i);
+    ASSERT_EQ(pub.send(std::move(loan)), 1u);
+    auto l = sub.recv(std::chrono::seconds(5));
+    ASSERT_TRUE(l);
+    EXPECT_EQ(std::string(l->buffer().transport()), "cuda-vmm");
+    EXPECT_EQ(host_values(*l), (std::vector<float>{0, 10, 20, 30, 40, 50}));
+    // Queued when the publisher closes: still readable, and the caller's memory stays until the subscriber lets go.
+    ASSERT_EQ(pub.send(foreign_floats(4, freed_queued)), 1u);
+    pub.close();
+    auto q = sub.recv(std::chrono::seconds(5));
+    ASSERT_TRUE(q);
+    EXPECT_EQ(host_values(*q), (std::vector<float>{0, 1, 2, 3}));
+    EXPECT_EQ(host_values(*t), (std::vector<float>{6, 7, 8, 9, 10, 11}));
+    EXPECT_FALSE(freed->load());
+    EXPECT_FALSE(freed_queued->load());
+    kept = std::move(q);
+    t.reset();
+    l.reset();
+  }
+  d::wait_releases();
+  EXPECT_TRUE(eventually(*freed));
+  EXPECT_FALSE(freed_queued->load()) << "a received tensor still reads it";
+  EXPECT_EQ(host_values(*kept), (std::vector<float>{0, 1, 2, 3})) << "outlives its subscriber and publisher";
+  kept.reset();
+  d::wait_releases();
+  EXPECT_TRUE(eventually(*freed_queued));
   expect_no_leaks();
 }
 

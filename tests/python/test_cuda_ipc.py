@@ -86,6 +86,30 @@ def test_the_second_plane_of_a_stack_arrives_as_six_to_eleven():
             p.join(30)
 
 
+def test_a_subscriber_in_the_publishers_own_process():
+    # The driver opens no IPC handle in the process that exported it (CUDA_ERROR_INVALID_CONTEXT): a subscriber
+    # beside its publisher takes the publisher's event and allocation as they are (VMM loans: imported from the fd).
+    torch = pytest.importorskip("torch")
+    name = topic("oneprocess")
+    with tw.Publisher(name) as pub, tw.Subscriber(name) as sub:
+        x = torch.stack([torch.arange(6, dtype=torch.float32, device="cuda").reshape(2, 3),
+                         torch.arange(6, 12, dtype=torch.float32, device="cuda").reshape(2, 3)])
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(SLEEP_CYCLES)
+            x.add_(1)  # still running when send returns: the receive side waits on the publisher's event
+        pub.send(x[1], stream=s)
+        t = sub.recv(timeout=10)
+        assert t.transport == "cuda-ipc"
+        torch.testing.assert_close(torch.from_dlpack(t).cpu(), torch.arange(7, 13, dtype=torch.float32).reshape(2, 3))
+        buf = pub.loan((4, 5), "float32", device="cuda:0")
+        torch.from_dlpack(buf).copy_(torch.arange(20, dtype=torch.float32, device="cuda").reshape(4, 5))
+        pub.send(buf, stream=torch.cuda.current_stream())
+        v = sub.recv(timeout=10)
+        assert v.transport == "cuda-vmm"
+        torch.testing.assert_close(torch.from_dlpack(v).cpu(), torch.arange(20, dtype=torch.float32).reshape(4, 5))
+
+
 def test_every_layout_from_torch_and_cupy_and_four_subscribers():
     torch = pytest.importorskip("torch")
     name = topic("layouts")
