@@ -1207,11 +1207,24 @@ bool eventually(const std::atomic<bool>& flag, std::chrono::milliseconds within 
   return flag.load();
 }
 
+#define TW_SKIP_WITHOUT_UCX()                                                                    \
+  do {                                                                                           \
+    const std::string tw_why_ = tw::net_detail::ucx_unavailable_reason();                         \
+    if (!tw_why_.empty()) GTEST_SKIP() << "UCX cannot run here: " << tw_why_;                     \
+  } while (0)
+
+// Waits (bounded) until `n` remote subscribers are connected to `pub`.
+bool remote_subscribers_joined(const tw::Publisher& pub, size_t n) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (pub.remote_subscriber_count() < n && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  return pub.remote_subscriber_count() == n;
+}
+
 TEST_F(FakeDriver, NetACudaTensorCrossesToARemoteSubscriberStagedAndSaysSo) {
   // Debian's UCX has no CUDA transports: a CUDA tensor crosses packed into pinned host memory (after the producer's
   // stream), lands in host memory, and goes back to the device it came from (or to SubscriberOptions::device).
-  const std::string why = tw::net_detail::ucx_unavailable_reason();
-  if (!why.empty()) GTEST_SKIP() << "UCX cannot run here: " << why;
+  TW_SKIP_WITHOUT_UCX();
   const std::string name = ipc_topic("net");
   auto freed = std::make_shared<std::atomic<bool>>(false);
   {
@@ -1223,10 +1236,7 @@ TEST_F(FakeDriver, NetACudaTensorCrossesToARemoteSubscriberStagedAndSaysSo) {
                         ErrorCode::invalid_argument, "cuda:7 does not exist");
     TW_EXPECT_ERROR_MSG(tw::Subscriber(name, tw::SubscriberOptions{.device = Device::cuda(7)}),
                         ErrorCode::invalid_argument, "cuda:7 does not exist");
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (pub.remote_subscriber_count() < 2 && std::chrono::steady_clock::now() < until)
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    ASSERT_EQ(pub.remote_subscriber_count(), 2u);
+    ASSERT_TRUE(remote_subscribers_joined(pub, 2));
     Tensor loan = pub.loan({4, 6}, DType::float32(), Device::cuda(1));
     auto* f = reinterpret_cast<float*>(loan.data_ptr());
     for (int i = 0; i < 24; ++i) f[i] = static_cast<float>(i) - 3.5f;
@@ -1275,17 +1285,13 @@ TEST_F(FakeDriver, NetACudaTensorCrossesToARemoteSubscriberStagedAndSaysSo) {
 TEST_F(FakeDriver, NetWithOnlyRemoteSubscribersACudaTensorIsStagedStraightFromWhereItIs) {
   // No local subscriber: nothing is copied into the device pool, exported or recorded for one. Each tensor is one
   // copy into pinned memory, which returns with the data there (no second wait for the stream).
-  const std::string why = tw::net_detail::ucx_unavailable_reason();
-  if (!why.empty()) GTEST_SKIP() << "UCX cannot run here: " << why;
+  TW_SKIP_WITHOUT_UCX();
   const std::string name = ipc_topic("netonly");
   auto freed = std::make_shared<std::atomic<bool>>(false);
   {
     tw::Publisher pub(name, tw::PublisherOptions{.depth = 8, .listen = "127.0.0.1:0"});
     tw::Subscriber sub(name, tw::SubscriberOptions{.connect = pub.address()});
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (pub.remote_subscriber_count() < 1 && std::chrono::steady_clock::now() < until)
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    ASSERT_EQ(pub.remote_subscriber_count(), 1u);
+    ASSERT_TRUE(remote_subscribers_joined(pub, 1));
     tw::SendOptions o;
     o.timeout = std::chrono::seconds(5);
     // A caller's allocation (it has a zero-copy path, which only local subscribers would use), and the same with
@@ -1353,16 +1359,12 @@ TEST_F(FakeDriver, NetWithOnlyRemoteSubscribersACudaTensorIsStagedStraightFromWh
 }
 
 TEST_F(FakeDriver, NetAStagedTensorThatCannotGoBackToItsDeviceIsAnErrorAtRecvAndTheStreamGoesOn) {
-  const std::string why = tw::net_detail::ucx_unavailable_reason();
-  if (!why.empty()) GTEST_SKIP() << "UCX cannot run here: " << why;
+  TW_SKIP_WITHOUT_UCX();
   const std::string name = ipc_topic("netback");
   {
     tw::Publisher pub(name, tw::PublisherOptions{.depth = 8, .listen = "127.0.0.1:0"});
     tw::Subscriber sub(name, tw::SubscriberOptions{.connect = pub.address()});
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (pub.remote_subscriber_count() < 1 && std::chrono::steady_clock::now() < until)
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    ASSERT_EQ(pub.remote_subscriber_count(), 1u);
+    ASSERT_TRUE(remote_subscribers_joined(pub, 1));
     ASSERT_EQ(pub.send(foreign_floats(6, std::make_shared<std::atomic<bool>>(false)), tw::Metadata{},
                        std::chrono::seconds(5)),
               1u);
