@@ -190,14 +190,20 @@ struct LocalSegments {
   std::map<std::array<uint8_t, 64>, std::weak_ptr<void>> events;
   struct Legacy {
     uintptr_t base = 0;
-    std::weak_ptr<const void> alive;
+    // One per segment exporting the allocation (several publishers may send the same tensor): valid while any is.
+    std::vector<std::weak_ptr<const void>> alive;
+    bool expired() const {
+      return std::all_of(alive.begin(), alive.end(), [](const auto& w) { return w.expired(); });
+    }
   };
   std::map<std::array<uint8_t, 64>, Legacy> legacy;
   size_t purge_at = 64;
-  void purge() {  // (mu held) entries of segments that are gone, once the maps have doubled since the last purge
+  // (mu held) Drops entries of segments that are gone once the maps have doubled since the last purge; until then
+  // an event's expired entry says "gone" (its segment waited for it), which an unknown handle does not.
+  void purge() {
     if (events.size() + legacy.size() < purge_at) return;
     std::erase_if(events, [](const auto& kv) { return kv.second.expired(); });
-    std::erase_if(legacy, [](const auto& kv) { return kv.second.alive.expired(); });
+    std::erase_if(legacy, [](const auto& kv) { return kv.second.expired(); });
     purge_at = std::max<size_t>(64, 2 * (events.size() + legacy.size()));
   }
 };
@@ -213,22 +219,32 @@ void register_local_cuda_segment(const Segment& seg, const std::shared_ptr<const
   std::lock_guard lk(l.mu);
   l.purge();
   if (seg.event.event) l.events[seg.event.handle] = seg.event.event;
-  if (seg.cuda.handle == CudaHandle::legacy && alive)
-    l.legacy[seg.cuda.mem_handle] = LocalSegments::Legacy{seg.device_base - seg.cuda.handle_offset, alive};
+  if (seg.cuda.handle == CudaHandle::legacy && alive) {
+    LocalSegments::Legacy& e = l.legacy[seg.cuda.mem_handle];
+    const uintptr_t base = seg.device_base - seg.cuda.handle_offset;
+    if (e.base != base) e.alive.clear();  // (a handle names one allocation: a stale entry)
+    e.base = base;
+    std::erase_if(e.alive, [](const auto& w) { return w.expired(); });
+    e.alive.push_back(alive);
+  }
 }
 
-std::shared_ptr<void> local_ipc_event(const std::array<uint8_t, 64>& event_handle) {
+LocalEvent local_ipc_event(const std::array<uint8_t, 64>& event_handle) {
   LocalSegments& l = local_segments();
   std::lock_guard lk(l.mu);
   auto it = l.events.find(event_handle);
-  return it == l.events.end() ? nullptr : it->second.lock();
+  if (it == l.events.end()) return LocalEvent{};
+  LocalEvent out;
+  out.known = true;
+  out.event = it->second.lock();
+  return out;
 }
 
 std::optional<uintptr_t> local_legacy_base(const std::array<uint8_t, 64>& mem_handle) {
   LocalSegments& l = local_segments();
   std::lock_guard lk(l.mu);
   auto it = l.legacy.find(mem_handle);
-  if (it == l.legacy.end() || it->second.alive.expired()) return std::nullopt;
+  if (it == l.legacy.end() || it->second.expired()) return std::nullopt;
   return it->second.base;
 }
 
@@ -293,11 +309,11 @@ std::optional<size_t> Pool::adopt(DeviceExport e, const std::function<bool(size_
   seg.cuda.handle_offset = e.handle_offset;
   seg.event = device_runtime().create_ipc_event(Device::cuda(e.device));
   seg.cuda.event_handle = seg.event.handle;
-  // Lives with the tensors the segment keeps (seg.keep: moved to the lingering list at close while a subscriber
-  // still reads them), so a subscriber in this process finds the allocation exactly as long as it may use it.
+  // Lives with the segment, and with the tensors it keeps when they linger after close while a subscriber still
+  // reads them: a subscriber in this process finds the allocation exactly as long as it may use it.
   auto alive = std::make_shared<int>(0);
   register_local_cuda_segment(seg, alive);
-  seg.keep.push_back(std::move(alive));
+  seg.owner = std::move(alive);
   s.seg = std::move(seg);
   s.segment_id = next_segment_id_++;
   s.writable = true;

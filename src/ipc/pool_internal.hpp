@@ -39,8 +39,9 @@ struct Segment {
   CudaSegmentInfo cuda;                      ///< what CUDA_SEGMENT tells subscribers
   IpcEvent event;                            ///< recorded on the producer's stream before each message
   bool recorded = false;                     ///< the event was recorded at least once
-  std::shared_ptr<void> owner;               ///< the pool's allocation (allocate_exportable)
-  std::vector<std::shared_ptr<const void>> keep;  ///< foreign: the sent tensors' buffers, until no lease holds them
+  std::shared_ptr<void> owner;  ///< the pool's allocation (allocate_exportable); foreign: local_legacy_base's token
+  std::vector<std::shared_ptr<const Buffer>> keep;  ///< foreign: the sent tensors' buffers (one per range), until no
+                                                    ///< lease holds them
   bool foreign = false;                      ///< a caller's allocation (zero-copy): never handed out by try_take
   size_t size() const noexcept { return device >= 0 ? static_cast<size_t>(device_bytes) : map.size(); }
   char* data() const noexcept { return device >= 0 ? reinterpret_cast<char*>(device_base) : map.data(); }
@@ -103,8 +104,7 @@ class Pool : public std::enable_shared_from_this<Pool> {
   /// The slot exporting a caller's CUDA allocation at (device, base), or -1.
   long find_foreign(int device, uintptr_t base) const noexcept;
   /// A slot for a caller's CUDA allocation (zero-copy): an empty slot, retiring free ones to make room; nullopt
-  /// when every slot is in use. The segment keeps none of the caller's tensors alive yet (the caller adds them to
-  /// seg.keep, after the token local_legacy_base goes by).
+  /// when every slot is in use. The segment keeps nothing of the caller's alive yet (the caller adds to seg.keep).
   std::optional<size_t> adopt(DeviceExport e, const std::function<bool(size_t)>& held,
                               const std::function<void(size_t, uint64_t)>& on_retire);
   /// Retires every free foreign slot (no lease, no hold): their tensors are let go and subscribers close them.
@@ -138,12 +138,17 @@ class Pool : public std::enable_shared_from_this<Pool> {
 // handle bytes it was sent. (VMM memory is imported from its fd as from any other process.)
 
 /// Registers a CUDA segment's interprocess event (held weakly: found while the segment lives) and, for a legacy
-/// handle, where its allocation is (found while `alive` lives: the publisher keeps it with the segment's tensors,
-/// and after close until the last subscriber lets go).
+/// handle, where its allocation is (found while `alive` lives: the segment's owner, which the publisher keeps with
+/// the segment's tensors after close until the last subscriber lets go).
 void register_local_cuda_segment(const Segment& seg, const std::shared_ptr<const void>& alive);
-/// The event of a segment this process exported; null once the segment is gone (its destructor waited for the
-/// work last recorded on it, so nothing is left to wait for).
-std::shared_ptr<void> local_ipc_event(const std::array<uint8_t, 64>& event_handle);
+/// The event of a segment this process exported (`known`); `event` is null once the segment is gone (its
+/// destructor waited for the work last recorded on it, so nothing is left to wait for). Not `known`: a handle this
+/// process did not export (or one forgotten long after its segment went).
+struct LocalEvent {
+  bool known = false;
+  std::shared_ptr<void> event;
+};
+LocalEvent local_ipc_event(const std::array<uint8_t, 64>& event_handle);
 /// Where the legacy-handle allocation this process exported starts; nullopt when unknown.
 std::optional<uintptr_t> local_legacy_base(const std::array<uint8_t, 64>& mem_handle);
 /// Tests with a fake driver, whose handles open in any process, turn this off to exercise the open path.

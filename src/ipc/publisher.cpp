@@ -479,13 +479,26 @@ class PublisherImpl {
       slot = static_cast<long>(*taken);
     }
     Pool::Slot& s = pool_->slot(static_cast<size_t>(slot));
-    s.seg.keep.push_back(t.buffer_ptr());
+    keep_foreign(s, t);
     p.slot = static_cast<size_t>(slot);
     p.alloc_offset = static_cast<size_t>(lo - s.seg.device_base);
     p.alloc_bytes = static_cast<size_t>(sp.size());
     p.layout = t.layout();
     p.layout.byte_offset = -sp.begin;
     return true;
+  }
+
+  // A foreign slot keeps each tensor sent from it alive until no lease holds the slot: the caller may drop it at
+  // once, and its allocator must not hand that memory to another tensor under a reader (PyTorch's caching allocator
+  // packs many tensors into one allocation, so a tensor found in an adopted allocation needs keeping too). Once per
+  // range: memory re-sent while a subscriber holds the slot (which keeps `keep` from clearing) would otherwise add
+  // an entry per send (every send from Python imports the tensor into a new Buffer); a buffer kept already keeps
+  // its memory from being freed or reused.
+  static void keep_foreign(Pool::Slot& s, const Tensor& t) {
+    const Buffer& b = t.buffer();
+    if (std::none_of(s.seg.keep.begin(), s.seg.keep.end(),
+                     [&](const auto& k) { return k->base() == b.base() && k->size() == b.size(); }))
+      s.seg.keep.push_back(t.buffer_ptr());
   }
 
   // At close (mu_ held): a caller's CUDA allocation that a subscriber still reads outlives this publisher, in
@@ -499,7 +512,8 @@ class PublisherImpl {
         if (!sub->dead.load() && sub->holds(i)) e.subs.push_back(sub);
       if (e.subs.empty()) continue;
       e.slot = i;
-      e.keep = std::move(s.seg.keep);
+      e.keep.assign(s.seg.keep.begin(), s.seg.keep.end());
+      e.keep.push_back(std::move(s.seg.owner));  // (local_legacy_base's token: the allocation is still there)
       s.seg.keep.clear();
       Lingering::get().add(std::move(e));
     }
@@ -710,14 +724,19 @@ class PublisherImpl {
     check_usable("send");
     reap();
     release_foreign();
-    const bool local = active_count() > 0;
-    if (!local && remote_count() == 0) {
+    if (active_count() == 0 && remote_count() == 0) {
       if (o.copy == false) check_zero_copy(parts);  // the same answer with or without subscribers
       return 0;
     }
-    // 1. Room in every ring first (nothing is packed twice when a wait is retried).
+    // 1. Room in every ring first (nothing is packed twice when a wait is retried). Subscribers may come and go
+    //    while it waits: who is there is counted after it.
     wait_for_room(deadline, lock, cells);
+    const bool local = active_count() > 0;
     const bool remote = remote_count() > 0;
+    if (!local && !remote) {
+      if (o.copy == false) check_zero_copy(parts);
+      return 0;
+    }
     for (Part& p : parts) {
       if (p.device < 0) continue;
       // The producer's work: on stream= when given, else the tensor's own (its ready event, when it has one: the
@@ -739,7 +758,10 @@ class PublisherImpl {
       if (found >= 0) {  // a view of a pool buffer: crosses as it is, with no copy
         p.loan = true;
         p.slot = static_cast<size_t>(found);
-        if (o.stream && pool_->slot(p.slot).seg.foreign) order_after(t, *o.stream);  // (see adopt_foreign below)
+        if (pool_->slot(p.slot).seg.foreign) {  // another tensor of a caller's allocation sent before
+          keep_foreign(pool_->slot(p.slot), t);
+          if (o.stream) order_after(t, *o.stream);  // (see adopt_foreign below)
+        }
         p.layout = t.layout();
         p.alloc_bytes = t.buffer().size();
         continue;
@@ -821,7 +843,8 @@ class PublisherImpl {
     }
     const uint64_t seqno = ++sequence_;
     size_t delivered = 0;
-    // (A local subscriber that joined while this send was staging for remote ones only has nothing to read.)
+    // (A local subscriber that joined while this send was preparing it for remote subscribers only has nothing to
+    // read in it: it joined after the message was made.)
     const bool any_remote_only = std::any_of(parts.begin(), parts.end(), [](const Part& p) { return p.remote_only; });
     for (auto& sp : subs_) {
       Sub& sub = *sp;

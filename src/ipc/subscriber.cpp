@@ -619,17 +619,21 @@ class SubscriberImpl {
       opened = std::make_shared<DeviceImport>(std::move(imp));
       cs.opened = opened;
     }
+    bool gone = false;  // a segment of a publisher in this process that is gone: it waited for its event
     if (!cs.event.event) {
-      if (!local) {
-        cs.event = rt.open_ipc_event(cs.info.device_uuid, cs.info.event_handle);
-      } else if (std::shared_ptr<void> ev = local_ipc_event(cs.info.event_handle)) {
-        cs.event.event = std::move(ev);  // the publisher's own event
+      const LocalEvent le = local ? local_ipc_event(cs.info.event_handle) : LocalEvent{};
+      if (le.event) {
+        cs.event.event = le.event;  // the publisher's own event
         cs.event.handle = cs.info.event_handle;
         cs.event.device = cs.info.device;
+      } else if (le.known) {
+        gone = true;
+      } else {
+        // (a handle this process did not export: opened as from another process, which fails loudly if it was)
+        cs.event = rt.open_ipc_event(cs.info.device_uuid, cs.info.event_handle);
       }
     }
-    // (A publisher's segment in this process that is gone waited for its event when it went: nothing to wait for.)
-    const intptr_t stream = cs.event.event ? rt.wait_ipc_event(cs.event) : 1;
+    const intptr_t stream = gone ? 1 : rt.wait_ipc_event(cs.event);
     auto* base = reinterpret_cast<char*>(opened->base) + m.alloc_offset;
     const int device = opened->device;
     auto uses = std::make_shared<StreamUses>();

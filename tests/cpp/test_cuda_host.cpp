@@ -1417,6 +1417,8 @@ TEST_F(FakeDriver, IpcASubscriberInThePublishersProcessUsesItsHandlesWithoutOpen
       waited_on_it |= it != g_fake->event_stream.end() && it->second == uintptr_t{kCaller};
     }
     EXPECT_TRUE(waited_on_it) << "the subscriber's stream did not wait on the event the publisher recorded";
+    ASSERT_TRUE(t->stream());
+    EXPECT_NE(*t->stream(), tw::cuda::kLegacyStream) << "on the receive stream, after the event";
     // A device loan (the pool's VMM memory): imported from its fd.
     Tensor loan = pub.loan({2, 3}, DType::float32(), Device::cuda(0));
     auto* f = reinterpret_cast<float*>(loan.data_ptr());
@@ -1431,6 +1433,8 @@ TEST_F(FakeDriver, IpcASubscriberInThePublishersProcessUsesItsHandlesWithoutOpen
     pub.close();
     auto q = sub.recv(std::chrono::seconds(5));
     ASSERT_TRUE(q);
+    // Its segment went with the publisher, which waited for its event then: nothing is left to wait for.
+    EXPECT_EQ(q->stream(), std::optional<intptr_t>(tw::cuda::kLegacyStream));
     EXPECT_EQ(host_values(*q), (std::vector<float>{0, 1, 2, 3}));
     EXPECT_EQ(host_values(*t), (std::vector<float>{6, 7, 8, 9, 10, 11}));
     EXPECT_FALSE(freed->load());
@@ -1446,6 +1450,126 @@ TEST_F(FakeDriver, IpcASubscriberInThePublishersProcessUsesItsHandlesWithoutOpen
   kept.reset();
   d::wait_releases();
   EXPECT_TRUE(eventually(*freed_queued));
+  expect_no_leaks();
+}
+
+TEST_F(FakeDriver, IpcTwoPublishersInOneProcessSendingOneAllocationKeepEachOthersSubscribersWorking) {
+  // Each publisher's segment of the allocation vouches for it: one letting go must not strand the other's
+  // subscriber in this process.
+  tw::ipc_detail::set_local_shortcut(true);
+  g_fake->one_process = true;
+  const std::string a = ipc_topic("shared-a"), b = ipc_topic("shared-b");
+  auto freed = std::make_shared<std::atomic<bool>>(false);
+  {
+    Tensor x = foreign_floats(6, freed);
+    tw::Publisher pa(a);
+    tw::Subscriber sa(a);
+    ASSERT_TRUE(sa.connected());
+    ASSERT_EQ(pa.send(x), 1u);  // queued for sa: a's segment of the allocation stays
+    // Re-sent while held, in a new Buffer each time (as every send from Python imports the tensor anew), the
+    // memory is kept once, not once per send.
+    auto wrappers = std::make_shared<int>(0);
+    for (int i = 0; i < 3; ++i) {
+      auto again = std::make_shared<tw::Buffer>(x.data_ptr(), x.buffer().size(), Device::cuda(0), wrappers);
+      ASSERT_EQ(pa.send(Tensor::make(std::move(again), x.layout(), false)), 1u);
+    }
+    EXPECT_EQ(wrappers.use_count(), 1) << "a re-sent range was kept again";
+    {
+      tw::Publisher pb(b);
+      tw::Subscriber sb(b);
+      ASSERT_TRUE(sb.connected());
+      ASSERT_EQ(pb.send(x), 1u);
+      auto other = sb.recv(std::chrono::seconds(5));
+      ASSERT_TRUE(other);
+      EXPECT_EQ(host_values(*other), (std::vector<float>{0, 1, 2, 3, 4, 5}));
+      other.reset();
+      d::wait_releases();
+    }  // b's segment of the allocation is gone
+    auto again = sa.recv(std::chrono::seconds(5));
+    ASSERT_TRUE(again) << "a's subscriber lost the allocation when b let go of it";
+    EXPECT_EQ(host_values(*again), (std::vector<float>{0, 1, 2, 3, 4, 5}));
+    again.reset();
+    d::wait_releases();
+  }
+  EXPECT_TRUE(eventually(*freed));
+  expect_no_leaks();
+}
+
+TEST_F(FakeDriver, NetALocalSubscriberThatJoinsWhileASendWaitsForARemoteOneGetsTheMessage) {
+  // The send waits for a remote subscriber's credit; a local subscriber joins meanwhile. Who is there is counted
+  // after the wait, so the CUDA tensor is not prepared for the remote subscriber alone.
+  TW_SKIP_WITHOUT_UCX();
+  const std::string name = ipc_topic("netjoin");
+  {
+    tw::Publisher pub(name, tw::PublisherOptions{.depth = 1, .listen = "127.0.0.1:0"});
+    tw::Subscriber remote(name, tw::SubscriberOptions{.connect = pub.address()});
+    ASSERT_TRUE(remote_subscribers_joined(pub, 1));
+    ASSERT_EQ(pub.send(foreign_floats(2, std::make_shared<std::atomic<bool>>(false)), tw::Metadata{},
+                       std::chrono::seconds(5)),
+              1u);  // the remote subscriber's only credit
+    Tensor x = foreign_floats(3, std::make_shared<std::atomic<bool>>(false));
+    std::atomic<size_t> delivered{99};
+    std::thread sender([&] { delivered = pub.send(x, tw::Metadata{}, std::chrono::seconds(10)); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // (the send is waiting for credit)
+    tw::Subscriber local(name);
+    ASSERT_TRUE(local.connected());
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (pub.subscriber_count() < 2 && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    auto first = remote.recv(std::chrono::seconds(5));
+    ASSERT_TRUE(first);
+    auto second = remote.recv(std::chrono::seconds(5));  // gives the credit back, then gets the waiting message
+    ASSERT_TRUE(second);
+    sender.join();
+    EXPECT_EQ(delivered.load(), 2u);
+    auto l = local.recv(std::chrono::seconds(5));
+    ASSERT_TRUE(l) << "the local subscriber that joined during the wait got nothing";
+    EXPECT_EQ(host_values(*l), (std::vector<float>{0, 1, 2}));
+    EXPECT_EQ(host_values(*second), (std::vector<float>{0, 1, 2}));
+    l.reset();
+    first.reset();
+    second.reset();
+    d::wait_releases();
+  }
+  expect_no_leaks();
+}
+
+TEST_F(FakeDriver, IpcEveryTensorSentFromAnAdoptedAllocationIsKeptUntilItsSubscribersLetGo) {
+  // PyTorch's caching allocator packs tensors into one cudaMalloc allocation. The first sent adopts it; a second
+  // tensor of the same allocation is found there, and must be kept too: dropped by its caller while a subscriber
+  // reads it, its block would go to the next tensor.
+  const std::string name = ipc_topic("twoinone");
+  auto freed = std::make_shared<std::atomic<bool>>(false);
+  {
+    tw::Publisher pub(name);
+    tw::Subscriber sub(name);
+    ASSERT_TRUE(sub.connected());
+    Tensor whole = foreign_floats(12, freed);
+    const auto part = [&](int64_t first, const std::shared_ptr<std::atomic<bool>>& released) {
+      std::shared_ptr<void> owner(whole.buffer_ptr().get(), [keep = whole.buffer_ptr(), released](void*) {
+        released->store(true);  // the "tensor" goes back to its allocator here
+      });
+      auto b = std::make_shared<tw::Buffer>(static_cast<float*>(whole.data_ptr()) + first, 24, Device::cuda(0),
+                                            std::move(owner));
+      return Tensor::make(std::move(b), tw::Layout{DType::float32(), {6}, {1}, 0, false}, false);
+    };
+    auto a_released = std::make_shared<std::atomic<bool>>(false), b_released = std::make_shared<std::atomic<bool>>(false);
+    ASSERT_EQ(pub.send(part(0, a_released)), 1u);  // adopts the allocation
+    ASSERT_EQ(pub.send(part(6, b_released)), 1u);  // found in it
+    auto ra = sub.recv(std::chrono::seconds(5));
+    auto rb = sub.recv(std::chrono::seconds(5));
+    ASSERT_TRUE(ra && rb);
+    EXPECT_FALSE(a_released->load());
+    EXPECT_FALSE(b_released->load()) << "the second tensor of the allocation was let go under its subscriber";
+    EXPECT_EQ(host_values(*rb), (std::vector<float>{6, 7, 8, 9, 10, 11}));
+    ra.reset();
+    rb.reset();
+    d::wait_releases();
+    whole = Tensor();
+    pub.close();  // (lets go of what no lease holds)
+    EXPECT_TRUE(a_released->load() && b_released->load());
+  }
+  EXPECT_TRUE(eventually(*freed));
   expect_no_leaks();
 }
 
