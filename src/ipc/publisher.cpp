@@ -496,6 +496,9 @@ class PublisherImpl {
   // its memory from being freed or reused.
   static void keep_foreign(Pool::Slot& s, const Tensor& t) {
     const Buffer& b = t.buffer();
+    // A tensor a subscriber in this process received from this slot is kept by its own lease, which holds the
+    // slot: keeping it here too would hold the slot for ever.
+    if (const char* tr = b.transport(); tr && std::string_view(tr).substr(0, 4) == "cuda") return;
     if (std::none_of(s.seg.keep.begin(), s.seg.keep.end(),
                      [&](const auto& k) { return k->base() == b.base() && k->size() == b.size(); }))
       s.seg.keep.push_back(t.buffer_ptr());

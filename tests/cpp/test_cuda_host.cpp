@@ -1419,6 +1419,13 @@ TEST_F(FakeDriver, IpcASubscriberInThePublishersProcessUsesItsHandlesWithoutOpen
     EXPECT_TRUE(waited_on_it) << "the subscriber's stream did not wait on the event the publisher recorded";
     ASSERT_TRUE(t->stream());
     EXPECT_NE(*t->stream(), tw::cuda::kLegacyStream) << "on the receive stream, after the event";
+    // Re-sent from here, the received tensor is found in the publisher's own slot of that allocation (its address
+    // is the allocation's): it crosses again without a copy, and is not kept twice (its lease holds the slot).
+    ASSERT_EQ(pub.send(*t), 1u);
+    auto again = sub.recv(std::chrono::seconds(5));
+    ASSERT_TRUE(again);
+    EXPECT_EQ(host_values(*again), (std::vector<float>{6, 7, 8, 9, 10, 11}));
+    again.reset();
     // A device loan (the pool's VMM memory): imported from its fd.
     Tensor loan = pub.loan({2, 3}, DType::float32(), Device::cuda(0));
     auto* f = reinterpret_cast<float*>(loan.data_ptr());
