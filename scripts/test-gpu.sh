@@ -13,11 +13,13 @@
 #   configure    cmake (Release, tests, Python extension against this machine's python3)
 #   build        ninja, every core, keeps going past failures (-k 0)
 #   ctest        the whole C++ suite, tw_test_cuda included, -j8, JUnit
+#   pytest-cuda  tests/python/test_cuda*.py (test_cuda_ipc.py, between processes, included): the GPU tests, right
+#                after the C++ ones, so that a short budget runs them before anything a CPU machine also runs
 #   sanitizer    tw_test_cuda under compute-sanitizer memcheck (skipped, with a note, without compute-sanitizer)
 #   sanitizer-ipc  tw_test_cuda_ipc (CUDA tensors between processes) under memcheck, its peer processes included
-#   pytest-cuda  tests/python/test_cuda*.py: the GPU tests, before the rest so that a short budget still runs them
-#   pytest       the rest of tests/python, less test_ipc_soak.py and test_net.py (UCX, long runs)
 #   bench        `python3 -m tensorwire bench --device cuda` when the benchmark has --device (never fails the run)
+#   pytest       the rest of tests/python, less test_ipc_soak.py and test_net.py (UCX, long runs): CI runs these
+#                too, so they come last
 # summary.md gets a table of the steps (status, tests passed/failed/skipped, seconds), the failing tests, the skip
 # reasons of the GPU tests, the machine (GPU, driver, nvcc, library versions, commit) and the tails of failed logs.
 # The exit status is non-zero when any step failed.
@@ -48,7 +50,7 @@ START=$SECONDS
 BUDGET=${TW_GPU_BUDGET:-560}
 RESERVE=20  # seconds kept for the summary
 JOBS=${TW_GPU_JOBS:-$(nproc 2>/dev/null || echo 8)}
-STEPS=" ${TW_GPU_STEPS:-configure build ctest sanitizer sanitizer-ipc pytest-cuda pytest bench} "
+STEPS=" ${TW_GPU_STEPS:-configure build ctest pytest-cuda sanitizer sanitizer-ipc bench pytest} "
 PY=$(command -v python3 || true)
 
 SUMMARY=$OUT/summary.md
@@ -235,6 +237,26 @@ if wanted ctest; then
   fi
 fi
 
+# ---- Python ----------------------------------------------------------------------------------------------------
+have_ext=0
+if compgen -G "$BUILD/pkg/tensorwire/_tensorwire*.so" >/dev/null; then have_ext=1; fi
+CUDA_TESTS=(tests/python/test_cuda.py tests/python/test_cuda_ipc.py tests/python/test_cuda_nogpu.py
+            tests/python/test_cuda_interface.py)
+PYTEST=("$PY" -m pytest -p no:cacheprovider -q -rs)
+
+if wanted pytest-cuda; then
+  if ((have_ext)); then
+    present=()
+    for f in "${CUDA_TESTS[@]}"; do if [[ -f $f ]]; then present+=("$f"); fi; done
+    rm -f "$WORK/pytest-cuda.xml"
+    run_step pytest-cuda "$OUT/pytest-cuda.log" 240 "$WORK/pytest-cuda.xml" 0 -- \
+      "${PYTEST[@]}" "--junitxml=$WORK/pytest-cuda.xml" "${present[@]}"
+  else
+    skip_step pytest-cuda "the Python extension was not built"
+  fi
+fi
+
+# ---- compute-sanitizer (C++) ----------------------------------------------------------------------------------
 if wanted sanitizer; then
   bin=$BUILD/tests/cpp/tw_test_cuda
   if ! command -v compute-sanitizer >/dev/null 2>&1; then
@@ -263,36 +285,7 @@ if wanted sanitizer-ipc; then
   fi
 fi
 
-# ---- Python ----------------------------------------------------------------------------------------------------
-have_ext=0
-if compgen -G "$BUILD/pkg/tensorwire/_tensorwire*.so" >/dev/null; then have_ext=1; fi
-CUDA_TESTS=(tests/python/test_cuda.py tests/python/test_cuda_nogpu.py tests/python/test_cuda_interface.py)
-PYTEST=("$PY" -m pytest -p no:cacheprovider -q -rs)
-
-if wanted pytest-cuda; then
-  if ((have_ext)); then
-    present=()
-    for f in "${CUDA_TESTS[@]}"; do if [[ -f $f ]]; then present+=("$f"); fi; done
-    rm -f "$WORK/pytest-cuda.xml"
-    run_step pytest-cuda "$OUT/pytest-cuda.log" 180 "$WORK/pytest-cuda.xml" 0 -- \
-      "${PYTEST[@]}" "--junitxml=$WORK/pytest-cuda.xml" "${present[@]}"
-  else
-    skip_step pytest-cuda "the Python extension was not built"
-  fi
-fi
-
-if wanted pytest; then
-  if ((have_ext)); then
-    ignores=(--ignore=tests/python/test_ipc_soak.py --ignore=tests/python/test_net.py)
-    for f in "${CUDA_TESTS[@]}"; do ignores+=("--ignore=$f"); done
-    rm -f "$WORK/pytest.xml"
-    run_step pytest "$OUT/pytest.log" 240 "$WORK/pytest.xml" 0 -- \
-      "${PYTEST[@]}" "--junitxml=$WORK/pytest.xml" "${ignores[@]}" tests/python
-  else
-    skip_step pytest "the Python extension was not built"
-  fi
-fi
-
+# ---- the benchmark, then the CPU-side Python suite ---------------------------------------------------------------
 if wanted bench; then
   if ((have_ext)); then
     help=$(timeout 60 "$PY" -m tensorwire bench --help 2>&1 || true)
@@ -306,6 +299,18 @@ if wanted bench; then
     fi
   else
     skip_step bench "the Python extension was not built"
+  fi
+fi
+
+if wanted pytest; then
+  if ((have_ext)); then
+    ignores=(--ignore=tests/python/test_ipc_soak.py --ignore=tests/python/test_net.py)
+    for f in "${CUDA_TESTS[@]}"; do ignores+=("--ignore=$f"); done
+    rm -f "$WORK/pytest.xml"
+    run_step pytest "$OUT/pytest.log" 240 "$WORK/pytest.xml" 0 -- \
+      "${PYTEST[@]}" "--junitxml=$WORK/pytest.xml" "${ignores[@]}" tests/python
+  else
+    skip_step pytest "the Python extension was not built"
   fi
 fi
 
