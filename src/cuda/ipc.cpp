@@ -53,6 +53,14 @@ struct State {
   // device -> this process's receive stream. Not own_stream() (copy.cpp), which imports' ready events are waited
   // on: one stream for both would make every received tensor's consumer wait for unrelated producers' kernels.
   std::map<int, CUstream> receive_streams;
+  // Device memory mapped here from another process's handle (open_memory), by base: its end and device. Such
+  // memory is that process's: export_memory refuses to pass it on, whoever wraps it here (a received tensor, a
+  // framework's view of one), so it is copied once instead.
+  struct Imported {
+    uintptr_t end = 0;
+    int device = -1;
+  };
+  std::map<uintptr_t, Imported> imported;
 };
 State& state() {
   static State* s = [] {
@@ -61,6 +69,7 @@ State& state() {
       std::lock_guard lk(state().mu);
       state().legacy.clear();
       state().receive_streams.clear();
+      state().imported.clear();
     });
     return st;
   }();
@@ -81,6 +90,35 @@ std::shared_ptr<void> mapping_owner(int device, CUdeviceptr va, size_t bytes, CU
     } catch (...) {
     }
   });
+}
+
+// Owns a mapping of another process's memory: registered as imported (State::imported) until the last owner goes,
+// then `inner` releases it.
+std::shared_ptr<void> imported_owner(std::shared_ptr<void> inner, int device, uintptr_t base, uint64_t bytes) {
+  State& st = state();
+  {
+    std::lock_guard lk(st.mu);
+    st.imported[base] = State::Imported{base + static_cast<uintptr_t>(bytes), device};
+  }
+  void* p = inner.get();
+  return std::shared_ptr<void>(p, [inner = std::move(inner), base](void*) mutable {
+    {
+      State& s2 = state();
+      std::lock_guard lk(s2.mu);
+      s2.imported.erase(base);
+    }
+    inner.reset();
+  });
+}
+
+// Whether `ptr` lies in memory mapped here from another process (State::imported).
+bool is_imported(int device, uintptr_t ptr) {
+  State& st = state();
+  std::lock_guard lk(st.mu);
+  auto it = st.imported.upper_bound(ptr);
+  if (it == st.imported.begin()) return false;
+  --it;
+  return ptr < it->second.end && it->second.device == device;
 }
 
 }  // namespace
@@ -109,6 +147,9 @@ int device_of_uuid(const std::array<uint8_t, 16>& uuid) {
 
 DeviceExport export_memory(int device, uintptr_t ptr, uint64_t span) {
   const Api& a = api("export CUDA memory to another process");
+  if (is_imported(device, ptr))
+    return refuse("it is memory this process received from another process's publisher (that process's allocation, "
+                  "mapped here), which is not passed on");
   ContextGuard g(device);
   uintptr_t pool = 0;
   if (pointer_attr(a, kPointerAttrMempoolHandle, ptr, pool) && pool != 0)
@@ -312,7 +353,7 @@ DeviceImport open_memory(DeviceExport::Kind kind, const std::array<uint8_t, 16>&
                                                    "): its announced size does not match the allocation");
     }
     out.base = static_cast<uintptr_t>(va);
-    out.owner = mapping_owner(device, va, sz, h);
+    out.owner = imported_owner(mapping_owner(device, va, sz, h), device, out.base, bytes);
     return out;
   }
   if (kind != DeviceExport::Kind::legacy) throw Error(ErrorCode::invalid_argument, "open_memory: no handle to open");
@@ -341,8 +382,15 @@ DeviceImport open_memory(DeviceExport::Kind kind, const std::array<uint8_t, 16>&
       }
       auto it = s2.legacy.find(handle);
       if (it != s2.legacy.end() && it->second.expired()) s2.legacy.erase(it);
+      s2.imported.erase(reinterpret_cast<uintptr_t>(q));
     });
     st.legacy[handle] = opened;
+  }
+  {  // (the handle names the allocation's base; each import covers its segment, handle_offset into it)
+    State::Imported& im = st.imported[reinterpret_cast<uintptr_t>(opened.get())];
+    im.device = device;
+    im.end = std::max<uintptr_t>(im.end, reinterpret_cast<uintptr_t>(opened.get()) +
+                                             static_cast<uintptr_t>(handle_offset + bytes));
   }
   // The size the allocation really has is not known here; the publisher's announcement is trusted only as far as
   // the driver maps (an out-of-bounds read is a device fault in this process, never another process's memory).

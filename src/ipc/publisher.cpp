@@ -435,11 +435,6 @@ class PublisherImpl {
   static DeviceExport export_of(const Tensor& t, uintptr_t& lo) {
     const ByteSpan sp = t.layout().byte_span();
     lo = reinterpret_cast<uintptr_t>(t.data_ptr()) + static_cast<uintptr_t>(sp.begin);
-    if (const char* tr = t.buffer().transport(); tr && std::string_view(tr).substr(0, 4) == "cuda") {
-      DeviceExport none;
-      none.why = "it is a tensor this process received from another publisher; its memory is that process's";
-      return none;
-    }
     return device_runtime().export_memory(t.device(), lo, static_cast<uint64_t>(sp.size()));
   }
 
@@ -490,18 +485,21 @@ class PublisherImpl {
 
   // A foreign slot keeps each tensor sent from it alive until no lease holds the slot: the caller may drop it at
   // once, and its allocator must not hand that memory to another tensor under a reader (PyTorch's caching allocator
-  // packs many tensors into one allocation, so a tensor found in an adopted allocation needs keeping too). Once per
-  // range: memory re-sent while a subscriber holds the slot (which keeps `keep` from clearing) would otherwise add
-  // an entry per send (every send from Python imports the tensor into a new Buffer); a buffer kept already keeps
-  // its memory from being freed or reused.
+  // packs many tensors into one allocation, so a tensor found in an adopted allocation needs keeping too).
+  // Not when a buffer kept already covers its memory: that one lives while any lease holds the slot, the new
+  // message's included, and keeps the memory from being freed or reused. This also bounds the list (every send from
+  // Python imports the tensor into a new Buffer) and breaks the cycle a tensor received from this slot in this
+  // process would make (its lease holds the slot, so keeping it, or anything that holds it, would hold the slot for
+  // ever): its memory lies within what was kept when it was first sent, whatever wraps it since.
   static void keep_foreign(Pool::Slot& s, const Tensor& t) {
     const Buffer& b = t.buffer();
-    // A tensor a subscriber in this process received from this slot is kept by its own lease, which holds the
-    // slot: keeping it here too would hold the slot for ever.
-    if (const char* tr = b.transport(); tr && std::string_view(tr).substr(0, 4) == "cuda") return;
-    if (std::none_of(s.seg.keep.begin(), s.seg.keep.end(),
-                     [&](const auto& k) { return k->base() == b.base() && k->size() == b.size(); }))
-      s.seg.keep.push_back(t.buffer_ptr());
+    const auto lo = reinterpret_cast<uintptr_t>(b.base());
+    const uintptr_t hi = lo + b.size();
+    const auto covers = [&](const std::shared_ptr<const Buffer>& k) {
+      const auto klo = reinterpret_cast<uintptr_t>(k->base());
+      return klo <= lo && hi <= klo + k->size();
+    };
+    if (std::none_of(s.seg.keep.begin(), s.seg.keep.end(), covers)) s.seg.keep.push_back(t.buffer_ptr());
   }
 
   // At close (mu_ held): a caller's CUDA allocation that a subscriber still reads outlives this publisher, in
