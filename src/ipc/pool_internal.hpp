@@ -143,7 +143,8 @@ class Pool : public std::enable_shared_from_this<Pool> {
 void register_local_cuda_segment(const Segment& seg, const std::shared_ptr<const void>& alive);
 /// The event of a segment this process exported (`known`); `event` is null once the segment is gone (its
 /// destructor waited for the work last recorded on it, so nothing is left to wait for). Not `known`: a handle this
-/// process did not export (or one forgotten long after its segment went).
+/// process did not export, or one forgotten after its segment went (the registry forgets only those, once it has
+/// grown): from a publisher in this process, that too means gone.
 struct LocalEvent {
   bool known = false;
   std::shared_ptr<void> event;

@@ -626,7 +626,9 @@ class SubscriberImpl {
         cs.event.event = le.event;  // the publisher's own event
         cs.event.handle = cs.info.event_handle;
         cs.event.device = cs.info.device;
-      } else if (le.known) {
+      } else if (local) {
+        // Known but expired, or no longer known: the registry forgets only the events of segments that are gone
+        // (purged once it has grown), and a segment waits for its event when it goes.
         gone = true;
       } else {
         // (a handle this process did not export: opened as from another process, which fails loudly if it was)
