@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <random>
@@ -76,9 +77,10 @@ struct Fake {
   std::map<uintptr_t, size_t> plain;  // cuMemAlloc allocations (legacy IPC)
   std::atomic<int> ipc_opens{0};      // cuIpcOpenMemHandle minus cuIpcCloseMemHandle
   int ipc_event_opens = 0;
+  std::atomic<int> ipc_open_tries{0}, ipc_event_open_tries{0};  // calls, refused ones included
   int records = 0;                    // cuEventRecord calls
   int stream_creates = 0;
-  int stream_slot = 0;                // the address of a created stream
+  std::deque<int> created_streams;    // each created stream is the address of one entry: the context it was made in
   std::vector<int> synced_in;         // the context of each stream cuStreamSynchronize waited for
   std::set<uintptr_t> dead_streams;   // destroyed by their owner: every call naming one is CUDA_ERROR_INVALID_HANDLE
   std::set<uintptr_t> nonblocking_streams;  // made with CU_STREAM_NON_BLOCKING (every other handle is blocking)
@@ -113,12 +115,22 @@ int ctx_index(d::CUcontext c) {
     if (c == &g_fake->ctx[i]) return i;
   return c == &g_fake->foreign_ctx ? kForeignCtx : -1;
 }
+// The context of a stream the fake made (cuStreamCreate, in the context current then), or -1.
+int created_stream_ctx(intptr_t v) {
+  std::lock_guard lk(g_fake->streams_mu);
+  for (const int& c : g_fake->created_streams)
+    if (reinterpret_cast<intptr_t>(&c) == v) return c;
+  return -1;
+}
 // The context a stream belongs to: the default streams 1 and 2 are the current context's; kForeignStream is
-// another context's; every other handle is cuda:0's (as the fake cuStreamGetCtx says).
+// another context's; a stream the fake made, the one it was made in; every other handle (a test's) is cuda:0's
+// (as the fake cuStreamGetCtx says).
 int stream_ctx(d::CUstream s) {
   const auto v = reinterpret_cast<intptr_t>(s);
   if (v == tw::cuda::kLegacyStream || v == tw::cuda::kPerThreadStream) return ctx_index(t_current);
-  return v == kForeignStream ? kForeignCtx : 0;
+  if (v == kForeignStream) return kForeignCtx;
+  const int c = created_stream_ctx(v);
+  return c >= 0 ? c : 0;
 }
 
 void* aligned(size_t n) {
@@ -319,7 +331,9 @@ d::Api fake_api() {
       std::lock_guard lk(g_fake->streams_mu);
       if (g_fake->dead_streams.count(static_cast<uintptr_t>(v))) return 400;
     }
-    *c = v == kForeignStream ? static_cast<void*>(&g_fake->foreign_ctx) : static_cast<void*>(&g_fake->ctx[0]);
+    const int made_in = created_stream_ctx(v);
+    *c = v == kForeignStream ? static_cast<void*>(&g_fake->foreign_ctx)
+                             : static_cast<void*>(&g_fake->ctx[made_in >= 0 ? made_in : 0]);
     return 0;
   };
   a.cuStreamGetFlags = [](d::CUstream s, unsigned* flags) {
@@ -467,6 +481,7 @@ d::Api fake_api() {
   };
   a.cuIpcOpenMemHandle = [](d::CUdeviceptr* p, d::IpcHandle h, unsigned flags) {
     EXPECT_EQ(flags, d::kIpcLazyPeerAccess);
+    ++g_fake->ipc_open_tries;
     if (g_fake->one_process) return 201;
     if (std::memcmp(h.bytes, "fakeipc", 7) != 0) return 400;  // a forged handle
     std::memcpy(p, h.bytes + 8, sizeof *p);
@@ -487,6 +502,7 @@ d::Api fake_api() {
     return 0;
   };
   a.cuIpcOpenEventHandle = [](d::CUevent* e, d::IpcHandle h) {
+    ++g_fake->ipc_event_open_tries;
     if (g_fake->one_process) return 201;
     if (std::memcmp(h.bytes, "fakeevt", 7) != 0) return 400;
     *e = new int(0);
@@ -503,8 +519,10 @@ d::Api fake_api() {
   a.cuStreamCreate = [](d::CUstream* s, unsigned flags) {
     EXPECT_EQ(flags, d::kStreamNonBlocking);
     ++g_fake->stream_creates;
-    *s = &g_fake->stream_slot;
+    const int c = ctx_index(t_current);
+    if (c < 0) return 201;  // CUDA_ERROR_INVALID_CONTEXT
     std::lock_guard lk(g_fake->streams_mu);
+    *s = &g_fake->created_streams.emplace_back(c);
     g_fake->nonblocking_streams.insert(reinterpret_cast<uintptr_t>(*s));
     return 0;
   };
@@ -1408,8 +1426,8 @@ TEST_F(FakeDriver, IpcASubscriberInThePublishersProcessUsesItsHandlesWithoutOpen
     ASSERT_TRUE(t);
     EXPECT_EQ(std::string(t->buffer().transport()), "cuda-ipc");
     EXPECT_EQ(host_values(*t), (std::vector<float>{6, 7, 8, 9, 10, 11}));
-    EXPECT_EQ(g_fake->ipc_opens.load(), 0);
-    EXPECT_EQ(g_fake->ipc_event_opens, 0);
+    EXPECT_EQ(g_fake->ipc_open_tries.load(), 0) << "a handle of this process was opened";
+    EXPECT_EQ(g_fake->ipc_event_open_tries.load(), 0) << "an event handle of this process was opened";
     // The receive stream waits on the publisher's own event, recorded on the caller's stream.
     bool waited_on_it = false;
     for (size_t i = waits; i < g_fake->waited.size(); ++i) {
@@ -1457,6 +1475,110 @@ TEST_F(FakeDriver, IpcASubscriberInThePublishersProcessUsesItsHandlesWithoutOpen
   kept.reset();
   d::wait_releases();
   EXPECT_TRUE(eventually(*freed_queued));
+  expect_no_leaks();
+}
+
+TEST_F(FakeDriver, IpcAViewOfATensorReceivedInThePublishersProcessSentAgainDoesNotHoldItsSlotForEver) {
+  // What a framework's import of a received tensor makes (torch.from_dlpack, then tw.asarray of a slice of it) is a
+  // Buffer of its own, naming no transport, that keeps the received tensor alive. Sent again through the publisher
+  // it came from, it is found in the same slot; kept there, it would keep its own lease, and so the slot and the
+  // caller's allocation, for ever.
+  tw::ipc_detail::set_local_shortcut(true);
+  g_fake->one_process = true;
+  const std::string name = ipc_topic("rewrapped");
+  auto freed = std::make_shared<std::atomic<bool>>(false);
+  {
+    tw::Publisher pub(name);
+    tw::Subscriber sub(name);
+    ASSERT_TRUE(sub.connected());
+    ASSERT_EQ(pub.send(foreign_floats(12, freed)), 1u);
+    auto r = sub.recv(std::chrono::seconds(5));
+    ASSERT_TRUE(r);
+    std::shared_ptr<void> holder = std::make_shared<Tensor>(*r);
+    auto wrapped = std::make_shared<tw::Buffer>(static_cast<float*>(r->data_ptr()) + 1, 20, Device::cuda(0),
+                                                std::move(holder));
+    ASSERT_EQ(pub.send(Tensor::make(std::move(wrapped), tw::Layout{DType::float32(), {5}, {1}, 0, false}, false)),
+              1u);
+    r.reset();
+    auto again = sub.recv(std::chrono::seconds(5));
+    ASSERT_TRUE(again);
+    EXPECT_EQ(host_values(*again), (std::vector<float>{1, 2, 3, 4, 5}));
+    again.reset();
+    d::wait_releases();
+    pub.close();
+    EXPECT_TRUE(eventually(*freed)) << "the slot kept a tensor that holds a lease on it: the allocation never goes";
+    EXPECT_EQ(tw::ipc_detail::lingering_foreign_allocations(), 0u);
+  }
+  expect_no_leaks();
+}
+
+TEST_F(FakeDriver, IpcATensorMovedToTheSubscribersDeviceIsItsOwnMemoryAndCrossesAgainWithoutACopy) {
+  // A subscriber that asks for cuda:1 gets a cuda:0 tensor copied into tensorwire's pool there: it still says how
+  // it came, but its memory is this process's own, not the publisher's, so it crosses on without a copy.
+  const std::string a = ipc_topic("moved-a"), b = ipc_topic("moved-b");
+  auto freed = std::make_shared<std::atomic<bool>>(false);
+  {
+    tw::Publisher pa(a);
+    tw::Subscriber sa(a, tw::SubscriberOptions{.device = Device::cuda(1)});
+    tw::Publisher pb(b);
+    tw::Subscriber sb(b);
+    ASSERT_TRUE(sa.connected() && sb.connected());
+    ASSERT_EQ(pa.send(foreign_floats(6, freed)), 1u);
+    auto moved = sa.recv(std::chrono::seconds(5));
+    ASSERT_TRUE(moved);
+    EXPECT_EQ(moved->device(), Device::cuda(1));
+    EXPECT_EQ(std::string(moved->buffer().transport()), "cuda-ipc");
+    tw::SendOptions never;
+    never.copy = false;
+    ASSERT_EQ(pb.send(*moved, never), 1u);
+    auto there = sb.recv(std::chrono::seconds(5));
+    ASSERT_TRUE(there);
+    EXPECT_EQ(std::string(there->buffer().transport()), "cuda-vmm");
+    EXPECT_EQ(host_values(*there), (std::vector<float>{0, 1, 2, 3, 4, 5}));
+    // (What a subscriber opened from another process is still refused: IpcCopiesWhatHasNoZeroCopyPath...)
+    moved.reset();
+    there.reset();
+    d::wait_releases();
+  }
+  EXPECT_TRUE(eventually(*freed));
+  expect_no_leaks();
+}
+
+TEST_F(FakeDriver, IpcAMessageQueuedByAPublisherGoneFromThisProcessIsReadAfterItsEventIsForgotten) {
+  // The registry of this process's CUDA events forgets those of segments that are gone once it has grown. A
+  // message queued by a closed publisher names such an event: its segment waited for it when it went, so the
+  // subscriber has nothing to wait for, and must not try to open the handle (the driver refuses it in this process).
+  tw::ipc_detail::set_local_shortcut(true);
+  g_fake->one_process = true;
+  const std::string a = ipc_topic("forgotten-a"), b = ipc_topic("forgotten-b");
+  auto freed = std::make_shared<std::atomic<bool>>(false);
+  {
+    tw::Publisher pa(a);
+    tw::Subscriber sa(a);
+    ASSERT_TRUE(sa.connected());
+    ASSERT_EQ(pa.send(foreign_floats(4, freed)), 1u);
+    pa.close();
+    // Another publisher here makes 80 segments, each with its event, while its subscriber holds them all.
+    tw::Publisher pb(b);
+    tw::Subscriber sb(b);
+    ASSERT_TRUE(sb.connected());
+    std::vector<Tensor> held;
+    for (int i = 0; i < 80; ++i) {
+      ASSERT_EQ(pb.send(foreign_floats(2, std::make_shared<std::atomic<bool>>(false))), 1u);
+      auto x = sb.recv(std::chrono::seconds(5));
+      ASSERT_TRUE(x);
+      held.push_back(std::move(*x));
+    }
+    const int tries = g_fake->ipc_event_open_tries.load();
+    auto q = sa.recv(std::chrono::seconds(5));
+    ASSERT_TRUE(q) << "a message queued before its publisher closed could not be read";
+    EXPECT_EQ(host_values(*q), (std::vector<float>{0, 1, 2, 3}));
+    EXPECT_EQ(g_fake->ipc_event_open_tries.load(), tries);
+    q.reset();
+    held.clear();
+    d::wait_releases();
+  }
+  EXPECT_TRUE(eventually(*freed));
   expect_no_leaks();
 }
 
@@ -1517,7 +1639,18 @@ TEST_F(FakeDriver, NetALocalSubscriberThatJoinsWhileASendWaitsForARemoteOneGetsT
     Tensor x = foreign_floats(3, std::make_shared<std::atomic<bool>>(false));
     std::atomic<size_t> delivered{99};
     std::thread sender([&] { delivered = pub.send(x, tw::Metadata{}, std::chrono::seconds(10)); });
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // (the send is waiting for credit)
+    // The premise: the send waits for credit (a probe that times out behind it says what that send waits for).
+    bool waiting = false;
+    for (const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+         !waiting && std::chrono::steady_clock::now() < until;) {
+      try {
+        pub.loan({1}, DType::uint8(), std::chrono::milliseconds(1));
+      } catch (const tw::TimeoutError& e) {
+        waiting = std::string(e.what()).find("which waits because") != std::string::npos;
+      }
+      if (!waiting) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    ASSERT_TRUE(waiting) << "the send never waited for the remote subscriber's credit";
     tw::Subscriber local(name);
     ASSERT_TRUE(local.connected());
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
