@@ -126,28 +126,40 @@ void event_wait(int device, void* event, intptr_t consumer, bool unless_done) {
   check(a.cuStreamWaitEvent(as_stream(consumer), static_cast<CUevent>(event), 0), "cuStreamWaitEvent");
 }
 
-namespace {
-std::mutex g_own_mu;
-std::map<int, CUstream>* g_own = new std::map<int, CUstream>();  // never destroyed: the streams outlive exit
-void reset_own_streams() {
-  std::lock_guard lk(g_own_mu);
-  g_own->clear();  // a fake driver swap: the old one's streams mean nothing
+DeviceStreams::DeviceStreams() {
+  // (never destroyed, as every DeviceStreams lives as long as the process: the reset hook may always name it)
+  static std::mutex mu;
+  static std::vector<DeviceStreams*>* all = nullptr;
+  std::lock_guard lk(mu);
+  if (!all) {
+    all = new std::vector<DeviceStreams*>();
+    register_reset([] {  // a fake driver swap: the old one's streams mean nothing
+      std::lock_guard lk2(mu);
+      for (DeviceStreams* d : *all) {
+        std::lock_guard lk3(d->mu_);
+        d->streams_.clear();
+      }
+    });
+  }
+  all->push_back(this);
 }
-const bool g_own_registered = (register_reset(&reset_own_streams), true);
-}  // namespace
 
-intptr_t own_stream(int device) {
-  (void)g_own_registered;
+intptr_t DeviceStreams::get(int device) {
   const Api& a = api("make a CUDA stream");
-  std::lock_guard lk(g_own_mu);
-  auto it = g_own->find(device);
-  if (it != g_own->end()) return reinterpret_cast<intptr_t>(it->second);
+  std::lock_guard lk(mu_);
+  auto it = streams_.find(device);
+  if (it != streams_.end()) return it->second;
   if (!a.cuStreamCreate) throw Error(ErrorCode::unsupported, "the NVIDIA driver lacks cuStreamCreate");
   ContextGuard g(device);
   CUstream s = nullptr;
   check(a.cuStreamCreate(&s, kStreamNonBlocking), "cuStreamCreate");
-  g_own->emplace(device, s);
+  streams_.emplace(device, reinterpret_cast<intptr_t>(s));
   return reinterpret_cast<intptr_t>(s);
+}
+
+intptr_t own_stream(int device) {
+  static auto* own = new DeviceStreams();  // never destroyed: the streams outlive exit
+  return own->get(device);
 }
 
 // ---- kernels -----------------------------------------------------------------------------------------------------

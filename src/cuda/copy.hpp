@@ -3,7 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "cuda/driver.hpp"
@@ -49,7 +51,20 @@ void stream_wait(int producer_device, intptr_t producer, int consumer_device, in
 /// `consumer` (a stream of cuda:`device`) waits for `event`, recorded in any context; with `unless_done`, not when
 /// the event has already completed.
 void event_wait(int device, void* event, intptr_t consumer, bool unless_done = false);
-/// tensorwire's own stream of cuda:`device` (non-blocking, made on first use, alive as long as the process).
+/// A non-blocking stream per device, made on first use in that device's context and alive as long as the process
+/// (forgotten when a test swaps the driver). Each user that must not be ordered after another's work has its own.
+class DeviceStreams {
+ public:
+  DeviceStreams();
+  DeviceStreams(const DeviceStreams&) = delete;
+  DeviceStreams& operator=(const DeviceStreams&) = delete;
+  intptr_t get(int device);
+
+ private:
+  std::mutex mu_;
+  std::map<int, intptr_t> streams_;
+};
+/// tensorwire's own stream of cuda:`device` (a DeviceStreams of its own).
 intptr_t own_stream(int device);
 
 bool kernels_built_impl() noexcept;

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "cuda/copy.hpp"
 #include "cuda/driver.hpp"
 #include "tensorwire/error.hpp"
 
@@ -50,9 +51,6 @@ struct State {
   std::mutex mu;
   // Legacy handles open in this process, by handle bytes: cuIpcOpenMemHandle opens one allocation once per process.
   std::map<std::array<uint8_t, 64>, std::weak_ptr<void>> legacy;
-  // device -> this process's receive stream. Not own_stream() (copy.cpp), which imports' ready events are waited
-  // on: one stream for both would make every received tensor's consumer wait for unrelated producers' kernels.
-  std::map<int, CUstream> receive_streams;
   // Device memory mapped here from another process's handle (open_memory), by base: its end and device. Such
   // memory is that process's: export_memory refuses to pass it on, whoever wraps it here (a received tensor, a
   // framework's view of one), so it is copied once instead.
@@ -68,7 +66,6 @@ State& state() {
     register_reset([] {
       std::lock_guard lk(state().mu);
       state().legacy.clear();
-      state().receive_streams.clear();
       state().imported.clear();
     });
     return st;
@@ -401,22 +398,13 @@ DeviceImport open_memory(DeviceExport::Kind kind, const std::array<uint8_t, 16>&
 
 intptr_t wait_ipc_event(const IpcEvent& event) {
   const Api& a = api("wait for another process's CUDA event");
+  // This process's receive streams. Not own_stream() (copy.cpp), on which imports' ready events are waited: one
+  // stream for both would make every received tensor's consumer wait for unrelated producers' kernels.
+  static auto* receive = new DeviceStreams();  // never destroyed: received tensors may outlive static destruction
+  const intptr_t s = receive->get(event.device);
   ContextGuard g(event.device);
-  State& st = state();
-  CUstream s = nullptr;
-  {
-    std::lock_guard lk(st.mu);
-    auto it = st.receive_streams.find(event.device);
-    if (it == st.receive_streams.end()) {
-      if (!a.cuStreamCreate) throw Error(ErrorCode::unsupported, "the NVIDIA driver lacks cuStreamCreate");
-      check(a.cuStreamCreate(&s, kStreamNonBlocking), "cuStreamCreate");  // lives as long as the process
-      st.receive_streams[event.device] = s;
-    } else {
-      s = it->second;
-    }
-  }
-  check(a.cuStreamWaitEvent(s, static_cast<CUevent>(event.event.get()), 0), "cuStreamWaitEvent");
-  return reinterpret_cast<intptr_t>(s);
+  check(a.cuStreamWaitEvent(as_stream(s), static_cast<CUevent>(event.event.get()), 0), "cuStreamWaitEvent");
+  return s;
 }
 
 // ---- releases ordered after the consumer's work ------------------------------------------------------------------
