@@ -1535,7 +1535,7 @@ TEST_F(FakeDriver, IpcATensorMovedToTheSubscribersDeviceIsItsOwnMemoryAndCrosses
     ASSERT_TRUE(there);
     EXPECT_EQ(std::string(there->buffer().transport()), "cuda-vmm");
     EXPECT_EQ(host_values(*there), (std::vector<float>{0, 1, 2, 3, 4, 5}));
-    // (What a subscriber opened from another process is still refused: IpcCopiesWhatHasNoZeroCopyPath...)
+    // (Memory opened from another process is still refused: IpcCopiesWhatHasNoZeroCopyPathAndRefusesWithCopyFalse.)
     moved.reset();
     there.reset();
     d::wait_releases();
