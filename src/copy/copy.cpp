@@ -242,10 +242,7 @@ void copy_packed(const Tensor& src, const Tensor& dst) {
 }
 
 bool ranges_overlap(const Tensor& a, const Tensor& b) {
-  if (a.numel() == 0 || b.numel() == 0) return false;
-  ByteSpan sa = a.layout().byte_span(), sb = b.layout().byte_span();
-  auto pa = reinterpret_cast<intptr_t>(a.data_ptr()), pb = reinterpret_cast<intptr_t>(b.data_ptr());
-  return pa + sa.begin < pb + sb.end && pb + sb.begin < pa + sa.end;
+  return detail::spans_overlap(a.data_ptr(), a.layout(), b.data_ptr(), b.layout());
 }
 
 void byteswap_all(const Tensor& dst, size_t isz, size_t unit) {

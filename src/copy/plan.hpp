@@ -27,4 +27,14 @@ struct CopyDims {
 /// the layouts and scaled by isz.
 CopyDims simplify_copy(const Layout& src, const Layout& dst, size_t isz) noexcept;
 
+/// Whether the bytes `a` (at `a_data`, its element 0) may touch and those `b` may touch intersect: a copy between
+/// them must go through a temporary, or an element could be overwritten before it is read (on a GPU, by another
+/// thread of the same kernel).
+inline bool spans_overlap(const void* a_data, const Layout& a, const void* b_data, const Layout& b) noexcept {
+  if (a.numel() == 0 || b.numel() == 0) return false;
+  const ByteSpan sa = a.byte_span(), sb = b.byte_span();
+  const auto pa = reinterpret_cast<intptr_t>(a_data), pb = reinterpret_cast<intptr_t>(b_data);
+  return pa + sa.begin < pb + sb.end && pb + sb.begin < pa + sa.end;
+}
+
 }  // namespace tw::detail

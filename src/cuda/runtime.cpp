@@ -2,6 +2,7 @@
 // pinned host and device memory, in any two layouts (see copy.cpp for the device side).
 #include <algorithm>
 
+#include "copy/plan.hpp"
 #include "cuda/copy.hpp"
 #include "cuda/driver.hpp"
 #include "cuda/ipc.hpp"
@@ -142,6 +143,14 @@ void copy_any(const Tensor& src, const Tensor& dst, intptr_t stream) {
   if (sk == Mem::device && dk == Mem::device) {
     const int sdev = src.device().id;
     if (sdev == dev) {
+      if (tw::detail::spans_overlap(src.data_ptr(), sl, dst.data_ptr(), dl)) {
+        // Through a temporary: the kernel's threads (or the driver's copy) would overwrite elements of the source
+        // before others read them.
+        Tensor tmp = temp(dst.device(), dense_like(sl, dl), stream);
+        copy_any(src, tmp, stream);
+        copy_any(tmp, dst, stream);
+        return;
+      }
       if (same_dense(sl, dl)) byte_copy_async(dev, src, dst, stream);
       else kernel_copy(dev, src, dst, stream);
       hold(dev, stream, {src.buffer_ptr(), dst.buffer_ptr()});

@@ -292,7 +292,15 @@ d::Api fake_api() {
     return 0;
   };
   a.cuMemGetInfo = [](size_t* f, size_t* t) { *f = *t = size_t(1) << 34; return 0; };
-  a.cuModuleLoadData = [](d::CUmodule* m, const void*) { *m = g_fake; return 0; };
+  a.cuModuleLoadData = [](d::CUmodule* m, const void* image) {
+    // What the real driver loads: the fatbin nvcc built (its magic number first), not an empty or broken embed.
+    uint32_t magic = 0;
+    std::memcpy(&magic, image, sizeof magic);
+    EXPECT_EQ(magic, 0xBA55ED50u) << "the kernels' image is not a fatbin";
+    if (magic != 0xBA55ED50u) return 200;  // CUDA_ERROR_INVALID_IMAGE
+    *m = g_fake;
+    return 0;
+  };
   a.cuModuleGetFunction = [](d::CUfunction* f, d::CUmodule, const char* name) {
     *f = const_cast<char*>(g_fake->names.insert(name).first->c_str());
     return 0;
@@ -301,6 +309,13 @@ d::Api fake_api() {
                         unsigned, d::CUstream, void** args, void**) {
     const std::string name = static_cast<const char*>(f);
     const size_t unit = std::stoul(name.substr(name.rfind('u') + 1));
+    // The real driver's limits (CUDA_ERROR_INVALID_VALUE beyond them), and the unit's alignment the kernels'
+    // loads and stores assume (every address is the base plus a multiple of the unit).
+    EXPECT_TRUE(gx >= 1 && gx <= 0x7fffffffu && gy >= 1 && gy <= 65535 && gz >= 1 && gz <= 65535)
+        << "grid " << gx << " x " << gy << " x " << gz;
+    if (gx > 0x7fffffffu || gy > 65535 || gz > 65535) return 1;
+    const auto* addrs = static_cast<const uint64_t*>(args[0]);  // (src, dst first in both parameter blocks)
+    EXPECT_TRUE(addrs[0] % unit == 0 && addrs[1] % unit == 0) << name << ": a misaligned unit";
     if (name.rfind("tw_strided_copy_", 0) == 0) {
       EXPECT_EQ(bx, unsigned{TW_CUDA_COPY_BLOCK});
       EXPECT_TRUE(gx >= 1 && gy == 1 && gz == 1 && by == 1 && bz == 1);
@@ -836,6 +851,23 @@ TEST_F(FakeDriver, ExpandedSourcesAndBadDestinations) {
   TW_EXPECT_ERROR_MSG(tw::device_runtime().copy(g, dst, 1), ErrorCode::invalid_argument, "overlap");
   TW_EXPECT_ERROR_MSG(tw::device_runtime().copy(g, Tensor::empty({4, 3}, DType::float64(), Device::cuda(0)), 1),
                       ErrorCode::type_mismatch, "dtypes differ");
+}
+
+TEST_F(FakeDriver, ACopyBetweenOverlappingRangesOfOneDeviceGoesThroughATemporary) {
+  // A kernel's threads (or the driver's copy) would overwrite source elements before others read them: the
+  // device engine copies through a temporary, as the host engine does. (The fake's kernel walks the elements in
+  // order, so a direct copy shows the damage: the last element would read an already overwritten value.)
+  std::vector<float> v(16);
+  for (int i = 0; i < 16; ++i) v[static_cast<size_t>(i)] = static_cast<float>(i);
+  Tensor g = Tensor::copy_of<float>(v, {16}).to(Device::cuda(0));
+  Tensor src = g.slice(0, 0, 6);     // elements 0..5
+  Tensor dst = g.slice(0, 1, 12, 2);  // elements 1, 3, 5, 7, 9, 11: the same bytes, every other one
+  const int kernels = g_fake->launches_strided;
+  tw::device_runtime().copy(src, dst, 1);
+  EXPECT_GT(g_fake->launches_strided, kernels) << "the premise: a kernel copies this layout";
+  Tensor h = g.to(Device::cpu());
+  EXPECT_EQ(std::vector<float>(h.data<const float>(), h.data<const float>() + 16),
+            (std::vector<float>{0, 0, 2, 1, 4, 2, 6, 3, 8, 4, 10, 5, 12, 13, 14, 15}));
 }
 
 TEST_F(FakeDriver, StreamsFollowTheRules) {
