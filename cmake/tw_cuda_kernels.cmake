@@ -48,6 +48,7 @@ if(_tw_why)
 
 __attribute__((visibility("hidden"))) const unsigned char tw_cuda_fatbin[1] = {0};
 __attribute__((visibility("hidden"))) const unsigned long long tw_cuda_fatbin_size = 0;
+__attribute__((visibility("hidden"))) const char tw_cuda_fatbin_archs[] = "none";
 ]])
 else()
   # -gencode per architecture: SASS for each, and PTX of the highest.
@@ -67,6 +68,8 @@ else()
   endif()
   list(SORT _tw_archs COMPARE NATURAL)
   list(GET _tw_archs -1 _tw_ptx_arch)
+  # The PTX is for GPUs newer than any listed: never an architecture-specific one (90a's runs on sm_90 alone).
+  string(REGEX REPLACE "[af]$" "" _tw_ptx_arch "${_tw_ptx_arch}")
   list(APPEND _tw_gencode -gencode "arch=compute_${_tw_ptx_arch},code=compute_${_tw_ptx_arch}")
 
   set(_tw_fatbin "${_tw_gen_dir}/tw_cuda_kernels.fatbin")
@@ -85,7 +88,7 @@ else()
   add_custom_command(
     OUTPUT "${TW_CUDA_FATBIN_SOURCE}"
     COMMAND "${CMAKE_COMMAND}" "-DIN=${_tw_fatbin}" "-DOUT=${TW_CUDA_FATBIN_SOURCE}"
-            -P "${_tw_root}/cmake/tw_embed.cmake"
+            "-DARCHS=sm_${_tw_arch_list}, PTX compute_${_tw_ptx_arch}" -P "${_tw_root}/cmake/tw_embed.cmake"
     DEPENDS "${_tw_fatbin}" "${_tw_root}/cmake/tw_embed.cmake"
     COMMENT "Embedding tw_cuda_kernels.fatbin as tw_cuda_fatbin.c"
     VERBATIM)

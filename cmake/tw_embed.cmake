@@ -1,7 +1,11 @@
 # tw_embed.cmake — script mode: embeds the fatbin nvcc built from src/cuda/kernels.cu as a C array.
-#   cmake -DIN=<file.fatbin> -DOUT=<file.c> -P tw_embed.cmake
-# writes OUT defining tw_cuda_fatbin / tw_cuda_fatbin_size as src/cuda/kernel_abi.h declares them. OUT is written
+#   cmake -DIN=<file.fatbin> -DOUT=<file.c> [-DARCHS="sm_80, sm_90, PTX compute_90"] -P tw_embed.cmake
+# writes OUT defining tw_cuda_fatbin / tw_cuda_fatbin_size / tw_cuda_fatbin_archs as src/cuda/kernel_abi.h declares
+# them. OUT is written
 # under a temporary name and renamed, so a failed run never leaves a half-written file that looks up to date.
+if(NOT DEFINED ARCHS)
+  set(ARCHS "unknown")
+endif()
 if(NOT DEFINED IN OR NOT DEFINED OUT)
   message(FATAL_ERROR "usage: cmake -DIN=<file.fatbin> -DOUT=<file.c> -P tw_embed.cmake")
 endif()
@@ -31,5 +35,6 @@ file(WRITE "${OUT}.tmp"
   "__attribute__((visibility(\"hidden\"), aligned(64))) const unsigned char tw_cuda_fatbin[${size}] = {\n"
   "${hex}\n"
   "};\n"
-  "__attribute__((visibility(\"hidden\"))) const unsigned long long tw_cuda_fatbin_size = ${size}ULL;\n")
+  "__attribute__((visibility(\"hidden\"))) const unsigned long long tw_cuda_fatbin_size = ${size}ULL;\n"
+  "__attribute__((visibility(\"hidden\"))) const char tw_cuda_fatbin_archs[] = \"${ARCHS}\";\n")
 file(RENAME "${OUT}.tmp" "${OUT}")

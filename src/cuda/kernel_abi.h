@@ -65,6 +65,7 @@ extern "C" {
 #endif
 extern const unsigned char tw_cuda_fatbin[];
 extern const unsigned long long tw_cuda_fatbin_size;
+extern const char tw_cuda_fatbin_archs[]; /* what it holds, in words: "sm_80, sm_90, PTX compute_90" ("none") */
 #ifdef __cplusplus
 }
 #endif
