@@ -126,22 +126,27 @@ void event_wait(int device, void* event, intptr_t consumer, bool unless_done) {
   check(a.cuStreamWaitEvent(as_stream(consumer), static_cast<CUevent>(event), 0), "cuStreamWaitEvent");
 }
 
+namespace {
+// Every DeviceStreams (each lives as long as the process), for the reset hook. The hook is registered at load time,
+// never under g_streams_mu: a driver swap holds the reset lock while it calls the hook, which takes g_streams_mu.
+std::mutex g_streams_mu;
+std::vector<DeviceStreams*>* g_streams = new std::vector<DeviceStreams*>();  // never destroyed
+void reset_device_streams() {
+  std::lock_guard lk(g_streams_mu);
+  for (DeviceStreams* d : *g_streams) d->forget();  // a fake driver swap: the old one's streams mean nothing
+}
+const bool g_streams_registered = (register_reset(&reset_device_streams), true);
+}  // namespace
+
 DeviceStreams::DeviceStreams() {
-  // (never destroyed, as every DeviceStreams lives as long as the process: the reset hook may always name it)
-  static std::mutex mu;
-  static std::vector<DeviceStreams*>* all = nullptr;
-  std::lock_guard lk(mu);
-  if (!all) {
-    all = new std::vector<DeviceStreams*>();
-    register_reset([] {  // a fake driver swap: the old one's streams mean nothing
-      std::lock_guard lk2(mu);
-      for (DeviceStreams* d : *all) {
-        std::lock_guard lk3(d->mu_);
-        d->streams_.clear();
-      }
-    });
-  }
-  all->push_back(this);
+  (void)g_streams_registered;
+  std::lock_guard lk(g_streams_mu);
+  g_streams->push_back(this);
+}
+
+void DeviceStreams::forget() {
+  std::lock_guard lk(mu_);
+  streams_.clear();
 }
 
 intptr_t DeviceStreams::get(int device) {

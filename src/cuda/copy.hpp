@@ -52,13 +52,16 @@ void stream_wait(int producer_device, intptr_t producer, int consumer_device, in
 /// the event has already completed.
 void event_wait(int device, void* event, intptr_t consumer, bool unless_done = false);
 /// A non-blocking stream per device, made on first use in that device's context and alive as long as the process
-/// (forgotten when a test swaps the driver). Each user that must not be ordered after another's work has its own.
+/// (forgotten when a test swaps the driver). Each user that must not be ordered after another's work has its own;
+/// every instance must live as long as the process (the reset hook names it).
 class DeviceStreams {
  public:
   DeviceStreams();
   DeviceStreams(const DeviceStreams&) = delete;
   DeviceStreams& operator=(const DeviceStreams&) = delete;
   intptr_t get(int device);
+  /// Drops every stream (a test swapped the driver: they belong to the old one).
+  void forget();
 
  private:
   std::mutex mu_;
