@@ -134,7 +134,7 @@ std::optional<size_t> Pool::try_take(size_t nbytes, const std::function<bool(siz
         if (i >= end_) break;  // nothing beyond
         continue;
       }
-      total += s.size();
+      if (!s.seg.foreign) total += s.size();  // (a caller's allocation is not the pool's memory: no budget of it)
       if (!is_free(i, held)) continue;
       if (s.seg.foreign || s.seg.device != device) {  // free, but not for this request: room to make
         if (other < 0) other = static_cast<long>(i);
@@ -187,7 +187,13 @@ Tensor Pool::loan(size_t i, Layout layout) {
 namespace {
 struct LocalSegments {
   std::mutex mu;
-  std::map<std::array<uint8_t, 64>, std::weak_ptr<void>> events;
+  // An event's entry, and when it was registered (the purge forgets the oldest gone ones first).
+  struct Event {
+    std::weak_ptr<void> event;
+    uint64_t seq = 0;
+  };
+  std::map<std::array<uint8_t, 64>, Event> events;
+  uint64_t next_seq = 0;
   struct Legacy {
     uintptr_t base = 0;
     // One per segment exporting the allocation (several publishers may send the same tensor): valid while any is.
@@ -198,12 +204,25 @@ struct LocalSegments {
   };
   std::map<std::array<uint8_t, 64>, Legacy> legacy;
   size_t purge_at = 64;
-  // (mu held) Drops entries of segments that are gone once the maps have doubled since the last purge; until then
-  // an event's expired entry says "gone" (its segment waited for it), which an unknown handle does not.
+  // How many gone segments' events are remembered: a message a publisher of this process queued before it closed
+  // names such an event, which says "gone" (its segment waited for it when it went) where an unknown handle is
+  // opened as another process's, and fails. A subscriber reading a closed publisher's message after this many
+  // other segments of the process came and went would see that error. (Unknown cannot mean gone: another copy of
+  // tensorwire in this process keeps a registry of its own, and its events are alive.)
+  static constexpr size_t kGoneEvents = 4096;
+  // (mu held) Once the maps have doubled since the last purge: drops gone legacy allocations, and gone events
+  // beyond the newest kGoneEvents.
   void purge() {
     if (events.size() + legacy.size() < purge_at) return;
-    std::erase_if(events, [](const auto& kv) { return kv.second.expired(); });
     std::erase_if(legacy, [](const auto& kv) { return kv.second.expired(); });
+    std::vector<uint64_t> gone;
+    for (const auto& [h, e] : events)
+      if (e.event.expired()) gone.push_back(e.seq);
+    if (gone.size() > kGoneEvents) {
+      std::nth_element(gone.begin(), gone.end() - kGoneEvents, gone.end());
+      const uint64_t keep_from = *(gone.end() - kGoneEvents);
+      std::erase_if(events, [&](const auto& kv) { return kv.second.event.expired() && kv.second.seq < keep_from; });
+    }
     purge_at = std::max<size_t>(64, 2 * (events.size() + legacy.size()));
   }
 };
@@ -218,7 +237,7 @@ void register_local_cuda_segment(const Segment& seg, const std::shared_ptr<const
   LocalSegments& l = local_segments();
   std::lock_guard lk(l.mu);
   l.purge();
-  if (seg.event.event) l.events[seg.event.handle] = seg.event.event;
+  if (seg.event.event) l.events[seg.event.handle] = LocalSegments::Event{seg.event.event, l.next_seq++};
   if (seg.cuda.handle == CudaHandle::legacy && alive) {
     LocalSegments::Legacy& e = l.legacy[seg.cuda.mem_handle];
     const uintptr_t base = seg.device_base - seg.cuda.handle_offset;
@@ -236,7 +255,7 @@ LocalEvent local_ipc_event(const std::array<uint8_t, 64>& event_handle) {
   if (it == l.events.end()) return LocalEvent{};
   LocalEvent out;
   out.known = true;
-  out.event = it->second.lock();
+  out.event = it->second.event.lock();
   return out;
 }
 
@@ -319,6 +338,16 @@ std::optional<size_t> Pool::adopt(DeviceExport e, const std::function<bool(size_
   s.writable = true;
   end_ = std::max(end_, i + 1);
   return i;
+}
+
+bool Pool::only_reserved() const noexcept {
+  bool any = false;
+  for (size_t i = 0; i < end_; ++i) {
+    if (!slots_[i].segment_id) continue;
+    if (!slots_[i].reserved) return false;
+    any = true;
+  }
+  return any;
 }
 
 void Pool::release_free_foreign(const std::function<bool(size_t)>& held,

@@ -101,6 +101,9 @@ class Pool : public std::enable_shared_from_this<Pool> {
   std::optional<size_t> try_take(size_t nbytes, const std::function<bool(size_t)>& held,
                                  const std::function<void(size_t, uint64_t)>& on_retire, const std::string& what,
                                  int device = -1);
+  /// Whether every buffer there is is reserved by the send in progress (at least one): when try_take finds no
+  /// room then, none can come (the send's own parts hold it all).
+  bool only_reserved() const noexcept;
   /// The slot exporting a caller's CUDA allocation at (device, base), or -1.
   long find_foreign(int device, uintptr_t base) const noexcept;
   /// A slot for a caller's CUDA allocation (zero-copy): an empty slot, retiring free ones to make room; nullopt
@@ -143,8 +146,8 @@ class Pool : public std::enable_shared_from_this<Pool> {
 void register_local_cuda_segment(const Segment& seg, const std::shared_ptr<const void>& alive);
 /// The event of a segment this process exported (`known`); `event` is null once the segment is gone (its
 /// destructor waited for the work last recorded on it, so nothing is left to wait for). Not `known`: a handle this
-/// process did not export, or one forgotten after its segment went (the registry forgets only those, once it has
-/// grown): from a publisher in this process, that too means gone.
+/// copy of tensorwire did not export (another copy in the process keeps its own registry), or one of the oldest
+/// gone segments once thousands have gone (the registry forgets those first).
 struct LocalEvent {
   bool known = false;
   std::shared_ptr<void> event;

@@ -626,10 +626,8 @@ class SubscriberImpl {
         cs.event.event = le.event;  // the publisher's own event
         cs.event.handle = cs.info.event_handle;
         cs.event.device = cs.info.device;
-      } else if (local) {
-        // Known but expired, or no longer known: the registry forgets only the events of segments that are gone
-        // (purged once it has grown), and a segment waits for its event when it goes.
-        gone = true;
+      } else if (le.known) {
+        gone = true;  // (its segment waited for its event when it went: nothing is left to wait for)
       } else {
         // (a handle this process did not export: opened as from another process, which fails loudly if it was)
         cs.event = rt.open_ipc_event(cs.info.device_uuid, cs.info.event_handle);
