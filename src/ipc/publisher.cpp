@@ -756,9 +756,16 @@ class PublisherImpl {
       const Tensor& t = *p.t;
       if (p.remote_only) continue;
       const long found = o.copy == true ? -1 : pool_->find(t.buffer(), p.alloc_offset);
+      // A slot this message names is reserved until pushed: a later part's acquire_slot or adopt must not retire
+      // it to make room (a caller's allocation slot has no loan, lease or hold to keep it before the push).
+      const auto reserve = [&](size_t slot) {
+        pool_->slot(slot).reserved = true;
+        reserved.slots.push_back(slot);
+      };
       if (found >= 0) {  // a view of a pool buffer: crosses as it is, with no copy
         p.loan = true;
         p.slot = static_cast<size_t>(found);
+        reserve(p.slot);
         if (pool_->slot(p.slot).seg.foreign) {  // another tensor of a caller's allocation sent before
           keep_foreign(pool_->slot(p.slot), t);
           if (o.stream) order_after(t, *o.stream);  // (see adopt_foreign below)
@@ -770,6 +777,7 @@ class PublisherImpl {
       if (p.device >= 0 && o.copy != true && t.numel() > 0) {  // a caller's CUDA memory: zero-copy if it can be
         std::string why;
         if (adopt_foreign(p, why)) {
+          reserve(p.slot);
           // stream= names where the caller last wrote it; the tensor's own producer work (its ready event, or
           // the stream it was imported on) comes first there too, as it does on the copy path. (A loan of the
           // pool's own memory is not ordered here: it was ordered when exported to the code that filled it.)
@@ -987,6 +995,11 @@ class PublisherImpl {
         return *slot;
       }
       // Exhausted: every buffer is loaned, queued or held by a subscriber.
+      if (pool_->only_reserved())  // by this message's own parts: waiting cannot make room
+        throw Error(ErrorCode::invalid_argument,
+                    "Publisher::" + std::string(what) + " on '" + name_ + "': this message's tensors need more pool "
+                    "buffers than max_buffers (" + std::to_string(opt_.max_buffers) + ") and pool_bytes (" +
+                    mib(opt_.pool_bytes) + ") allow together; raise them, or send the tensors apart");
       if (opt_.on_full == OnFull::raise)
         throw WouldBlockError("tensorwire publisher '" + name_ + "': the buffer pool is exhausted (" +
                               std::to_string(pool_->capacity()) + " buffers at most, pool_bytes " +

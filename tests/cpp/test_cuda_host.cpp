@@ -1577,9 +1577,10 @@ TEST_F(FakeDriver, IpcATensorMovedToTheSubscribersDeviceIsItsOwnMemoryAndCrosses
 }
 
 TEST_F(FakeDriver, IpcAMessageQueuedByAPublisherGoneFromThisProcessIsReadAfterItsEventIsForgotten) {
-  // The registry of this process's CUDA events forgets those of segments that are gone once it has grown. A
-  // message queued by a closed publisher names such an event: its segment waited for it when it went, so the
-  // subscriber has nothing to wait for, and must not try to open the handle (the driver refuses it in this process).
+  // The registry of this process's CUDA events is purged of gone segments' entries as it grows. A message queued
+  // by a closed publisher names such an event: its segment waited for it when it went, so the subscriber has
+  // nothing to wait for, and must not try to open the handle (the driver refuses it in this process). The newest
+  // thousands of gone events are remembered (a purge that dropped them all, at 64 entries, failed this).
   tw::ipc_detail::set_local_shortcut(true);
   g_fake->one_process = true;
   const std::string a = ipc_topic("forgotten-a"), b = ipc_topic("forgotten-b");
@@ -1609,6 +1610,49 @@ TEST_F(FakeDriver, IpcAMessageQueuedByAPublisherGoneFromThisProcessIsReadAfterIt
     q.reset();
     held.clear();
     d::wait_releases();
+  }
+  EXPECT_TRUE(eventually(*freed));
+  expect_no_leaks();
+}
+
+TEST_F(FakeDriver, IpcACallersAllocationAMessageNamesIsNotRetiredForItsNextPart) {
+  // A caller's allocation slot has no loan, lease or hold until the message is pushed; a pool short of room for the
+  // next part must not retire it to make that room. A caller's allocation is not the pool's memory (pool_bytes
+  // does not count it), and when the message's own parts hold every buffer, the send says so instead of waiting.
+  const std::string name = ipc_topic("reserved");
+  auto freed = std::make_shared<std::atomic<bool>>(false);
+  const auto message = [&] {
+    tw::Message m;
+    m.kind = tw::Message::Kind::dict;
+    m.keys = {"features", "ids"};
+    m.tensors = {foreign_floats(size_t{1} << 19, freed), Tensor::copy_of<int64_t>(std::vector<int64_t>{7, 8, 9}, {3})};
+    return m;
+  };
+  {
+    tw::Publisher pub(name, tw::PublisherOptions{.pool_bytes = size_t{1} << 20});  // half the caller's 2 MiB
+    tw::Subscriber sub(name);
+    ASSERT_TRUE(sub.connected());
+    ASSERT_EQ(pub.send(message(), tw::Metadata{}, std::chrono::seconds(5)), 1u);
+    auto r = sub.recv_message(std::chrono::seconds(5));
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->message.tensors.size(), 2u);
+    EXPECT_EQ(std::string(r->message.tensors[0].buffer().transport()), "cuda-ipc");
+    const std::vector<float> got = host_values(r->message.tensors[0]);
+    ASSERT_EQ(got.size(), size_t{1} << 19);
+    EXPECT_EQ(got[12345], 12345.0f);
+    EXPECT_EQ(r->message.tensors[1].data<const int64_t>()[2], 9);
+    r.reset();
+    d::wait_releases();
+  }
+  EXPECT_TRUE(eventually(*freed));
+  freed->store(false);
+  {
+    tw::Publisher pub(name, tw::PublisherOptions{.max_buffers = 1});
+    tw::Subscriber sub(name);
+    ASSERT_TRUE(sub.connected());
+    TW_EXPECT_ERROR_MSG(pub.send(message(), tw::Metadata{}, std::chrono::seconds(5)), ErrorCode::invalid_argument,
+                        "need more pool buffers than max_buffers (1)");
+    EXPECT_FALSE(sub.recv(std::chrono::milliseconds(0))) << "nothing was sent";
   }
   EXPECT_TRUE(eventually(*freed));
   expect_no_leaks();
