@@ -108,7 +108,9 @@ struct PublisherOptions {
   /// buffer). The pool grows until pool_bytes or this count, whichever comes first, before send/loan wait.
   size_t max_buffers = 1024;
   /// Bytes of shared memory the pool may hold at once (a single buffer larger than this is still allowed, when
-  /// the machine has the memory: a request it cannot have throws Error(out_of_memory) instead).
+  /// the machine has the memory: a request it cannot have throws Error(out_of_memory) instead). A caller's CUDA
+  /// allocation sent without a copy takes a buffer (of max_buffers) but none of these bytes: it is not the pool's.
+  /// A message whose own tensors need more buffers than these allow is refused (Error(invalid_argument)).
   size_t pool_bytes = size_t{2} << 30;
   /// Subscribers served at once; more are refused with an error on their side.
   size_t max_subscribers = 256;
