@@ -357,8 +357,9 @@ DeviceImport open_memory(DeviceExport::Kind kind, const std::array<uint8_t, 16>&
   if (!a.cuIpcOpenMemHandle || !a.cuIpcCloseMemHandle)
     throw Error(ErrorCode::unsupported, "the NVIDIA driver lacks cuIpcOpenMemHandle");
   State& st = state();
+  std::shared_ptr<void> opened;  // (before the lock: its deleter takes the lock, should a throw below drop it)
   std::lock_guard lk(st.mu);
-  std::shared_ptr<void> opened = st.legacy[handle].lock();
+  opened = st.legacy[handle].lock();
   if (!opened) {
     IpcHandle h{};
     std::memcpy(h.bytes, handle.data(), handle.size());
@@ -371,23 +372,33 @@ DeviceImport open_memory(DeviceExport::Kind kind, const std::array<uint8_t, 16>&
     }
     opened = std::shared_ptr<void>(reinterpret_cast<void*>(p), [device, handle](void* q) {
       State& s2 = state();
-      std::lock_guard lk2(s2.mu);  // closed before anyone can open the same handle again
+      // (Between the last owner going and this lock, an open_memory may have found the entry expired and opened
+      // the handle again: then the entry, and the record of its mapping if the driver gave the same address, are
+      // the new opening's.)
+      std::shared_ptr<void> again;  // (let go after the lock: it may be the last owner of that new opening)
+      std::lock_guard lk2(s2.mu);
       try {
         ContextGuard g2(device);
         driver().api.cuIpcCloseMemHandle(reinterpret_cast<CUdeviceptr>(q));
       } catch (...) {
       }
       auto it = s2.legacy.find(handle);
-      if (it != s2.legacy.end() && it->second.expired()) s2.legacy.erase(it);
-      s2.imported.erase(reinterpret_cast<uintptr_t>(q));
+      if (it != s2.legacy.end()) again = it->second.lock();
+      if (it != s2.legacy.end() && !again) s2.legacy.erase(it);
+      if (again.get() != q) s2.imported.erase(reinterpret_cast<uintptr_t>(q));
     });
     st.legacy[handle] = opened;
   }
-  {  // (the handle names the allocation's base; each import covers its segment, handle_offset into it)
-    State::Imported& im = st.imported[reinterpret_cast<uintptr_t>(opened.get())];
+  {  // (the handle names the allocation's base; the driver knows its size, else the announcement is taken)
+    const auto p = reinterpret_cast<uintptr_t>(opened.get());
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    State::Imported& im = st.imported[p];
     im.device = device;
-    im.end = std::max<uintptr_t>(im.end, reinterpret_cast<uintptr_t>(opened.get()) +
-                                             static_cast<uintptr_t>(handle_offset + bytes));
+    if (a.cuMemGetAddressRange(&base, &size, static_cast<CUdeviceptr>(p)) == kSuccess && base == p && size > 0)
+      im.end = p + size;
+    else
+      im.end = std::max<uintptr_t>(im.end, p + static_cast<uintptr_t>(handle_offset + bytes));
   }
   // The size the allocation really has is not known here; the publisher's announcement is trusted only as far as
   // the driver maps (an out-of-bounds read is a device fault in this process, never another process's memory).
