@@ -1,8 +1,8 @@
 # tw_embed.cmake — script mode: embeds the fatbin nvcc built from src/cuda/kernels.cu as a C array.
 #   cmake -DIN=<file.fatbin> -DOUT=<file.c> [-DARCHS="sm_80, sm_90, PTX compute_90"] -P tw_embed.cmake
 # writes OUT defining tw_cuda_fatbin / tw_cuda_fatbin_size / tw_cuda_fatbin_archs as src/cuda/kernel_abi.h declares
-# them. OUT is written
-# under a temporary name and renamed, so a failed run never leaves a half-written file that looks up to date.
+# them. OUT is written under a temporary name and renamed, so a failed run never leaves a half-written file that
+# looks up to date.
 if(NOT DEFINED ARCHS)
   set(ARCHS "unknown")
 endif()

@@ -202,10 +202,11 @@ const Module& module_for(int device) {
     ContextGuard g(device);
     CUmodule mod = nullptr;
     if (CUresult r = a.cuModuleLoadData(&mod, tw_cuda_fatbin); r != kSuccess)
-      throw Error(ErrorCode::unsupported, "loading tensorwire's CUDA kernels on cuda:" + std::to_string(device) +
-                                              " failed: " + result_name(r) + " (they are built for " + tw_cuda_fatbin_archs +
-                                              ", which the driver compiles for newer GPUs; PTX of this nvcc needs a "
-                                              "driver at least as new as its toolkit)");
+      throw Error(ErrorCode::unsupported,
+                  "loading tensorwire's CUDA kernels on cuda:" + std::to_string(device) + " failed: " +
+                      result_name(r) + " (they are built for " + tw_cuda_fatbin_archs +
+                      ", which the driver compiles for newer GPUs; PTX of this nvcc needs a driver at least as new as "
+                      "its toolkit)");
     for (int i = 0; i < 5; ++i) check(a.cuModuleGetFunction(&m.strided[i], mod, kStridedNames[i]), kStridedNames[i]);
     for (int i = 0; i < 4; ++i) check(a.cuModuleGetFunction(&m.transpose[i], mod, kTransposeNames[i]), kTransposeNames[i]);
     m.module = mod;

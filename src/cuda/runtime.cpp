@@ -143,6 +143,7 @@ void copy_any(const Tensor& src, const Tensor& dst, intptr_t stream) {
   if (sk == Mem::device && dk == Mem::device) {
     const int sdev = src.device().id;
     if (sdev == dev) {
+      if (src.data_ptr() == dst.data_ptr() && sl.strides == dl.strides) return;  // the same elements: nothing to do
       if (tw::detail::spans_overlap(src.data_ptr(), sl, dst.data_ptr(), dl)) {
         // Through a temporary: the kernel's threads (or the driver's copy) would overwrite elements of the source
         // before others read them.

@@ -868,6 +868,12 @@ TEST_F(FakeDriver, ACopyBetweenOverlappingRangesOfOneDeviceGoesThroughATemporary
   Tensor h = g.to(Device::cpu());
   EXPECT_EQ(std::vector<float>(h.data<const float>(), h.data<const float>() + 16),
             (std::vector<float>{0, 0, 2, 1, 4, 2, 6, 3, 8, 4, 10, 5, 12, 13, 14, 15}));
+  // A view copied onto itself is the one case with nothing to do: no kernel, no copy, no temporary.
+  const int launches = g_fake->launches_strided, copies = g_fake->memcpys;
+  tw::device_runtime().copy(dst, dst, 1);
+  EXPECT_EQ(g_fake->launches_strided, launches);
+  EXPECT_EQ(g_fake->memcpys, copies);
+  EXPECT_EQ(g.to(Device::cpu()).data<const float>()[11], 5.0f);
 }
 
 TEST_F(FakeDriver, StreamsFollowTheRules) {
