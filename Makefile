@@ -197,12 +197,13 @@ bench: build
 
 # ---- a GPU machine (not part of `make test`) ---------------------------------------------------------------------
 # CUDA tests run on a machine with an NVIDIA GPU and nvcc that has CMake, Ninja and python3 with nanobind, pytest,
-# hypothesis and the GPU libraries, but no GoogleTest and no network. `make gpu-bundle` here copies Debian's
-# GoogleTest sources into third_party/ (git-ignored: send it with the tree) and notes the commit there; on the GPU
+# hypothesis and the GPU libraries, but no GoogleTest, no UCX and no network. `make gpu-bundle` here copies Debian's
+# GoogleTest sources and a UCX with CUDA transports (scripts/bundle-ucx.sh: the libucx-cu13 wheel's libraries)
+# into third_party/ (git-ignored: send it with the tree) and notes the commit there; on the GPU
 # machine, `make test-gpu` (or `bash scripts/test-gpu.sh`) builds into build/gpu and writes its logs, JUnit and
 # summary.md to $${OUT:-build/gpu-out}.
 GTEST_SRC ?= /usr/src/googletest
-gpu-bundle: apt
+gpu-bundle: apt venv
 	@[ -f $(GTEST_SRC)/CMakeLists.txt ] || { echo "make gpu-bundle: no GoogleTest sources in $(GTEST_SRC)" \
 	  "(Debian package googletest, which libgtest-dev pulls in)" >&2; exit 1; }
 	@src="$(GTEST_SRC) $$(dpkg-query -W -f='$${Version}' googletest 2>/dev/null || echo unknown)"; \
@@ -211,6 +212,7 @@ gpu-bundle: apt
 	  cp -a $(GTEST_SRC) third_party/googletest.tmp && echo "$$src" > third_party/googletest.tmp/.tw-source && \
 	  mv third_party/googletest.tmp third_party/googletest; \
 	fi
+	@bash scripts/bundle-ucx.sh $(PY) third_party/ucx
 	@c=$$(git rev-parse HEAD 2>/dev/null || echo unknown); \
 	if [ -n "$$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then c="$$c + uncommitted changes"; fi; \
 	echo "$$c" > third_party/gpu-commit

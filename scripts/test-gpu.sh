@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # scripts/test-gpu.sh — builds tensorwire with CUDA and runs its tests on a machine with an NVIDIA GPU and nvcc
 # (`make test-gpu`). Meant for a bare GPU machine that has the CUDA toolkit, CMake, Ninja, Python 3 with nanobind,
-# pytest, hypothesis and the GPU libraries the tests use (PyTorch, CuPy, Numba, JAX), but neither GoogleTest nor
-# network access: `make gpu-bundle` beforehand copies GoogleTest's sources into third_party/ (git-ignored: send it
-# along with the tree), and the build compiles them when no installed GoogleTest is found.
+# pytest, hypothesis and the GPU libraries the tests use (PyTorch, CuPy, Numba, JAX), but neither GoogleTest, UCX
+# nor network access: `make gpu-bundle` beforehand copies GoogleTest's sources and a UCX with CUDA transports into
+# third_party/ (git-ignored: send it along with the tree); the build compiles GoogleTest when no installed one is
+# found, and the UCX goes first on LD_LIBRARY_PATH.
 #
 # Run from anywhere; it works in the repository root. Everything it produces goes to ${OUT:-build/gpu-out}, at most
 # eight files there (summary.md, build.log, ctest.log, sanitizer.log, pytest-cuda.log, pytest.log, junit.xml,
@@ -56,6 +57,18 @@ PY=$(command -v python3 || true)
 SUMMARY=$OUT/summary.md
 FACTS=$WORK/facts.md
 : >"$FACTS"
+
+# A UCX with CUDA transports from `make gpu-bundle` (scripts/bundle-ucx.sh; this machine has no UCX of its own):
+# first on the library path, so that the network tests run, and CUDA tensors cross device memory to device memory
+# ("ucx-cuda", which tests/python/test_cuda_ipc.py then expects: TW_TEST_UCX_CUDA=1).
+if [[ -f $ROOT/third_party/ucx/lib/libucp.so.0 ]]; then
+  export LD_LIBRARY_PATH="$ROOT/third_party/ucx/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export TW_TEST_UCX_CUDA=1
+  echo "- UCX: $(cat "$ROOT/third_party/ucx/.tw-source" 2>/dev/null || echo unknown) from third_party/ucx" \
+       "(CUDA transports), first on LD_LIBRARY_PATH" >>"$FACTS"
+else
+  echo "- UCX: none bundled (run \`make gpu-bundle\`): the network tests skip" >>"$FACTS"
+fi
 
 # ---- step bookkeeping ------------------------------------------------------------------------------------------
 NAMES=() STATUS=() SECS=() NOTES=() JUNITS=() LOGS=()

@@ -65,8 +65,10 @@ class Buffer {
   }
   bool escaped() const noexcept { return escaped_.load(std::memory_order_relaxed); }
 
-  /// How this memory arrived, when a transport made it: "shm" (a publisher's loan, no copy), "shm-copy", "ucx"
-  /// (across machines, layout kept), "ucx-packed" (across machines, packed by the sender); nullptr otherwise.
+  /// How this memory arrived, when a transport made it: "shm" (a publisher's loan, no copy), "shm-copy",
+  /// "cuda-ipc", "cuda-vmm", "cuda-copy" (CUDA memory between processes), "ucx" (across machines, layout kept),
+  /// "ucx-packed" (across machines, packed by the sender), "ucx-cuda" (a CUDA tensor, device memory to device
+  /// memory), "ucx-staged" (a CUDA tensor through host memory); nullptr otherwise.
   const char* transport() const noexcept { return transport_; }
   /// Sets transport(); `t` must be a string with static storage (a literal).
   void set_transport(const char* t) noexcept { transport_ = t; }

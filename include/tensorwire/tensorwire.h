@@ -161,8 +161,8 @@ int tw_tensor_readonly(const tw_tensor* t);
    (tw_tensor_adopt, a loan). What a binding checks before it hands out a mutable slice. */
 int tw_tensor_is_exclusive(const tw_tensor* t);
 /* How the tensor's memory arrived (ABI 1.3), a string with static storage: "shm" (a publisher's loan, no copy),
-   "shm-copy", "cuda-ipc", "cuda-vmm", "cuda-copy", "ucx", "ucx-packed", "ucx-staged"; "" for memory no transport
-   made (and for NULL). */
+   "shm-copy", "cuda-ipc", "cuda-vmm", "cuda-copy", "ucx", "ucx-packed", "ucx-cuda", "ucx-staged"; "" for memory
+   no transport made (and for NULL). */
 const char* tw_tensor_transport(const tw_tensor* t);
 
 /* CUDA (tensorwire/cuda.hpp). The driver is loaded at run time: without one these say so and every CUDA operation

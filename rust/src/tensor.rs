@@ -227,7 +227,8 @@ impl Tensor {
         Device { kind: d.device_type, id: d.device_id }
     }
     /// How the memory arrived, when a transport made it: `"shm"` (a publisher's loan, no copy), `"shm-copy"`,
-    /// `"cuda-ipc"`, `"cuda-vmm"`, `"cuda-copy"`, `"ucx"`, `"ucx-packed"`, `"ucx-staged"`; `None` otherwise.
+    /// `"cuda-ipc"`, `"cuda-vmm"`, `"cuda-copy"`, `"ucx"`, `"ucx-packed"`, `"ucx-cuda"`,
+    /// `"ucx-staged"`; `None` otherwise.
     pub fn transport(&self) -> Option<&'static str> {
         // SAFETY: the C ABI returns a NUL-terminated string with static storage, never NULL.
         let s = unsafe { std::ffi::CStr::from_ptr(ffi::tw_tensor_transport(self.as_raw())) };

@@ -559,7 +559,7 @@ class PublisherImpl {
     uint64_t runs = 0;
     for (size_t i = 0; i < parts.size(); ++i) {
       Part& p = parts[i];
-      if (p.device >= 0) {  // staged below: this UCX moves host memory only
+      if (p.device >= 0) {  // sent dense, from device memory or staged through host memory (below)
         WireTensor w;
         w.metadata_bytes = p.meta;
         w.carry = Carry::packed;
@@ -607,25 +607,62 @@ class PublisherImpl {
                                       [](const WireTensor& w) { return w.carry == Carry::runs; });
     const bool fits = any_runs && net_->runs_worthwhile() &&
                       kNetHeaderBytes + encode_message(wm).size() <= net_->max_header();
-    // CUDA tensors cross staged: packed into pinned host memory on their producers' streams (a copy into pinned
+    // A CUDA tensor sent alone, when this process's UCX reads device memory itself (a build with CUDA transports),
+    // is sent from device memory (t.transport "ucx-cuda" where the receiver lands it on a device too): dense from
+    // where it is, anything else packed once into device memory. UCX has no way to wait on a CUDA event, so the
+    // host waits for the producer's stream before UCX reads. A group (whose parts UCX would need as an iov of device
+    // memory), or a descriptor too large for UCX's header, is staged instead.
+    const bool direct = parts.size() == 1 && parts[0].device >= 0 && net_->cuda_direct() &&
+                        kNetHeaderBytes + encode_message(wm).size() <= net_->max_header();
+    // Else CUDA tensors cross staged: packed into pinned host memory on their producers' streams (a copy into pinned
     // memory returns with the data there, since UCX reads the bytes with no way to wait on a CUDA event). The
     // receiver puts them back on a device (t.transport "ucx-staged"). Their pool slots, loans or callers'
     // allocations are untouched.
     std::vector<size_t> to_stage;
     for (size_t i = 0; i < parts.size(); ++i) {
       if (parts[i].device < 0) continue;
-      if (parts[i].device > kMaxStagedDevice)
+      if (parts[i].device > kMaxNetDevice)
         throw Error(ErrorCode::unsupported, "Publisher::send: remote subscribers receive CUDA tensors from cuda:0 "
-                                            "to cuda:" + std::to_string(kMaxStagedDevice) + " only");
+                                            "to cuda:" + std::to_string(kMaxNetDevice) + " only");
       to_stage.push_back(i);
     }
     std::vector<std::shared_ptr<Buffer>> staged(to_stage.size());
+    std::vector<const char*> device_bases(to_stage.size(), nullptr);
+    if (direct) {
+      for (size_t k = 0; k < to_stage.size(); ++k) {
+        const Part& p = parts[to_stage[k]];
+        const Tensor& t = *p.t;
+        if (t.numel() == 0) continue;
+        // Dense where it is (anything else is packed below). With local subscribers the message's memory is its
+        // pool slot (a loan, a caller's allocation adopted, or the dense copy made for them), held like a host
+        // slot; else the caller's tensor, kept (by its pool slot when it is a loan).
+        if (!p.remote_only) {
+          if (!p.layout.is_contiguous()) continue;
+          device_bases[k] = pool_->slot(p.slot).data() + p.alloc_offset + p.layout.byte_offset;
+          out->keep.push_back(pool_->hold(p.slot));
+        } else if (t.is_contiguous()) {
+          device_bases[k] = static_cast<const char*>(t.data_ptr());
+          size_t off = 0;
+          const long slot = pool_->find(t.buffer(), off);
+          if (slot >= 0) out->keep.push_back(pool_->hold(static_cast<size_t>(slot)));
+          else out->keep.push_back(std::make_shared<const Tensor>(t));
+        }
+      }
+    }
     if (!to_stage.empty()) {
       unlocked(lock, [&] {
         const DeviceRuntime& rt = device_runtime();
         for (size_t k = 0; k < to_stage.size(); ++k) {
           const Part& p = parts[to_stage[k]];
           const Layout& dense = wm.tensors[to_stage[k]].layout;  // (made dense above)
+          if (direct) {
+            if (!device_bases[k] && p.t->numel() > 0) {
+              staged[k] = rt.allocate(Device::cuda(p.device), static_cast<size_t>(dense.nbytes()), p.stream);
+              rt.copy(*p.t, Tensor::make(staged[k], dense, false), p.stream);
+            }
+            if (p.t->numel() > 0) rt.synchronize_stream(Device::cuda(p.device), p.stream);
+            continue;
+          }
           staged[k] = rt.allocate(Device::cuda_host(), std::max<size_t>(static_cast<size_t>(dense.nbytes()), 1),
                                   p.stream);
           if (p.t->numel() > 0) rt.copy(*p.t, Tensor::make(staged[k], dense, false), p.stream);
@@ -633,12 +670,19 @@ class PublisherImpl {
       });
       check_usable("send");
     }
+    out->device_memory = direct;
     for (size_t i = 0, k = 0; i < parts.size(); ++i) {
       WireTensor& w = wm.tensors[i];
       if (parts[i].device >= 0) {
-        bases[i] = static_cast<const char*>(staged[k]->base());
         w.span_bytes = static_cast<uint64_t>(w.layout.nbytes());
-        out->keep.push_back(std::move(staged[k++]));
+        w.cuda_direct = direct;
+        if (device_bases[k]) {
+          bases[i] = device_bases[k++];
+          continue;
+        }
+        bases[i] = staged[k] ? static_cast<const char*>(staged[k]->base()) : nullptr;
+        if (staged[k]) out->keep.push_back(std::move(staged[k]));
+        ++k;
         continue;
       }
       if (w.carry == Carry::runs && !fits) w.carry = Carry::packed;

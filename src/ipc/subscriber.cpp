@@ -780,6 +780,7 @@ Subscriber::Subscriber(std::string_view name, SubscriberOptions options) {
     o.token = options.token;
     o.keepalive = options.keepalive;
     o.limits.max_message_bytes = options.max_message_bytes;
+    o.device = options.device;
     validate_topic_name(name);
     remote_ = net_detail::Client::create(std::string(name), std::move(o));
     remote_device_ = options.device;

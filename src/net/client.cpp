@@ -22,6 +22,7 @@
 #include "net/engine.hpp"
 #include "net/net_internal.hpp"
 #include "net/sha256.hpp"
+#include "tensorwire/device_runtime.hpp"
 
 namespace tw::net_detail {
 
@@ -97,6 +98,7 @@ struct Landing {
   bool ready = false;
   std::string error;          // the receive failed
   bool lost = false;          // ... because the connection went
+  int device = -1;            // the CUDA device it lands on (UCX writes device memory), or -1: host memory
   std::vector<ucp_dt_iov_t> iov;
 };
 
@@ -111,6 +113,7 @@ class ClientImpl final : public Client, public Session {
       throw Error(ErrorCode::invalid_argument, "keepalive must be at least 0.1 s");
     addr_ = resolve(hp_, false, "connect='" + opt_.connect + "'");
     engine_ = &Engine::get();
+    cuda_path_ = ucx_cuda_path();
     event_ = os::Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
     if (!event_) os::throw_errno("eventfd");
     engine_->attach(this, [] {});  // it connects from its first tick
@@ -380,6 +383,21 @@ class ClientImpl final : public Client, public Session {
     }
   }
 
+  // The CUDA device a message lands on when this process's UCX writes device memory: a single tensor that came from
+  // a CUDA device, going to a device this process has (SubscriberOptions::device, else the one it came from).
+  // -1: host memory (a host tensor, a group — whose regions UCX would need as an iov of device memory —, a
+  // subscriber that asked for "cpu", a device that is not here: Subscriber::recv then moves the tensors or says
+  // why it cannot).
+  int landing_device(const WireMessage& m) const {
+    if (!cuda_path_.direct || m.tensors.size() != 1 || m.tensors[0].cuda_origin < 0) return -1;
+    int dev = m.tensors[0].cuda_origin;
+    if (opt_.device) {
+      if (opt_.device->type != kDLCUDA) return -1;
+      dev = opt_.device->id;
+    }
+    return dev < device_runtime().device_count() ? dev : -1;
+  }
+
   void on_data(const NetHeader& h, std::span<const uint8_t> body, void* data, size_t length,
                const ucp_am_recv_param_t* param) {
     if (state_ != State::active || bye_) throw Error(ErrorCode::invalid_argument, "DATA out of turn");
@@ -419,7 +437,20 @@ class ClientImpl final : public Client, public Session {
       if (wire != h.payload_bytes)
         throw Error(ErrorCode::invalid_argument, "the descriptor accounts for " + std::to_string(wire) +
                                                      " bytes of data, the message has " + std::to_string(h.payload_bytes));
-      l->buffer = landing_pool_->get(std::max<size_t>(static_cast<size_t>(total), 1));
+      l->device = landing_device(l->msg);
+      if (l->device >= 0) {
+        // Device memory from the pool: UCX writes it outside any stream, so the work of the block's previous users
+        // (ordered on the stream it is allocated for) is waited for first.
+        try {
+          const DeviceRuntime& rt = device_runtime();
+          l->buffer = rt.allocate(Device::cuda(l->device), std::max<size_t>(static_cast<size_t>(total), 1), 1);
+          rt.synchronize_stream(Device::cuda(l->device), 1);
+        } catch (const Error&) {  // (out of device memory: it lands in host memory, and recv says what goes wrong)
+          l->device = -1;
+          l->buffer.reset();
+        }
+      }
+      if (!l->buffer) l->buffer = landing_pool_->get(std::max<size_t>(static_cast<size_t>(total), 1));
       char* base = static_cast<char*>(l->buffer->base());
       uint64_t region = 0;
       for (const WireTensor& t : l->msg.tensors) {
@@ -437,6 +468,24 @@ class ClientImpl final : public Client, public Session {
     landing_.push_back(std::move(l));
     if (!rndv) {
       const char* src = static_cast<const char*>(data);
+      if (lp->device >= 0) {  // eager: UCX's bytes are in host memory; one copy to the device, done before delivery
+        try {
+          const DeviceRuntime& rt = device_runtime();
+          const Device dev = Device::cuda(lp->device);
+          for (const ucp_dt_iov_t& e : lp->iov) {
+            const Layout bytes{DType::uint8(), {static_cast<int64_t>(e.length)}, {1}, 0};
+            rt.copy(Tensor::make(std::make_shared<Buffer>(const_cast<char*>(src), e.length, Device::cpu(), nullptr),
+                                 bytes, true),
+                    Tensor::make(std::make_shared<Buffer>(e.buffer, e.length, dev, nullptr), bytes, false), 1);
+            src += e.length;
+          }
+          rt.synchronize_stream(dev, 1);
+        } catch (const Error& e) {
+          lp->error = "copying a received message to cuda:" + std::to_string(lp->device) + " failed: " + e.what();
+        }
+        complete(lp, UCS_OK);
+        return;
+      }
       for (const ucp_dt_iov_t& e : lp->iov) {
         std::memcpy(e.buffer, src, e.length);
         src += e.length;
@@ -448,6 +497,10 @@ class ClientImpl final : public Client, public Session {
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     rp.cb.recv_am = &ClientImpl::recv_done;
     rp.user_data = lp;
+    if (lp->device >= 0) {
+      rp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+      rp.memory_type = cuda_path_.memory_type;
+    }
     const void* buf = nullptr;
     size_t count = 0;
     if (lp->iov.size() == 1) {
@@ -533,11 +586,15 @@ class ClientImpl final : public Client, public Session {
       r.keys = std::move(l->msg.keys);
       uint64_t region = l->data_offset;
       char* base = static_cast<char*>(l->buffer->base());
+      const Device where = l->device >= 0 ? Device::cuda(l->device) : Device::cpu();
       for (WireTensor& t : l->msg.tensors) {
         // Each tensor its own Buffer (its region), all owning the landed allocation.
-        auto b = std::make_shared<Buffer>(base + region, static_cast<size_t>(t.span_bytes), Device::cpu(),
+        auto b = std::make_shared<Buffer>(base + region, static_cast<size_t>(t.span_bytes), where,
                                           std::shared_ptr<const void>(l->buffer, l->buffer.get()));
-        b->set_transport(t.cuda_origin >= 0 ? "ucx-staged" : t.carry == Carry::packed ? "ucx-packed" : "ucx");
+        // "ucx-cuda": device memory to device memory, each side's UCX moving it; "ucx-staged": through host
+        // memory on at least one side.
+        b->set_transport(t.cuda_origin >= 0 ? (t.cuda_direct && l->device >= 0 ? "ucx-cuda" : "ucx-staged")
+                         : t.carry == Carry::packed ? "ucx-packed" : "ucx");
         Tensor x = Tensor::make(std::move(b), std::move(t.layout), true);
         if (!t.metadata.empty()) x.metadata() = std::move(t.metadata);
         r.tensors.push_back(std::move(x));
@@ -701,6 +758,7 @@ class ClientImpl final : public Client, public Session {
   bool bye_ = false;
   Clock::time_point since_{}, last_heard_{}, last_sent_{};
   std::deque<std::unique_ptr<Landing>> landing_;
+  CudaPath cuda_path_;  // (set before the engine runs anything of ours)
   std::shared_ptr<LandingPool> landing_pool_ = std::make_shared<LandingPool>();
   size_t receiving_ = 0;
   std::string abandon_after_;

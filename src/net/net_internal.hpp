@@ -46,7 +46,8 @@ namespace tw::net_detail {
 // ---- wire format ------------------------------------------------------------------------------------------------
 
 inline constexpr uint32_t kNetMagic = 0x544E5754;  // "TWNT" little-endian
-inline constexpr uint16_t kNetVersion = 2;  // 2: a tensor's flags byte carries cuda_origin (staged CUDA tensors)
+// 2: a tensor's flags byte carries cuda_origin (staged CUDA tensors); 3: and cuda_direct (device 0..31)
+inline constexpr uint16_t kNetVersion = 3;
 /// Active-message ids: publisher -> subscriber, subscriber -> publisher.
 inline constexpr unsigned kAmToSubscriber = 0x7731;
 inline constexpr unsigned kAmToPublisher = 0x7732;
@@ -148,12 +149,14 @@ struct WireTensor {
   uint64_t span_bytes = 0;  ///< bytes the receiver reserves for this tensor
   Metadata metadata;
   std::string metadata_bytes;  ///< encoder side: the encoded metadata
-  /// The sender's CUDA device (0..kMaxStagedDevice) when the tensor was there and crossed staged through host memory
-  /// (UCX without CUDA transports; carry packed), else -1. On the wire, in the tensor's flags byte: bit 1 set, and
-  /// the device in bits 2-7.
+  /// The sender's CUDA device (0..kMaxNetDevice) when the tensor was there (carry packed: dense), else -1.
   int cuda_origin = -1;
+  /// With cuda_origin: the sender's UCX read the bytes from device memory (it has CUDA transports); else they were
+  /// staged through pinned host memory first. On the wire, in the tensor's flags byte: bit 1 set for a CUDA origin,
+  /// the device in bits 2-6, bit 7 for direct.
+  bool cuda_direct = false;
 };
-inline constexpr int kMaxStagedDevice = 63;
+inline constexpr int kMaxNetDevice = 31;
 
 /// A DATA message's descriptor.
 struct WireMessage {
@@ -215,6 +218,9 @@ struct OutMessage {
   std::vector<OutTensor> tensors;
   uint64_t payload_bytes = 0;
   std::vector<std::shared_ptr<const void>> keep;
+  /// Every tensor's bytes are in CUDA device memory, which UCX reads itself (Server::cuda_direct); the descriptor
+  /// then travels in UCX's header.
+  bool device_memory = false;
 };
 
 struct ServerOptions {
@@ -244,6 +250,9 @@ class Server {
   virtual bool runs_worthwhile() const = 0;
   /// Largest active-message header UCX carries (a descriptor larger than that travels in the data).
   virtual size_t max_header() const = 0;
+  /// Whether this process's UCX reads CUDA device memory itself (ucx_cuda_path, as it was when the publisher was
+  /// made): then a message of CUDA tensors is sent from device memory, not staged through pinned host memory.
+  virtual bool cuda_direct() const = 0;
   /// Whether every remote subscriber can take `n` more messages now; when not, `who` describes the one that
   /// cannot. drop_oldest always has room (the oldest queued message of a slow subscriber is dropped).
   virtual bool room(size_t n, std::string& who) = 0;
@@ -263,6 +272,10 @@ struct ClientOptions {
   std::string token;
   std::chrono::milliseconds keepalive{10000};
   Limits limits;
+  /// SubscriberOptions::device: where the subscriber wants tensors. With UCX that moves CUDA memory
+  /// (ucx_cuda_path), a message of CUDA tensors lands straight on that device (or, when none was asked for, on the
+  /// device its tensors came from, when this process has it).
+  std::optional<Device> device;
 };
 
 /// The subscriber's remote side: a thread that owns a UCX worker, connects (retrying until the publisher is

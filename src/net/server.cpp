@@ -116,6 +116,7 @@ class ServerImpl final : public Server, public Session {
       throw Error(ErrorCode::invalid_argument, "keepalive must be at least 0.1 s");
     ping_every_ = std::min<std::chrono::milliseconds>(kPingEvery, opt_.keepalive / 3);
     engine_ = &Engine::get();
+    cuda_path_ = ucx_cuda_path();
     // The listener is made on the engine's thread, which from then on serves it.
     engine_->attach(this, [&] {
       max_header_ = engine_->max_am_header();
@@ -141,6 +142,7 @@ class ServerImpl final : public Server, public Session {
 
   std::string address() const override { return address_; }
   size_t max_header() const override { return max_header_; }
+  bool cuda_direct() const override { return cuda_path_.direct; }
 
   size_t active() const override {
     std::lock_guard lock(mu_);
@@ -422,6 +424,10 @@ class ServerImpl final : public Server, public Session {
     rp.cb.send = &ServerImpl::send_done;
     rp.user_data = ctx;
     rp.flags = UCP_AM_SEND_FLAG_REPLY;  // the subscriber's engine tells its sessions apart by the reply endpoint
+    if (ctx->msg && ctx->msg->device_memory && count > 0) {
+      rp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+      rp.memory_type = cuda_path_.memory_type;
+    }
     if (iov) {
       rp.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
       rp.datatype = ucp_dt_make_iov();
@@ -447,6 +453,11 @@ class ServerImpl final : public Server, public Session {
     h.sequence = msg.sequence;
     h.body_bytes = static_cast<uint32_t>(msg.descriptor.size());
     const bool in_header = kNetHeaderBytes + msg.descriptor.size() <= max_header_;
+    if (msg.device_memory && !in_header) {  // (remote_message checked: the padding below is host memory)
+      drop(p, "internal error: a message in device memory whose descriptor does not fit UCX's header");
+      delete ctx;
+      return;
+    }
     auto& iov = ctx->iov;
     const auto add = [&iov](const void* ptr, size_t n) {
       if (n == 0) return;
@@ -621,6 +632,7 @@ class ServerImpl final : public Server, public Session {
   ServerOptions opt_;
   std::string address_;
   size_t max_header_ = 0;
+  CudaPath cuda_path_;  // (set before the engine runs anything of ours)
   std::chrono::milliseconds ping_every_{kPingEvery};  // a third of the keepalive at most
   Engine* engine_ = nullptr;
   ucp_listener_h listener_ = nullptr;  // engine thread only (after the constructor)

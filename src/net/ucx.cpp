@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <mutex>
 
@@ -42,6 +43,7 @@ const Loaded& loaded() {
     sym(a.config_read, "ucp_config_read");
     sym(a.config_release, "ucp_config_release");
     sym(a.init_version, "ucp_init_version");
+    sym(a.context_query, "ucp_context_query");
     sym(a.get_version, "ucp_get_version");
     sym(a.worker_create, "ucp_worker_create");
     sym(a.worker_destroy, "ucp_worker_destroy");
@@ -105,6 +107,20 @@ std::string ucx_status(ucs_status_t s) {
   return name + " (" + std::to_string(static_cast<int>(s)) + ")";
 }
 
+namespace {
+std::atomic<bool> g_cuda_memory{false};  // the context's memory types include CUDA (set with the context)
+}  // namespace
+
+CudaPath ucx_cuda_path() {
+  (void)ucx_context();
+  const char* e = std::getenv("TW_NET_CUDA_DIRECT");
+  const std::string want = e ? e : "";
+  if (want == "0") return {};
+  if (want == "host") return {true, UCS_MEMORY_TYPE_HOST};
+  if (g_cuda_memory.load(std::memory_order_acquire)) return {true, UCS_MEMORY_TYPE_CUDA};
+  return {};
+}
+
 ucp_context_h ucx_context() {
   static std::mutex mu;
   static ucp_context_h ctx = nullptr;
@@ -131,6 +147,12 @@ ucp_context_h ucx_context() {
   if (st != UCS_OK)
     throw Error(ErrorCode::unsupported, "tensorwire net: UCX failed to initialise: " + ucx_status(st) +
                                             " (check the UCX_* environment variables, e.g. UCX_TLS)");
+  // Whether this UCX moves CUDA memory itself (it loaded a CUDA memory domain: a build with CUDA transports on a
+  // machine with a driver). A failed query means no.
+  ucp_context_attr_t attr{};
+  attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+  const bool cuda = api.context_query(c, &attr) == UCS_OK && (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
+  g_cuda_memory.store(cuda, std::memory_order_release);
   ctx = c;
   owner = ::getpid();
   return ctx;

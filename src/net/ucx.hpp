@@ -13,6 +13,7 @@ struct UcxApi {
   decltype(&::ucp_config_read) config_read;
   decltype(&::ucp_config_release) config_release;
   decltype(&::ucp_init_version) init_version;
+  decltype(&::ucp_context_query) context_query;
   decltype(&::ucp_get_version) get_version;
   decltype(&::ucp_worker_create) worker_create;
   decltype(&::ucp_worker_destroy) worker_destroy;
@@ -43,6 +44,17 @@ const UcxApi& ucx();
 /// The process's UCX context (active messages; workers used from several threads). Created on first use, and
 /// again in a fork()ed child (UCX contexts do not survive fork). Throws Error(unsupported).
 ucp_context_h ucx_context();
+/// How this process's UCX moves a CUDA tensor: `direct` when its context handles CUDA memory (a UCX built with
+/// CUDA transports, such as the libucx-cu12/cu13 wheels; Debian's has none), so UCX reads and writes device memory
+/// itself, declared to it as `memory_type`; else (direct false) tensorwire stages the bytes through pinned host
+/// memory. TW_NET_CUDA_DIRECT=0 turns the direct path off; TW_NET_CUDA_DIRECT=host (for tests against the fake
+/// driver, whose device memory is host memory) turns it on with the memory declared as host memory.
+/// Throws Error(unsupported) like ucx_context().
+struct CudaPath {
+  bool direct = false;
+  ucs_memory_type_t memory_type = UCS_MEMORY_TYPE_HOST;
+};
+CudaPath ucx_cuda_path();
 /// "Input/output error (UCS_ERR_IO_ERROR)"-like text for a status.
 std::string ucx_status(ucs_status_t s);
 

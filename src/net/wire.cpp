@@ -316,12 +316,15 @@ std::string encode_message(const WireMessage& m) {
     w.put(dt.bits);
     w.put(dt.lanes);
     w.put(static_cast<uint8_t>(t.carry));
-    // Flags: bit 0 sub-byte padding; bit 1 staged from a CUDA device, whose index is bits 2-7.
+    // Flags: bit 0 sub-byte padding; bit 1 from a CUDA device, whose index is bits 2-6; bit 7 read by UCX from
+    // device memory (else staged through host memory).
     uint8_t flags = t.layout.subbyte_padded ? 1 : 0;
     if (t.cuda_origin >= 0) {
-      if (t.cuda_origin > kMaxStagedDevice || t.carry != Carry::packed)
-        throw Error(ErrorCode::internal, "encode_message: a staged tensor must be packed, from cuda:0..63");
-      flags = static_cast<uint8_t>(flags | 2u | static_cast<unsigned>(t.cuda_origin) << 2);
+      if (t.cuda_origin > kMaxNetDevice || t.carry != Carry::packed)
+        throw Error(ErrorCode::internal, "encode_message: a CUDA tensor must be packed, from cuda:0..31");
+      flags = static_cast<uint8_t>(flags | 2u | static_cast<unsigned>(t.cuda_origin) << 2 | (t.cuda_direct ? 0x80u : 0u));
+    } else if (t.cuda_direct) {
+      throw Error(ErrorCode::internal, "encode_message: cuda_direct without a CUDA device");
     }
     w.put(flags);
     w.put(static_cast<uint16_t>(t.layout.ndim()));
@@ -362,8 +365,9 @@ WireMessage decode_message(std::span<const uint8_t> body, const Limits& limits) 
     const uint16_t ndim = r.get<uint16_t>("rank");
     if (carry > static_cast<uint8_t>(Carry::packed)) bad("carry " + std::to_string(carry));
     if (flags & 2u) {
-      if (carry != static_cast<uint8_t>(Carry::packed)) bad("a tensor staged from a CUDA device that is not packed");
-      t.cuda_origin = flags >> 2;
+      if (carry != static_cast<uint8_t>(Carry::packed)) bad("a tensor from a CUDA device that is not packed");
+      t.cuda_origin = (flags >> 2) & 31;
+      t.cuda_direct = (flags & 0x80u) != 0;
     } else if (flags > 1) {
       bad("tensor flags " + std::to_string(flags));
     }

@@ -553,8 +553,12 @@ class FakeDriver : public ::testing::Test {
     d::install_fake_driver(&api_, 2, 13000);
     tw::cuda::install_runtime();
     tw::ipc_detail::set_local_shortcut(false);  // the fake's handles open in one process: exercise the open path
+    // The fake's device memory is host memory: a UCX with CUDA transports (the GPU run's) must not be told it is
+    // CUDA memory. CudaDirectNet turns the direct path on, with host memory, where a test wants it.
+    ::setenv("TW_NET_CUDA_DIRECT", "0", 1);
   }
   void TearDown() override {
+    ::unsetenv("TW_NET_CUDA_DIRECT");
     tw::ipc_detail::set_local_shortcut(true);
     tw::cuda::empty_cache();  // every held buffer back before the fake goes
     d::install_fake_driver(nullptr, 0, 0);
@@ -1436,6 +1440,193 @@ TEST_F(FakeDriver, NetAStagedTensorThatCannotGoBackToItsDeviceIsAnErrorAtRecvAnd
     ASSERT_TRUE(t) << "the stream goes on after the refused message";
     EXPECT_EQ(host_values(*t), (std::vector<float>{0, 1}));
     t.reset();
+  }
+  expect_no_leaks();
+}
+
+// A UCX with CUDA transports (the libucx-cu12/cu13 wheels, on a machine with a driver) reads and writes device memory
+// itself. TW_NET_CUDA_DIRECT=host stands in for one here: the fake driver's device memory is host memory, and that
+// is what UCX is told it is. Set while a publisher or subscriber is made, it decides that one's path (the fixture
+// sets TW_NET_CUDA_DIRECT=0 otherwise).
+struct CudaDirectNet {
+  CudaDirectNet() { ::setenv("TW_NET_CUDA_DIRECT", "host", 1); }
+  ~CudaDirectNet() { ::setenv("TW_NET_CUDA_DIRECT", "0", 1); }
+};
+
+TEST_F(FakeDriver, NetWithCudaTransportsACudaTensorCrossesInDeviceMemory) {
+  TW_SKIP_WITHOUT_UCX();
+  const std::string name = ipc_topic("netdirect");
+  auto freed = std::make_shared<std::atomic<bool>>(false);
+  {
+    std::optional<tw::Publisher> pub;
+    std::optional<tw::Subscriber> sub, host, to0;
+    {
+      const CudaDirectNet direct;
+      pub.emplace(name, tw::PublisherOptions{.depth = 8, .listen = "127.0.0.1:0"});
+      sub.emplace(name, tw::SubscriberOptions{.connect = pub->address()});
+      host.emplace(name, tw::SubscriberOptions{.device = Device::cpu(), .connect = pub->address()});
+      to0.emplace(name, tw::SubscriberOptions{.device = Device::cuda(0), .connect = pub->address()});
+    }
+    // A subscriber whose UCX moves host memory only: it receives what the others get in device memory through
+    // host memory, and says so.
+    tw::Subscriber staged(name, tw::SubscriberOptions{.connect = pub->address()});
+    ASSERT_TRUE(remote_subscribers_joined(*pub, 4));
+    // 1. A loan on cuda:1, sent whole, of 1 MiB (UCX's rendezvous: the receivers' UCX writes device memory) and of
+    //    64 bytes (eager: UCX hands the bytes over in host memory, and they are copied to the device once).
+    for (const int64_t n : {int64_t{1} << 18, int64_t{16}}) {
+      Tensor loan = pub->loan({n}, DType::float32(), Device::cuda(1));
+      auto* f = reinterpret_cast<float*>(loan.data_ptr());
+      for (int64_t i = 0; i < n; ++i) f[i] = static_cast<float>(i % 1000) - 0.5f;
+      const std::vector<float> want = host_values(loan);
+      const int copies = g_fake->memcpys;
+      g_fake->synced_in.clear();
+      tw::SendOptions o;
+      o.stream = 1;
+      o.metadata.set("n", n);
+      o.timeout = std::chrono::seconds(5);
+      ASSERT_EQ(pub->send(std::move(loan), o), 4u);
+      EXPECT_EQ(g_fake->memcpys, copies) << "the loan is sent from where it is: nothing packed or staged";
+      EXPECT_FALSE(g_fake->synced_in.empty()) << "the host waits for the producer's stream before UCX reads";
+      auto t = sub->recv(std::chrono::seconds(5));
+      ASSERT_TRUE(t);
+      EXPECT_EQ(std::string(t->buffer().transport()), "ucx-cuda");
+      EXPECT_EQ(t->device(), Device::cuda(1)) << "on the device it was sent from";
+      EXPECT_EQ(t->shape(), (tw::Shape{n}));
+      EXPECT_EQ(t->metadata().at("n").as_int(), n);
+      EXPECT_EQ(host_values(*t), want);
+      auto z = to0->recv(std::chrono::seconds(5));
+      ASSERT_TRUE(z);
+      EXPECT_EQ(std::string(z->buffer().transport()), "ucx-cuda");
+      EXPECT_EQ(z->device(), Device::cuda(0)) << "on the device the subscriber asked for";
+      EXPECT_EQ(host_values(*z), want);
+      auto h = host->recv(std::chrono::seconds(5));
+      ASSERT_TRUE(h);
+      EXPECT_EQ(h->device(), Device::cpu());
+      EXPECT_EQ(std::string(h->buffer().transport()), "ucx-staged") << "it asked for host memory";
+      EXPECT_EQ(host_values(*h), want);
+      auto s = staged.recv(std::chrono::seconds(5));
+      ASSERT_TRUE(s);
+      EXPECT_EQ(s->device(), Device::cuda(1));
+      EXPECT_EQ(std::string(s->buffer().transport()), "ucx-staged") << "its own UCX landed it in host memory";
+      EXPECT_EQ(host_values(*s), want);
+      // Since the send: host_values' three device copies and the one that puts the staged subscriber's tensor back
+      // on cuda:1; under rendezvous nothing else (UCX wrote device memory), eager adds one per device receiver.
+      EXPECT_EQ(g_fake->memcpys, copies + 4 + (n > 1024 ? 0 : 2));
+    }
+    // 2. A caller's allocation, the stacked plane with its offset; and a strided view, packed once on the device.
+    //    (1 MiB each: rendezvous, so that no receiver's landing copies race with the counts.)
+    const auto device_copies = [] { return g_fake->memcpys + g_fake->launches_strided + g_fake->launches_transpose; };
+    constexpr int64_t kPlane = int64_t{1} << 18;
+    Tensor stacked = foreign_floats(2 * kPlane, freed).view({2, 512, 512});
+    for (const Tensor& x : {stacked.select(0, 1), stacked.select(0, 1).transpose(0, 1)}) {
+      const int copies = device_copies();
+      ASSERT_EQ(pub->send(x, tw::Metadata{}, std::chrono::seconds(5)), 4u);
+      EXPECT_EQ(device_copies() - copies, x.is_contiguous() ? 0 : 1) << "packed on the device, or sent as it is";
+      auto t = sub->recv(std::chrono::seconds(5));
+      ASSERT_TRUE(t);
+      EXPECT_EQ(std::string(t->buffer().transport()), "ucx-cuda");
+      EXPECT_EQ(t->device(), Device::cuda(0));
+      EXPECT_EQ(t->shape(), x.shape());
+      EXPECT_EQ(host_values(*t), host_values(x));
+      for (auto* other : {&*host, &*to0, &staged}) ASSERT_TRUE(other->recv(std::chrono::seconds(5)));
+    }
+    stacked = Tensor();
+    // 3. A group crosses staged (UCX would need its parts as an iov of device memory), and says so.
+    tw::Message m;
+    m.tensors = {foreign_floats(4, std::make_shared<std::atomic<bool>>(false)),
+                 foreign_floats(6, std::make_shared<std::atomic<bool>>(false)).view({2, 3})};
+    ASSERT_EQ(pub->send(m, tw::SendOptions{.timeout = std::chrono::seconds(5)}), 4u);
+    auto r = sub->recv_message(std::chrono::seconds(5));
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->message.tensors.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_EQ(std::string(r->message.tensors[i].buffer().transport()), "ucx-staged");
+      EXPECT_EQ(r->message.tensors[i].device(), Device::cuda(0));
+      EXPECT_EQ(host_values(r->message.tensors[i]), host_values(m.tensors[i]));
+    }
+    for (auto* other : {&*host, &*to0, &staged}) ASSERT_TRUE(other->recv_message(std::chrono::seconds(5)));
+    m.tensors.clear();
+    r.reset();
+    // 4. With a local subscriber too, the remote ones are sent the memory the local one opens, with no copy: the
+    //    stacked plane from its offset in a caller's allocation (adopted), and from its offset in a loan.
+    {
+      tw::Subscriber local(name);
+      ASSERT_TRUE(local.connected());
+      std::vector<float> second(static_cast<size_t>(kPlane));
+      for (size_t i = 0; i < second.size(); ++i) second[i] = static_cast<float>(kPlane + static_cast<int64_t>(i));
+      Tensor planes = foreign_floats(2 * kPlane, std::make_shared<std::atomic<bool>>(false)).view({2, 512, 512});
+      Tensor loan = pub->loan({2, 512, 512}, DType::float32(), Device::cuda(0));
+      auto* f = reinterpret_cast<float*>(loan.data_ptr());
+      for (int64_t i = 0; i < 2 * kPlane; ++i) f[i] = static_cast<float>(i);
+      for (Tensor* x : {&planes, &loan}) {
+        const int copies = device_copies();
+        ASSERT_EQ(pub->send(x->select(0, 1), tw::Metadata{}, std::chrono::seconds(5)), 5u);
+        EXPECT_EQ(device_copies(), copies);
+        *x = Tensor();
+        auto l = local.recv(std::chrono::seconds(5));
+        ASSERT_TRUE(l);
+        EXPECT_EQ(std::string(l->buffer().transport()), x == &loan ? "cuda-vmm" : "cuda-ipc");
+        auto t = sub->recv(std::chrono::seconds(5));
+        ASSERT_TRUE(t);
+        EXPECT_EQ(std::string(t->buffer().transport()), "ucx-cuda");
+        EXPECT_EQ(host_values(*t), second);
+        EXPECT_EQ(host_values(*l), second);
+        for (auto* other : {&*host, &*to0, &staged}) ASSERT_TRUE(other->recv(std::chrono::seconds(5)));
+        l.reset();
+        d::wait_releases();
+      }
+      // A strided view copied into the pool for the local subscriber (copy=true) is sent from that dense copy:
+      // one device copy in all.
+      Tensor planes2 = foreign_floats(2 * kPlane, std::make_shared<std::atomic<bool>>(false)).view({2, 512, 512});
+      const Tensor view = planes2.select(0, 1).transpose(0, 1);
+      const int copies = device_copies();
+      ASSERT_EQ(pub->send(view, tw::SendOptions{.timeout = std::chrono::seconds(5), .copy = true}), 5u);
+      EXPECT_EQ(device_copies(), copies + 1);
+      auto t = sub->recv(std::chrono::seconds(5));
+      ASSERT_TRUE(t);
+      EXPECT_EQ(std::string(t->buffer().transport()), "ucx-cuda");
+      EXPECT_EQ(host_values(*t), host_values(view));
+      auto l = local.recv(std::chrono::seconds(5));
+      ASSERT_TRUE(l);
+      EXPECT_EQ(std::string(l->buffer().transport()), "cuda-copy");
+      for (auto* other : {&*host, &*to0, &staged}) ASSERT_TRUE(other->recv(std::chrono::seconds(5)));
+      l.reset();
+      d::wait_releases();
+    }
+    sub.reset();
+    host.reset();
+    to0.reset();
+    pub.reset();
+  }
+  EXPECT_TRUE(eventually(*freed));
+  expect_no_leaks();
+}
+
+TEST_F(FakeDriver, NetAPublisherWithoutCudaTransportsStagesForASubscriberThatHasThem) {
+  // The receiver's UCX writes device memory; what it writes was staged through host memory at the sender: the
+  // tensor lands on the device with no copy here, and says it was staged.
+  TW_SKIP_WITHOUT_UCX();
+  const std::string name = ipc_topic("netdirect-rx");
+  {
+    tw::Publisher pub(name, tw::PublisherOptions{.depth = 8, .listen = "127.0.0.1:0"});
+    std::optional<tw::Subscriber> sub;
+    {
+      const CudaDirectNet direct;
+      sub.emplace(name, tw::SubscriberOptions{.connect = pub.address()});
+    }
+    ASSERT_TRUE(remote_subscribers_joined(pub, 1));
+    Tensor x = foreign_floats(1 << 18, std::make_shared<std::atomic<bool>>(false));
+    const int copies = g_fake->memcpys;
+    ASSERT_EQ(pub.send(x, tw::Metadata{}, std::chrono::seconds(5)), 1u);
+    EXPECT_EQ(g_fake->memcpys, copies + 1) << "staged into pinned memory at the sender, nothing else";
+    auto t = sub->recv(std::chrono::seconds(5));
+    ASSERT_TRUE(t);
+    EXPECT_EQ(g_fake->memcpys, copies + 1) << "landed on the device by UCX, not moved there after";
+    EXPECT_EQ(t->device(), Device::cuda(0));
+    EXPECT_EQ(std::string(t->buffer().transport()), "ucx-staged");
+    EXPECT_EQ(host_values(*t), host_values(x));
+    t.reset();
+    sub.reset();
   }
   expect_no_leaks();
 }

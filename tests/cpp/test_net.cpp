@@ -172,19 +172,27 @@ TEST(NetWire, MessagesRoundTripEveryCarry) {
   one.tensors = {n};
   EXPECT_EQ(decode_message(bytes(encode_message(one)), Limits{}).tensors[0].layout.byte_offset, 8);
   EXPECT_EQ(decode_message(bytes(encode_message(one)), Limits{}).tensors[0].cuda_origin, -1);
-  // A tensor staged from a CUDA device says which (0..63), packed only.
+  // A tensor from a CUDA device says which (0..31) and whether UCX read it there (direct) or it was staged; packed
+  // only.
   WireTensor g = wire(layout(DType::float16(), {3, 5}, {5, 1}), Carry::packed);
-  for (const int dev : {0, 5, kMaxStagedDevice}) {
-    g.cuda_origin = dev;
-    one.tensors = {g};
-    const WireTensor back = decode_message(bytes(encode_message(one)), Limits{}).tensors[0];
-    EXPECT_EQ(back.cuda_origin, dev);
-    EXPECT_EQ(back.carry, Carry::packed);
-    EXPECT_EQ(back.layout.shape, (Shape{3, 5}));
+  for (const bool direct : {false, true}) {
+    for (const int dev : {0, 5, kMaxNetDevice}) {
+      g.cuda_origin = dev;
+      g.cuda_direct = direct;
+      one.tensors = {g};
+      const WireTensor back = decode_message(bytes(encode_message(one)), Limits{}).tensors[0];
+      EXPECT_EQ(back.cuda_origin, dev);
+      EXPECT_EQ(back.cuda_direct, direct);
+      EXPECT_EQ(back.carry, Carry::packed);
+      EXPECT_EQ(back.layout.shape, (Shape{3, 5}));
+    }
   }
-  g.cuda_origin = kMaxStagedDevice + 1;
+  g.cuda_origin = kMaxNetDevice + 1;
   one.tensors = {g};
-  TW_EXPECT_ERROR_MSG(encode_message(one), ErrorCode::internal, "cuda:0..63");
+  TW_EXPECT_ERROR_MSG(encode_message(one), ErrorCode::internal, "cuda:0..31");
+  g.cuda_origin = -1;
+  one.tensors = {g};
+  TW_EXPECT_ERROR_MSG(encode_message(one), ErrorCode::internal, "cuda_direct without a CUDA device");
 }
 
 TEST(NetWire, DecoderRefusesWhatCouldHurtTheReceiver) {
@@ -225,10 +233,16 @@ TEST(NetWire, DecoderRefusesWhatCouldHurtTheReceiver) {
     return s;
   };
   EXPECT_NO_THROW(decode_message(bytes(with_flags(ok, 0)), Limits{}));
-  refuses(with_flags(ok, 2), "staged");
+  refuses(with_flags(ok, 2), "CUDA device that is not packed");
   refuses(with_flags(ok, 4), "tensor flags");
+  refuses(with_flags(ok, 0x80), "tensor flags");  // direct without a CUDA device
   t = wire(layout(DType::float32(), {4, 6}, {6, 1}), Carry::packed);
-  EXPECT_EQ(decode_message(bytes(with_flags(t, 2 | (9 << 2))), Limits{}).tensors[0].cuda_origin, 9);
+  const WireTensor staged9 = decode_message(bytes(with_flags(t, 2 | (9 << 2))), Limits{}).tensors[0];
+  EXPECT_EQ(staged9.cuda_origin, 9);
+  EXPECT_FALSE(staged9.cuda_direct);
+  const WireTensor direct31 = decode_message(bytes(with_flags(t, 0x80 | 2 | (31 << 2))), Limits{}).tensors[0];
+  EXPECT_EQ(direct31.cuda_origin, 31);
+  EXPECT_TRUE(direct31.cuda_direct);
 }
 
 TEST(NetWire, DecoderRefusesMalformedStructure) {

@@ -324,10 +324,13 @@ def test_a_closed_publisher_keeps_a_torch_tensor_alive_for_its_subscriber():
     p.join(30)
 
 
-def test_a_cuda_tensor_crosses_to_a_remote_subscriber_staged_and_says_so():
+def test_a_cuda_tensor_crosses_to_a_remote_subscriber_and_says_how():
     # Debian's UCX has no CUDA transports (issue 12): the tensor crosses packed into pinned host memory and goes
-    # back to its device on the other side, or stays in host memory for a subscriber that asked for the CPU.
+    # back to its device on the other side, or stays in host memory for a subscriber that asked for the CPU. With
+    # a UCX that has them (scripts/test-gpu.sh puts the libucx-cu13 wheel's first on the library path and sets
+    # TW_TEST_UCX_CUDA=1), it crosses from device memory to device memory: "ucx-cuda".
     torch = pytest.importorskip("torch")
+    direct = os.environ.get("TW_TEST_UCX_CUDA") == "1"
     name = topic("remote")
     try:
         pub = tw.Publisher(name, listen="127.0.0.1:0")
@@ -345,13 +348,21 @@ def test_a_cuda_tensor_crosses_to_a_remote_subscriber_staged_and_says_so():
         x = torch.arange(24, dtype=torch.float32, device="cuda").reshape(4, 6).t()[1::2]  # strided, offset
         pub.send(x, {"k": 5})
         t = sub.recv(timeout=20)
-        assert t.transport == "ucx-staged"
+        assert t.transport == ("ucx-cuda" if direct else "ucx-staged")
         assert str(t.device) == "cuda:0"
         assert t.metadata["k"] == 5
         assert torch.equal(torch.from_dlpack(t), x)
         h = host.recv(timeout=20)
         assert h.transport == "ucx-staged" and str(h.device) == "cpu"
         np.testing.assert_array_equal(np.asarray(h), x.cpu().numpy())
+        # Dense, from where it is (direct), 4 KiB to 16 MiB: UCX's eager and rendezvous paths.
+        for n in (1 << 10, 1 << 22):
+            y = torch.arange(n, dtype=torch.float32, device="cuda") * 3 - 1
+            pub.send(y)
+            t = sub.recv(timeout=20)
+            assert t.transport == ("ucx-cuda" if direct else "ucx-staged")
+            assert torch.equal(torch.from_dlpack(t), y)
+            np.testing.assert_array_equal(np.asarray(host.recv(timeout=20)), y.cpu().numpy())
         # Ordering: a kernel still writing when send is called. The staging copy runs after it, on stream= or on
         # the stream current at send (the one the tensor is imported with); a copy not ordered after the kernel
         # would stage the zeros.
