@@ -127,6 +127,11 @@ class DeviceRuntime {
   /// default drops it at once (with no device runtime no work can be queued).
   virtual void release_after_work(Device device, const std::vector<int64_t>* streams,
                                   std::shared_ptr<const void> what) const;
+  /// `nbytes` of cuda:N pool memory for a writer outside any stream (a network transport lands a message there):
+  /// the work of its previous users is done when this returns (the host waits for that block's own event, never
+  /// for a whole stream), and once the last reference goes it returns to the pool when all the work queued on the
+  /// device by then is done (its readers may have used any stream). The default says "not supported".
+  virtual std::shared_ptr<Buffer> allocate_idle(Device device, size_t nbytes) const;
 };
 
 /// Records that `t` (CUDA memory a foreign producer made, or a device result of tensorwire's own work) is ordered

@@ -167,6 +167,11 @@ intptr_t own_stream(int device) {
   return own->get(device);
 }
 
+intptr_t idle_stream(int device) {
+  static auto* idle = new DeviceStreams();  // never destroyed: the streams outlive exit
+  return idle->get(device);
+}
+
 // ---- kernels -----------------------------------------------------------------------------------------------------
 namespace {
 

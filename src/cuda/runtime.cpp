@@ -295,6 +295,22 @@ class CudaRuntime final : public DeviceRuntime {
                           std::shared_ptr<const void> what) const override {
     detail::release_after_work(device.id, streams, std::move(what));
   }
+  std::shared_ptr<Buffer> allocate_idle(Device device, size_t nbytes) const override {
+    if (device.type != kDLCUDA)
+      throw Error(ErrorCode::invalid_argument, "allocate_idle: " + device.str() + " is not a CUDA device");
+    check_device(device, "allocate CUDA memory");
+    // On a stream nothing else uses: a block cached from another stream comes with a wait for its free event
+    // there, and synchronizing the stream waits for that alone (a fresh block, or one last used here: nothing).
+    const intptr_t s = idle_stream(device.id);
+    std::shared_ptr<Buffer> block = allocate_on(device, nbytes, s);
+    synchronize_stream(device, s);
+    const int dev = device.id;
+    std::shared_ptr<const void> owner(block.get(), [block, dev](const void*) mutable {
+      // Its readers' kernels may run on any stream: back to the pool once the device's work so far is done.
+      detail::release_after_work(dev, nullptr, std::move(block));
+    });
+    return std::make_shared<Buffer>(block->base(), nbytes, device, std::move(owner));
+  }
 };
 const CudaRuntime g_runtime;
 

@@ -546,7 +546,8 @@ class PublisherImpl {
   // once, for all remote subscribers. Called with mu_ held (dropped around packing).
   std::shared_ptr<net_detail::OutMessage> remote_message(std::vector<Part>& parts, const Message* group,
                                                          const Deadline& deadline, Reservation& reserved,
-                                                         std::unique_lock<std::mutex>& lock) {
+                                                         std::unique_lock<std::mutex>& lock,
+                                                         std::optional<bool> copy_option) {
     using namespace net_detail;
     auto out = std::make_shared<OutMessage>();
     WireMessage wm;
@@ -633,19 +634,23 @@ class PublisherImpl {
         const Part& p = parts[to_stage[k]];
         const Tensor& t = *p.t;
         if (t.numel() == 0) continue;
-        // Dense where it is (anything else is packed below). With local subscribers the message's memory is its
-        // pool slot (a loan, a caller's allocation adopted, or the dense copy made for them), held like a host
-        // slot; else the caller's tensor, kept (by its pool slot when it is a loan).
+        // Dense where it is (anything else is copied below, once, into device memory of its own). With local
+        // subscribers the message's memory is its pool slot (a loan, a caller's allocation adopted, or the dense
+        // copy made for them), held like a host slot, exactly as they hold it. With remote subscribers only, the
+        // same holds for a loan of the pool's own memory; a caller's memory is copied, as it would be staged:
+        // the caller may change or free it once send returns (copy=True promises so), its last reference must
+        // not go on the net thread (a Python owner takes the GIL), and memory opened from another process's
+        // handle may not be registrable by UCX.
         if (!p.remote_only) {
           if (!p.layout.is_contiguous()) continue;
           device_bases[k] = pool_->slot(p.slot).data() + p.alloc_offset + p.layout.byte_offset;
           out->keep.push_back(pool_->hold(p.slot));
-        } else if (t.is_contiguous()) {
-          device_bases[k] = static_cast<const char*>(t.data_ptr());
+        } else if (t.is_contiguous() && copy_option != true) {
           size_t off = 0;
           const long slot = pool_->find(t.buffer(), off);
-          if (slot >= 0) out->keep.push_back(pool_->hold(static_cast<size_t>(slot)));
-          else out->keep.push_back(std::make_shared<const Tensor>(t));
+          if (slot < 0 || pool_->slot(static_cast<size_t>(slot)).seg.foreign) continue;
+          device_bases[k] = static_cast<const char*>(t.data_ptr());
+          out->keep.push_back(pool_->hold(static_cast<size_t>(slot)));
         }
       }
     }
@@ -656,11 +661,14 @@ class PublisherImpl {
           const Part& p = parts[to_stage[k]];
           const Layout& dense = wm.tensors[to_stage[k]].layout;  // (made dense above)
           if (direct) {
-            if (!device_bases[k] && p.t->numel() > 0) {
+            if (p.t->numel() == 0) continue;
+            if (!device_bases[k]) {
               staged[k] = rt.allocate(Device::cuda(p.device), static_cast<size_t>(dense.nbytes()), p.stream);
-              rt.copy(*p.t, Tensor::make(staged[k], dense, false), p.stream);
+              rt.copy(*p.t, Tensor::make(staged[k], dense, false), p.stream);  // (after the tensor's own producer)
+            } else if (p.remote_only) {
+              order_after(*p.t, p.stream);  // a loan filled on a stream (or with a ready event) other than stream=
             }
-            if (p.t->numel() > 0) rt.synchronize_stream(Device::cuda(p.device), p.stream);
+            rt.synchronize_stream(Device::cuda(p.device), p.stream);
             continue;
           }
           staged[k] = rt.allocate(Device::cuda_host(), std::max<size_t>(static_cast<size_t>(dense.nbytes()), 1),
@@ -879,7 +887,7 @@ class PublisherImpl {
     }
     // 2b. What remote subscribers get: the same buffers, held until every remote send of them is done.
     std::shared_ptr<net_detail::OutMessage> out;
-    if (remote) out = remote_message(parts, group, deadline, reserved, lock);
+    if (remote) out = remote_message(parts, group, deadline, reserved, lock, o.copy);
     // 3. Push to every live subscriber in one critical section. Rings only gain room while we hold send_mu_, and a
     //    subscriber that joined meanwhile has an empty ring.
     reap();

@@ -437,14 +437,15 @@ class ClientImpl final : public Client, public Session {
       if (wire != h.payload_bytes)
         throw Error(ErrorCode::invalid_argument, "the descriptor accounts for " + std::to_string(wire) +
                                                      " bytes of data, the message has " + std::to_string(h.payload_bytes));
-      l->device = landing_device(l->msg);
+      // Only a rendezvous lands in device memory: an eager message's bytes are already in host memory (UCX's),
+      // and copying them to the device is left to recv, on the caller's thread (the message says "ucx-staged").
+      l->device = rndv ? landing_device(l->msg) : -1;
       if (l->device >= 0) {
-        // Device memory from the pool: UCX writes it outside any stream, so the work of the block's previous users
-        // (ordered on the stream it is allocated for) is waited for first.
+        // Device memory from the pool, idle: UCX writes it outside any stream (the host waits for that block's
+        // previous users only, never for a whole stream: this thread serves every session of the process).
         try {
-          const DeviceRuntime& rt = device_runtime();
-          l->buffer = rt.allocate(Device::cuda(l->device), std::max<size_t>(static_cast<size_t>(total), 1), 1);
-          rt.synchronize_stream(Device::cuda(l->device), 1);
+          l->buffer = device_runtime().allocate_idle(Device::cuda(l->device),
+                                                      std::max<size_t>(static_cast<size_t>(total), 1));
         } catch (const Error&) {  // (out of device memory: it lands in host memory, and recv says what goes wrong)
           l->device = -1;
           l->buffer.reset();
@@ -468,24 +469,6 @@ class ClientImpl final : public Client, public Session {
     landing_.push_back(std::move(l));
     if (!rndv) {
       const char* src = static_cast<const char*>(data);
-      if (lp->device >= 0) {  // eager: UCX's bytes are in host memory; one copy to the device, done before delivery
-        try {
-          const DeviceRuntime& rt = device_runtime();
-          const Device dev = Device::cuda(lp->device);
-          for (const ucp_dt_iov_t& e : lp->iov) {
-            const Layout bytes{DType::uint8(), {static_cast<int64_t>(e.length)}, {1}, 0};
-            rt.copy(Tensor::make(std::make_shared<Buffer>(const_cast<char*>(src), e.length, Device::cpu(), nullptr),
-                                 bytes, true),
-                    Tensor::make(std::make_shared<Buffer>(e.buffer, e.length, dev, nullptr), bytes, false), 1);
-            src += e.length;
-          }
-          rt.synchronize_stream(dev, 1);
-        } catch (const Error& e) {
-          lp->error = "copying a received message to cuda:" + std::to_string(lp->device) + " failed: " + e.what();
-        }
-        complete(lp, UCS_OK);
-        return;
-      }
       for (const ucp_dt_iov_t& e : lp->iov) {
         std::memcpy(e.buffer, src, e.length);
         src += e.length;

@@ -60,7 +60,7 @@ struct Fake {
   int launches_strided = 0;
   int launches_transpose = 0;
   int memcpys = 0;
-  int syncs = 0;
+  std::atomic<int> syncs{0};  // (the net thread synchronizes too: allocate_idle)
   std::atomic<bool> events_done{true};  // false: every event reports CUDA_ERROR_NOT_READY (queued work pending)
   std::atomic<bool> work_running{false};  // true: cuEventSynchronize and cuCtxSynchronize block until it turns false
   std::atomic<int> event_syncs{0}, ctx_syncs{0};
@@ -82,6 +82,7 @@ struct Fake {
   int stream_creates = 0;
   std::deque<int> created_streams;    // each created stream is the address of one entry: the context it was made in
   std::vector<int> synced_in;         // the context of each stream cuStreamSynchronize waited for
+  std::vector<uintptr_t> synced_streams;  // each stream cuStreamSynchronize waited for (under streams_mu)
   std::set<uintptr_t> dead_streams;   // destroyed by their owner: every call naming one is CUDA_ERROR_INVALID_HANDLE
   std::set<uintptr_t> nonblocking_streams;  // made with CU_STREAM_NON_BLOCKING (every other handle is blocking)
   std::set<uintptr_t> pending_events;  // cuEventQuery says CUDA_ERROR_NOT_READY for these (their work still runs)
@@ -204,6 +205,7 @@ d::Api fake_api() {
     std::lock_guard lk(g_fake->streams_mu);
     if (g_fake->dead_streams.count(reinterpret_cast<uintptr_t>(s))) return 400;
     g_fake->synced_in.push_back(c);
+    g_fake->synced_streams.push_back(reinterpret_cast<uintptr_t>(s));
     return 0;
   };
   a.cuStreamWaitEvent = [](d::CUstream s, d::CUevent e, unsigned) {
@@ -737,6 +739,49 @@ TEST_F(FakeDriver, PoolReusesBlocksInStreamOrder) {
     EXPECT_EQ(again.stream(), std::optional<intptr_t>(2));
     EXPECT_GE(g_fake->stream_waits, 1);
   }
+  expect_no_leaks();
+}
+
+// Memory for a writer outside any stream (a network transport's landing): the host waits for the block's previous
+// users alone — on a stream of its own, never the legacy or a caller's stream — and the block comes back only once
+// the device's work is done, whatever stream its readers used.
+TEST_F(FakeDriver, AllocateIdleWaitsForTheBlocksOwnUsersOnlyAndReturnsItAfterTheDevicesWork) {
+  const tw::DeviceRuntime& rt = tw::device_runtime();
+  TW_EXPECT_ERROR_MSG(rt.allocate_idle(Device::cpu(), 64), ErrorCode::invalid_argument, "not a CUDA device");
+  TW_EXPECT_ERROR_MSG(rt.allocate_idle(Device::cuda(5), 64), ErrorCode::invalid_argument, "cuda:5 does not exist");
+  const void* used = nullptr;
+  {
+    std::shared_ptr<tw::Buffer> a = rt.allocate(Device::cuda(1), 3 << 20, 1);  // a segment of its own, freed with an event on stream 1
+    used = a->base();
+  }
+  const size_t waits = g_fake->waited.size();
+  size_t synced = 0;
+  {
+    std::lock_guard lk(g_fake->streams_mu);
+    synced = g_fake->synced_streams.size();
+  }
+  std::shared_ptr<tw::Buffer> b = rt.allocate_idle(Device::cuda(1), 3 << 20);
+  EXPECT_EQ(b->base(), used) << "the cached block, reused";
+  EXPECT_EQ(b->device(), Device::cuda(1));
+  EXPECT_EQ(b->size(), size_t{3} << 20);
+  uintptr_t idle = 0;
+  {
+    std::lock_guard lk(g_fake->streams_mu);
+    ASSERT_EQ(g_fake->waited.size(), waits + 1) << "one device-side wait, for the block's free event";
+    idle = g_fake->waited.back().first;
+    EXPECT_GT(idle, uintptr_t{2}) << "not a default stream";
+    EXPECT_TRUE(g_fake->nonblocking_streams.count(idle)) << "on a stream of tensorwire's own";
+    ASSERT_EQ(g_fake->synced_streams.size(), synced + 1);
+    EXPECT_EQ(g_fake->synced_streams.back(), idle) << "the host waited for that stream alone";
+  }
+  EXPECT_GT(tw::cuda::device_pool_stats(1).in_use_bytes, 0u);
+  g_fake->work_running = true;  // its readers' kernels still run: the block must not come back yet
+  b.reset();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_GT(tw::cuda::device_pool_stats(1).in_use_bytes, 0u) << "back in the pool while the device still works";
+  g_fake->work_running = false;
+  d::wait_releases();
+  EXPECT_EQ(tw::cuda::device_pool_stats(1).in_use_bytes, 0u);
   expect_no_leaks();
 }
 
@@ -1471,6 +1516,7 @@ TEST_F(FakeDriver, NetWithCudaTransportsACudaTensorCrossesInDeviceMemory) {
     // host memory, and says so.
     tw::Subscriber staged(name, tw::SubscriberOptions{.connect = pub->address()});
     ASSERT_TRUE(remote_subscribers_joined(*pub, 4));
+    const auto device_copies = [] { return g_fake->memcpys + g_fake->launches_strided + g_fake->launches_transpose; };
     // 1. A loan on cuda:1, sent whole, of 1 MiB (UCX's rendezvous: the receivers' UCX writes device memory) and of
     //    64 bytes (eager: UCX hands the bytes over in host memory, and they are copied to the device once).
     for (const int64_t n : {int64_t{1} << 18, int64_t{16}}) {
@@ -1479,24 +1525,25 @@ TEST_F(FakeDriver, NetWithCudaTransportsACudaTensorCrossesInDeviceMemory) {
       for (int64_t i = 0; i < n; ++i) f[i] = static_cast<float>(i % 1000) - 0.5f;
       const std::vector<float> want = host_values(loan);
       const int copies = g_fake->memcpys;
-      g_fake->synced_in.clear();
       tw::SendOptions o;
       o.stream = 1;
       o.metadata.set("n", n);
       o.timeout = std::chrono::seconds(5);
       ASSERT_EQ(pub->send(std::move(loan), o), 4u);
       EXPECT_EQ(g_fake->memcpys, copies) << "the loan is sent from where it is: nothing packed or staged";
-      EXPECT_FALSE(g_fake->synced_in.empty()) << "the host waits for the producer's stream before UCX reads";
+      // A rendezvous lands in device memory; an eager message's bytes come in UCX's host memory, and recv puts
+      // them on the device.
+      const char* how = n > 1024 ? "ucx-cuda" : "ucx-staged";
       auto t = sub->recv(std::chrono::seconds(5));
       ASSERT_TRUE(t);
-      EXPECT_EQ(std::string(t->buffer().transport()), "ucx-cuda");
+      EXPECT_EQ(std::string(t->buffer().transport()), how);
       EXPECT_EQ(t->device(), Device::cuda(1)) << "on the device it was sent from";
       EXPECT_EQ(t->shape(), (tw::Shape{n}));
       EXPECT_EQ(t->metadata().at("n").as_int(), n);
       EXPECT_EQ(host_values(*t), want);
       auto z = to0->recv(std::chrono::seconds(5));
       ASSERT_TRUE(z);
-      EXPECT_EQ(std::string(z->buffer().transport()), "ucx-cuda");
+      EXPECT_EQ(std::string(z->buffer().transport()), how);
       EXPECT_EQ(z->device(), Device::cuda(0)) << "on the device the subscriber asked for";
       EXPECT_EQ(host_values(*z), want);
       auto h = host->recv(std::chrono::seconds(5));
@@ -1510,18 +1557,44 @@ TEST_F(FakeDriver, NetWithCudaTransportsACudaTensorCrossesInDeviceMemory) {
       EXPECT_EQ(std::string(s->buffer().transport()), "ucx-staged") << "its own UCX landed it in host memory";
       EXPECT_EQ(host_values(*s), want);
       // Since the send: host_values' three device copies and the one that puts the staged subscriber's tensor back
-      // on cuda:1; under rendezvous nothing else (UCX wrote device memory), eager adds one per device receiver.
+      // on cuda:1; under rendezvous nothing else (UCX wrote device memory), eager adds recv's one per device
+      // receiver (all on this thread: nothing races the count).
       EXPECT_EQ(g_fake->memcpys, copies + 4 + (n > 1024 ? 0 : 2));
     }
-    // 2. A caller's allocation, the stacked plane with its offset; and a strided view, packed once on the device.
-    //    (1 MiB each: rendezvous, so that no receiver's landing copies race with the counts.)
-    const auto device_copies = [] { return g_fake->memcpys + g_fake->launches_strided + g_fake->launches_transpose; };
+    // 2. A caller's allocation, the stacked plane with its offset; and a strided view. (1 MiB each: rendezvous.)
     constexpr int64_t kPlane = int64_t{1} << 18;
+    // copy=true: the caller may reuse its memory when send returns, so even a loan is copied (once, on the device).
+    {
+      Tensor loan = pub->loan({kPlane}, DType::float32(), Device::cuda(0));
+      auto* f = reinterpret_cast<float*>(loan.data_ptr());
+      for (int64_t i = 0; i < kPlane; ++i) f[i] = static_cast<float>(i);
+      const int copies = device_copies();
+      ASSERT_EQ(pub->send(loan, tw::SendOptions{.timeout = std::chrono::seconds(5), .copy = true}), 4u);
+      EXPECT_EQ(device_copies(), copies + 1);
+      std::fill(f, f + kPlane, -1.0f);  // reused at once
+      auto t = sub->recv(std::chrono::seconds(5));
+      ASSERT_TRUE(t);
+      EXPECT_EQ(std::string(t->buffer().transport()), "ucx-cuda");
+      const std::vector<float> got = host_values(*t);
+      ASSERT_EQ(got.size(), static_cast<size_t>(kPlane));
+      EXPECT_EQ(got[0], 0.0f);
+      EXPECT_EQ(got[static_cast<size_t>(kPlane) - 1], static_cast<float>(kPlane - 1));
+      for (auto* other : {&*host, &*to0, &staged}) ASSERT_TRUE(other->recv(std::chrono::seconds(5)));
+    }
     Tensor stacked = foreign_floats(2 * kPlane, freed).view({2, 512, 512});
+    constexpr intptr_t kCaller = 0x5400;  // the producer's stream (stream=)
+    const auto synced_caller = [] {
+      std::lock_guard lk(g_fake->streams_mu);
+      return std::count(g_fake->synced_streams.begin(), g_fake->synced_streams.end(), uintptr_t{kCaller});
+    };
     for (const Tensor& x : {stacked.select(0, 1), stacked.select(0, 1).transpose(0, 1)}) {
       const int copies = device_copies();
-      ASSERT_EQ(pub->send(x, tw::Metadata{}, std::chrono::seconds(5)), 4u);
-      EXPECT_EQ(device_copies() - copies, x.is_contiguous() ? 0 : 1) << "packed on the device, or sent as it is";
+      const auto synced = synced_caller();
+      ASSERT_EQ(pub->send(x, tw::SendOptions{.timeout = std::chrono::seconds(5), .stream = kCaller}), 4u);
+      // A caller's memory is copied once on the device (it may change or free it when send returns), after its
+      // stream, which the host waits for before UCX reads.
+      EXPECT_EQ(device_copies() - copies, 1) << "one device copy";
+      EXPECT_EQ(synced_caller(), synced + 1) << "the host waits for stream= before UCX reads";
       auto t = sub->recv(std::chrono::seconds(5));
       ASSERT_TRUE(t);
       EXPECT_EQ(std::string(t->buffer().transport()), "ucx-cuda");
@@ -1598,6 +1671,7 @@ TEST_F(FakeDriver, NetWithCudaTransportsACudaTensorCrossesInDeviceMemory) {
     to0.reset();
     pub.reset();
   }
+  d::wait_releases();  // (received device memory goes back once the device's work is done, off this thread)
   EXPECT_TRUE(eventually(*freed));
   expect_no_leaks();
 }
@@ -1628,6 +1702,7 @@ TEST_F(FakeDriver, NetAPublisherWithoutCudaTransportsStagesForASubscriberThatHas
     t.reset();
     sub.reset();
   }
+  d::wait_releases();
   expect_no_leaks();
 }
 
