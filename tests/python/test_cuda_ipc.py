@@ -29,12 +29,16 @@ def topic(what: str) -> str:
     return f"test/cudaipc/{what}/{uuid.uuid4().hex[:10]}"
 
 
-def _receiver(name, n, ready, out, device=None):
-    # A subscriber process: receives n tensors and sends back (values, transport, device, metadata).
+def _receiver(name, n, ready, out, device=None, connect=None):
+    # A subscriber process: receives n tensors and sends back (values, transport, device, metadata). With
+    # `connect`, a remote subscriber (UCX), ready once its publisher counts it.
     import torch
 
     import tensorwire as tw2
-    sub = tw2.Subscriber(name, device=device) if device else tw2.Subscriber(name)
+    kw = {"device": device} if device else {}
+    if connect:
+        kw["connect"] = connect
+    sub = tw2.Subscriber(name, **kw)
     ready.set()
     for _ in range(n):
         t = sub.recv(timeout=30)
@@ -386,3 +390,47 @@ def test_a_cuda_tensor_crosses_to_a_remote_subscriber_and_says_how():
             assert (torch.from_dlpack(sub.recv(timeout=20)) == 7.0).all()
         sub.close()
         host.close()
+
+
+def test_a_cuda_tensor_reaches_a_remote_subscriber_in_another_process():
+    # The same across processes (what issue 12 is for): a device loan, filled on a stream, and the second plane of a
+    # stack, 16 MiB each, received by a subscriber process over UCX. With a UCX that moves CUDA memory
+    # (TW_TEST_UCX_CUDA=1) they cross device memory to device memory; else staged. Either way, values, device and
+    # metadata arrive as sent.
+    torch = pytest.importorskip("torch")
+    direct = os.environ.get("TW_TEST_UCX_CUDA") == "1"
+    name = topic("remote-proc")
+    try:
+        pub = tw.Publisher(name, listen="127.0.0.1:0")
+    except Exception as e:  # noqa: BLE001
+        if "UCX is not installed" in str(e):
+            pytest.skip(f"no network transport here: {e}")
+        raise
+    with pub:
+        out = CTX.Queue()
+        ready = CTX.Event()
+        p = CTX.Process(target=_receiver, args=(name, 2, ready, out, None, pub.address), daemon=True)
+        p.start()
+        assert ready.wait(60)
+        deadline = time.monotonic() + 30
+        while pub.remote_subscribers < 1:
+            assert time.monotonic() < deadline, "the remote subscriber process did not connect"
+            time.sleep(0.01)
+        n = 1 << 22
+        loan = pub.loan((n,), "float32", device="cuda:0")
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(SLEEP_CYCLES)  # still writing when send is called: send waits for stream=
+            torch.from_dlpack(loan).copy_(torch.arange(n, dtype=torch.float32, device="cuda"))
+        pub.send(loan, {"step": 1}, stream=s)
+        a = torch.arange(n, dtype=torch.float32, device="cuda")
+        stacked = torch.stack([a, a * 2 + 1])
+        pub.send(stacked[1], {"step": 2})
+        want = {1: np.arange(n, dtype=np.float32), 2: np.arange(n, dtype=np.float32) * 2 + 1}
+        for _ in range(2):
+            vals, transport, device, meta = out.get(timeout=60)
+            assert device == "cuda:0"
+            assert transport == ("ucx-cuda" if direct else "ucx-staged")
+            np.testing.assert_array_equal(vals, want[meta["step"]])
+        p.join(30)
+        assert p.exitcode == 0
