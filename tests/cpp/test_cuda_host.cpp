@@ -29,6 +29,7 @@
 #include "cuda/ipc.hpp"
 #include "cuda/kernel_abi.h"
 #include "cuda/pool.hpp"
+#include "cuda_kernels_emu.hpp"
 #include "tensorwire/arrow.hpp"
 #include "tensorwire/copy.hpp"
 #include "tensorwire/cuda.hpp"
@@ -59,6 +60,7 @@ struct Fake {
   int stream_waits = 0;     // cuStreamWaitEvent calls
   int launches_strided = 0;
   int launches_transpose = 0;
+  int launches_emulated = 0;  // of those, how many ran kernels.cu's own code
   int memcpys = 0;
   std::atomic<int> syncs{0};  // (the net thread synchronizes too: allocate_idle)
   std::atomic<bool> events_done{true};  // false: every event reports CUDA_ERROR_NOT_READY (queued work pending)
@@ -322,7 +324,6 @@ d::Api fake_api() {
       EXPECT_EQ(bx, unsigned{TW_CUDA_COPY_BLOCK});
       EXPECT_TRUE(gx >= 1 && gy == 1 && gz == 1 && by == 1 && bz == 1);
       ++g_fake->launches_strided;
-      run_strided(*static_cast<const tw_cuda_strided_params*>(args[0]), unit);
     } else {
       const auto& p = *static_cast<const tw_cuda_transpose_params*>(args[0]);
       EXPECT_EQ(bx, unsigned{TW_CUDA_TILE});
@@ -333,9 +334,25 @@ d::Api fake_api() {
       EXPECT_EQ(p.src_row_stride, 1);
       EXPECT_EQ(p.dst_col_stride, 1);
       ++g_fake->launches_transpose;
-      run_transpose(p, unit);
     }
-    return 0;
+    // The kernel itself (kernels.cu built for the host: cuda_kernels_emu.cpp) where the launch is small; a large one
+    // runs the model above instead (a transpose block's 256 threads are OS threads there, and a 16 MiB transpose
+    // would take a million barrier wake-ups). The CudaKernels tests compare the two.
+    const bool small = name.rfind("tw_strided_copy_", 0) == 0
+                           ? static_cast<const tw_cuda_strided_params*>(args[0])->numel <= (int64_t{1} << 18)
+                           : uint64_t{gx} * gy * static_cast<uint64_t>(
+                                 static_cast<const tw_cuda_transpose_params*>(args[0])->batch) <= 64;
+    if (!small) {
+      if (name.rfind("tw_strided_copy_", 0) == 0)
+        run_strided(*static_cast<const tw_cuda_strided_params*>(args[0]), unit);
+      else
+        run_transpose(*static_cast<const tw_cuda_transpose_params*>(args[0]), unit);
+      return 0;
+    }
+    const bool known = tw_test_emu::launch(name, {gx, gy, gz}, {bx, by, bz}, args[0]);
+    EXPECT_TRUE(known) << "no kernel " << name;
+    if (known) ++g_fake->launches_emulated;
+    return known ? 0 : 500;  // CUDA_ERROR_NOT_FOUND
   };
   a.cuGetErrorName = [](d::CUresult r, const char** s) {
     *s = r == 2 ? "CUDA_ERROR_OUT_OF_MEMORY" : "CUDA_ERROR_FAKE";
@@ -697,6 +714,168 @@ TEST(CudaPlan, DenseIsOneMemcpyTransposeIsTiledTheRestIsStrided) {
   EXPECT_EQ(p.numel, 10);
 }
 
+// ---- the kernels themselves, run on the host (cuda_kernels_emu.cpp) against run_strided / run_transpose ---------
+namespace kernels {
+
+// A buffer for the units at offsets [lo, hi] from its origin, filled with random bytes (src) or a pattern (dst).
+struct Span {
+  std::vector<unsigned char> bytes;
+  int64_t origin = 0;  // byte index of unit offset 0
+  uint64_t addr() { return reinterpret_cast<uint64_t>(bytes.data() + origin); }
+};
+
+// Where a 16-byte unit is read as one uint4 the host's alignment must hold: the start is rounded up.
+Span span(int64_t lo, int64_t hi, size_t unit, std::mt19937& rng, bool random_fill) {
+  Span s;
+  const auto u = static_cast<int64_t>(unit);
+  s.bytes.resize(static_cast<size_t>((hi - lo + 1) * u) + 32);
+  const auto misalign = static_cast<int64_t>(reinterpret_cast<uintptr_t>(s.bytes.data()) % 16);
+  s.origin = (misalign ? 16 - misalign : 0) - lo * u;
+  for (size_t i = 0; i < s.bytes.size(); ++i)
+    s.bytes[i] = random_fill ? static_cast<unsigned char>(rng()) : static_cast<unsigned char>(i * 7 + 3);
+  return s;
+}
+
+// Offsets reached by shape/strides: [lo, hi].
+std::pair<int64_t, int64_t> extent(int ndim, const int64_t* shape, const int64_t* strides) {
+  int64_t lo = 0, hi = 0;
+  for (int k = 0; k < ndim; ++k) (strides[k] < 0 ? lo : hi) += (shape[k] - 1) * strides[k];
+  return {lo, hi};
+}
+
+// Destination strides that never overlap: a random order of the dims, packed with gaps, some reversed.
+void dst_strides(int ndim, const int64_t* shape, int64_t* out, std::mt19937& rng) {
+  std::vector<int> order(static_cast<size_t>(ndim));
+  for (int k = 0; k < ndim; ++k) order[static_cast<size_t>(k)] = k;
+  std::shuffle(order.begin(), order.end(), rng);
+  int64_t step = 1;
+  for (int k : order) {
+    out[k] = rng() % 4 == 0 ? -step : step;
+    step *= shape[k] + (rng() % 3 == 0 ? 1 : 0);
+  }
+}
+
+}  // namespace kernels
+
+TEST(CudaKernels, TheStridedCopyMatchesItsReferenceForEveryUnitAndLayout) {
+  std::mt19937 rng(4711);
+  const size_t units[] = {1, 2, 4, 8, 16};
+  for (int iter = 0; iter < 400; ++iter) {
+    tw_cuda_strided_params p{};
+    const size_t unit = units[rng() % std::size(units)];
+    p.ndim = static_cast<int32_t>(rng() % 5 + 1);
+    p.numel = 1;
+    for (int k = 0; k < p.ndim; ++k) {
+      p.shape[k] = static_cast<int64_t>(rng() % (k == p.ndim - 1 ? 40 : 6) + 1);
+      p.numel *= p.shape[k];
+      p.src_stride[k] = static_cast<int64_t>(rng() % 11) - 5;  // negative, zero (overlapping reads), gaps
+    }
+    kernels::dst_strides(p.ndim, p.shape, p.dst_stride, rng);
+    const auto [slo, shi] = kernels::extent(p.ndim, p.shape, p.src_stride);
+    const auto [dlo, dhi] = kernels::extent(p.ndim, p.shape, p.dst_stride);
+    kernels::Span src = kernels::span(slo, shi, unit, rng, true);
+    kernels::Span want = kernels::span(dlo, dhi, unit, rng, false), got = want;
+    p.src = src.addr();
+    p.dst = want.addr();
+    run_strided(p, unit);
+    p.dst = got.addr();
+    // The host's geometry (kernel_abi.h), or a grid too small for one pass (the grid-stride loop).
+    const auto blocks = static_cast<unsigned>((p.numel + TW_CUDA_COPY_BLOCK - 1) / TW_CUDA_COPY_BLOCK);
+    const unsigned grid = rng() % 2 ? blocks : static_cast<unsigned>(rng() % 2 + 1);
+    const std::string name = "tw_strided_copy_u" + std::to_string(unit);
+    ASSERT_TRUE(tw_test_emu::launch(name, {grid, 1, 1}, {TW_CUDA_COPY_BLOCK, 1, 1}, &p));
+    ASSERT_EQ(got.bytes, want.bytes) << name << " iteration " << iter << ", ndim " << p.ndim << ", grid " << grid;
+  }
+}
+
+TEST(CudaKernels, TheTileTransposeMatchesItsReferenceWithPartialTilesAndBatches) {
+  std::mt19937 rng(815);
+  const size_t units[] = {1, 2, 4, 8};
+  for (int iter = 0; iter < 16; ++iter) {
+    tw_cuda_transpose_params p{};
+    const size_t unit = units[iter % 4];
+    p.rows = static_cast<int64_t>(rng() % 70 + 1);  // 1..3 tiles, the last one partial
+    p.cols = static_cast<int64_t>(rng() % 70 + 1);
+    p.src_row_stride = 1;  // what the kernel's coalescing assumes (kernel_abi.h)
+    p.src_col_stride = (p.rows + static_cast<int64_t>(rng() % 3)) * (rng() % 4 == 0 ? -1 : 1);
+    p.dst_col_stride = 1;
+    p.dst_row_stride = p.cols + static_cast<int64_t>(rng() % 3);
+    p.batch_ndim = static_cast<int32_t>(rng() % 3);
+    p.batch = 1;
+    const int64_t src_plane = std::abs(p.src_col_stride) * p.cols, dst_plane = p.dst_row_stride * p.rows;
+    int64_t src_step = src_plane, dst_step = dst_plane;
+    for (int k = p.batch_ndim - 1; k >= 0; --k) {
+      p.batch_shape[k] = static_cast<int64_t>(rng() % 3 + 1);
+      p.batch *= p.batch_shape[k];
+      p.batch_src_stride[k] = rng() % 3 == 0 ? 0 : src_step;  // a broadcast source plane, or the next one
+      p.batch_dst_stride[k] = dst_step;
+      src_step *= p.batch_shape[k];
+      dst_step *= p.batch_shape[k];
+    }
+    int64_t shape[TW_CUDA_MAX_RANK + 2], sst[TW_CUDA_MAX_RANK + 2], dst[TW_CUDA_MAX_RANK + 2];
+    for (int k = 0; k < p.batch_ndim; ++k) {
+      shape[k] = p.batch_shape[k];
+      sst[k] = p.batch_src_stride[k];
+      dst[k] = p.batch_dst_stride[k];
+    }
+    const int n = p.batch_ndim;
+    shape[n] = p.rows, shape[n + 1] = p.cols;
+    sst[n] = p.src_row_stride, sst[n + 1] = p.src_col_stride;
+    dst[n] = p.dst_row_stride, dst[n + 1] = p.dst_col_stride;
+    const auto [slo, shi] = kernels::extent(n + 2, shape, sst);
+    const auto [dlo, dhi] = kernels::extent(n + 2, shape, dst);
+    kernels::Span src = kernels::span(slo, shi, unit, rng, true);
+    kernels::Span want = kernels::span(dlo, dhi, unit, rng, false), got = want;
+    p.src = src.addr();
+    p.dst = want.addr();
+    run_transpose(p, unit);
+    p.dst = got.addr();
+    // gridDim.z below the batch: blocks loop over batch items (and reuse their shared tile).
+    const auto gz = static_cast<unsigned>(rng() % static_cast<uint64_t>(p.batch) + 1);
+    const tw_test_emu::Dim3 grid{static_cast<unsigned>((p.cols + 31) / 32), static_cast<unsigned>((p.rows + 31) / 32),
+                                 gz};
+    const std::string name = "tw_transpose_u" + std::to_string(unit);
+    ASSERT_TRUE(tw_test_emu::launch(name, grid, {TW_CUDA_TILE, TW_CUDA_TILE_ROWS, 1}, &p));
+    ASSERT_EQ(got.bytes, want.bytes) << name << " " << p.rows << " x " << p.cols << ", batch " << p.batch
+                                     << " over gridDim.z " << gz;
+  }
+  EXPECT_FALSE(tw_test_emu::launch("tw_transpose_u16", {1, 1, 1}, {1, 1, 1}, nullptr)) << "there is no such kernel";
+}
+
+TEST(CudaKernels, UnravelAgreesInBothIndexWidthsAndPastFourBillionUnits) {
+  std::mt19937_64 rng(99);
+  for (int iter = 0; iter < 2000; ++iter) {
+    const int ndim = static_cast<int>(rng() % 5 + 2);
+    int64_t shape[8], ss[8], ds[8];
+    uint64_t numel = 1;
+    const bool big = iter % 2;  // past UINT32_MAX units: only the 64-bit instantiation may run there
+    for (int k = 0; k < ndim; ++k) {
+      shape[k] = static_cast<int64_t>(rng() % (big ? 3000 : 9) + 1);
+      numel *= static_cast<uint64_t>(shape[k]);
+      ss[k] = static_cast<int64_t>(rng() % 2001) - 1000;
+      ds[k] = static_cast<int64_t>(rng() % 2001) - 1000;
+    }
+    const uint64_t i = rng() % numel;
+    int64_t want_s = 0, want_d = 0;
+    uint64_t rem = i;
+    for (int k = ndim - 1; k >= 0; --k) {
+      const auto idx = static_cast<int64_t>(rem % static_cast<uint64_t>(shape[k]));
+      rem /= static_cast<uint64_t>(shape[k]);
+      want_s += idx * ss[k];
+      want_d += idx * ds[k];
+    }
+    int64_t s = 0, d2 = 0;
+    tw_test_emu::unravel64(i, ndim, shape, ss, ds, s, d2);
+    EXPECT_EQ(s, want_s);
+    EXPECT_EQ(d2, want_d);
+    if (numel <= UINT32_MAX) {
+      tw_test_emu::unravel32(static_cast<uint32_t>(i), ndim, shape, ss, ds, s, d2);
+      EXPECT_EQ(s, want_s);
+      EXPECT_EQ(d2, want_d);
+    }
+  }
+}
+
 // ---- with the fake driver ---------------------------------------------------------------------------------------
 TEST_F(FakeDriver, StatusAndDevices) {
   EXPECT_TRUE(tw::cuda::is_available());
@@ -884,8 +1063,37 @@ TEST_F(FakeDriver, EveryLayoutRoundTripsBitExact) {
       ASSERT_TRUE(same_values(dst_base, view));
     }
   }
-  EXPECT_GT(g_fake->launches_strided, 0);
-  EXPECT_GT(g_fake->launches_transpose + g_fake->launches_strided, 0);
+  EXPECT_GT(g_fake->launches_strided, 0);  // (dimensions up to 6: no tile transposes, see the next test)
+  EXPECT_EQ(g_fake->launches_emulated, g_fake->launches_transpose + g_fake->launches_strided)
+      << "every launch ran the kernels' own code";
+  expect_no_leaks();
+}
+
+TEST_F(FakeDriver, TransposedLayoutsRunTheTileKernelAndArriveBitExact) {
+  // A device tensor made contiguous from a view whose innermost dimension is not the source's: the tile transpose,
+  // with the rows from any dimension (batch dimensions before, between and after it) and partial tiles.
+  std::mt19937 rng(2024);
+  const DType dtypes[] = {DType::uint8(), DType::float16(), DType::float32(), DType::float64(), DType::complex64()};
+  for (int iter = 0; iter < 12; ++iter) {
+    const DType dt = dtypes[static_cast<size_t>(iter) % std::size(dtypes)];
+    const size_t rank = static_cast<size_t>(iter % 3) + 2;  // 2..4: rows, cols and up to two batch dimensions
+    tw::Shape shape;
+    for (size_t i = 0; i < rank; ++i)
+      shape.push_back(i + 2 < rank ? static_cast<int64_t>(rng() % 3 + 1) : static_cast<int64_t>(rng() % 63 + 8));
+    std::vector<int64_t> perm;
+    for (size_t i = 0; i < rank; ++i) perm.push_back(static_cast<int64_t>(i));
+    std::shuffle(perm.begin(), perm.end(), rng);
+    // The new innermost dimension: the source's rows (>= 8, stride != 1); its own innermost goes anywhere else.
+    std::swap(*std::find(perm.begin(), perm.end(), static_cast<int64_t>(rank - 2)), perm.back());
+    Tensor host = random_host(shape, dt, rng);
+    Tensor g = host.to(Device::cuda(0));
+    const int before = g_fake->launches_transpose, emulated = g_fake->launches_emulated;
+    Tensor c = g.permute(tw::Dims(perm)).contiguous();
+    SCOPED_TRACE("shape " + shape.str() + " permuted " + g.permute(tw::Dims(perm)).strides().str() + " " + dt.name());
+    EXPECT_EQ(g_fake->launches_transpose, before + 1) << "one tile transpose";
+    EXPECT_EQ(g_fake->launches_emulated, emulated + 1) << "kernels.cu's own code ran";
+    ASSERT_TRUE(same_values(c.to(Device::cpu()), host.permute(tw::Dims(perm))));
+  }
   expect_no_leaks();
 }
 
