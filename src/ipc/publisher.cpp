@@ -663,7 +663,9 @@ class PublisherImpl {
           if (direct) {
             if (p.t->numel() == 0) continue;
             if (!device_bases[k]) {
-              staged[k] = rt.allocate(Device::cuda(p.device), static_cast<size_t>(dense.nbytes()), p.stream);
+              // Idle memory, so that the pool never names stream= again: the block goes back from the net thread
+              // once the remote sends are done, when the caller may have destroyed that stream.
+              staged[k] = rt.allocate_idle(Device::cuda(p.device), static_cast<size_t>(dense.nbytes()));
               rt.copy(*p.t, Tensor::make(staged[k], dense, false), p.stream);  // (after the tensor's own producer)
             } else if (p.remote_only) {
               order_after(*p.t, p.stream);  // a loan filled on a stream (or with a ready event) other than stream=

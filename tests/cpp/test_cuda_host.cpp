@@ -86,6 +86,7 @@ struct Fake {
   std::vector<int> synced_in;         // the context of each stream cuStreamSynchronize waited for
   std::vector<uintptr_t> synced_streams;  // each stream cuStreamSynchronize waited for (under streams_mu)
   std::set<uintptr_t> dead_streams;   // destroyed by their owner: every call naming one is CUDA_ERROR_INVALID_HANDLE
+  std::atomic<int> dead_stream_uses{0};  // calls that named one (UB on a real driver, which may reuse the handle)
   std::set<uintptr_t> nonblocking_streams;  // made with CU_STREAM_NON_BLOCKING (every other handle is blocking)
   std::set<uintptr_t> pending_events;  // cuEventQuery says CUDA_ERROR_NOT_READY for these (their work still runs)
   std::map<uintptr_t, uintptr_t> event_stream;             // event -> the stream it was last recorded on
@@ -205,14 +206,14 @@ d::Api fake_api() {
     const int c = stream_ctx(s);
     if (c < 0) return 201;  // CUDA_ERROR_INVALID_CONTEXT: a default stream with no context current
     std::lock_guard lk(g_fake->streams_mu);
-    if (g_fake->dead_streams.count(reinterpret_cast<uintptr_t>(s))) return 400;
+    if (g_fake->dead_streams.count(reinterpret_cast<uintptr_t>(s))) return ++g_fake->dead_stream_uses, 400;
     g_fake->synced_in.push_back(c);
     g_fake->synced_streams.push_back(reinterpret_cast<uintptr_t>(s));
     return 0;
   };
   a.cuStreamWaitEvent = [](d::CUstream s, d::CUevent e, unsigned) {
     std::lock_guard lk(g_fake->streams_mu);
-    if (g_fake->dead_streams.count(reinterpret_cast<uintptr_t>(s))) return 400;
+    if (g_fake->dead_streams.count(reinterpret_cast<uintptr_t>(s))) return ++g_fake->dead_stream_uses, 400;
     ++g_fake->stream_waits;
     g_fake->waited.emplace_back(reinterpret_cast<uintptr_t>(s), reinterpret_cast<uintptr_t>(e));
     return 0;
@@ -229,7 +230,7 @@ d::Api fake_api() {
     // The driver's rule: an event is recorded on a stream of its own context (CUDA_ERROR_INVALID_HANDLE else).
     if (*static_cast<int*>(e) != stream_ctx(s)) return 400;
     std::lock_guard lk(g_fake->streams_mu);
-    if (g_fake->dead_streams.count(reinterpret_cast<uintptr_t>(s))) return 400;
+    if (g_fake->dead_streams.count(reinterpret_cast<uintptr_t>(s))) return ++g_fake->dead_stream_uses, 400;
     ++g_fake->records;
     g_fake->recorded_on.insert(reinterpret_cast<uintptr_t>(s));
     g_fake->event_stream[reinterpret_cast<uintptr_t>(e)] = reinterpret_cast<uintptr_t>(s);
@@ -1790,17 +1791,27 @@ TEST_F(FakeDriver, NetWithCudaTransportsACudaTensorCrossesInDeviceMemory) {
       for (auto* other : {&*host, &*to0, &staged}) ASSERT_TRUE(other->recv(std::chrono::seconds(5)));
     }
     Tensor stacked = foreign_floats(2 * kPlane, freed).view({2, 512, 512});
-    constexpr intptr_t kCaller = 0x5400;  // the producer's stream (stream=)
-    const auto synced_caller = [] {
+    intptr_t caller = 0x5400;  // the producer's stream (stream=): a non-blocking one, destroyed when send returns
+    const auto synced_caller = [&caller] {
       std::lock_guard lk(g_fake->streams_mu);
-      return std::count(g_fake->synced_streams.begin(), g_fake->synced_streams.end(), uintptr_t{kCaller});
+      return std::count(g_fake->synced_streams.begin(), g_fake->synced_streams.end(), static_cast<uintptr_t>(caller));
     };
     for (const Tensor& x : {stacked.select(0, 1), stacked.select(0, 1).transpose(0, 1)}) {
+      caller += 0x10;
+      {
+        std::lock_guard lk(g_fake->streams_mu);
+        g_fake->nonblocking_streams.insert(static_cast<uintptr_t>(caller));
+      }
       const int copies = device_copies();
       const auto synced = synced_caller();
-      ASSERT_EQ(pub->send(x, tw::SendOptions{.timeout = std::chrono::seconds(5), .stream = kCaller}), 4u);
+      ASSERT_EQ(pub->send(x, tw::SendOptions{.timeout = std::chrono::seconds(5), .stream = caller}), 4u);
+      {
+        std::lock_guard lk(g_fake->streams_mu);
+        g_fake->dead_streams.insert(static_cast<uintptr_t>(caller));
+      }
       // A caller's memory is copied once on the device (it may change or free it when send returns), after its
-      // stream, which the host waits for before UCX reads.
+      // stream, which the host waits for before UCX reads; the copy's memory never names that stream again (it
+      // goes back to the pool from the net thread, when the remote sends are done).
       EXPECT_EQ(device_copies() - copies, 1) << "one device copy";
       EXPECT_EQ(synced_caller(), synced + 1) << "the host waits for stream= before UCX reads";
       auto t = sub->recv(std::chrono::seconds(5));
@@ -1881,6 +1892,11 @@ TEST_F(FakeDriver, NetWithCudaTransportsACudaTensorCrossesInDeviceMemory) {
   }
   d::wait_releases();  // (received device memory goes back once the device's work is done, off this thread)
   EXPECT_TRUE(eventually(*freed));
+  EXPECT_EQ(g_fake->dead_stream_uses, 0) << "a stream was named after its owner destroyed it";
+  {
+    std::lock_guard lk(g_fake->streams_mu);
+    g_fake->dead_streams.clear();
+  }
   expect_no_leaks();
 }
 
