@@ -198,8 +198,9 @@ bench: build
 # ---- a GPU machine (not part of `make test`) ---------------------------------------------------------------------
 # CUDA tests run on a machine with an NVIDIA GPU and nvcc that has CMake, Ninja and python3 with nanobind, pytest,
 # hypothesis and the GPU libraries, but no GoogleTest, no UCX and no network. `make gpu-bundle` here copies Debian's
-# GoogleTest sources and a UCX with CUDA transports (scripts/bundle-ucx.sh: the libucx-cu13 wheel's libraries)
-# into third_party/ (git-ignored: send it with the tree) and notes the commit there; on the GPU
+# GoogleTest sources, a UCX with CUDA transports (scripts/bundle-ucx.sh: the libucx-cu13 wheel's libraries) and the
+# UCX headers the network layer is built against (libucx-dev's: the GPU machine has none) into third_party/
+# (git-ignored: send it with the tree) and notes the commit there; on the GPU
 # machine, `make test-gpu` (or `bash scripts/test-gpu.sh`) builds into build/gpu and writes its logs, JUnit and
 # summary.md to $${OUT:-build/gpu-out}.
 GTEST_SRC ?= /usr/src/googletest
@@ -213,6 +214,11 @@ gpu-bundle: apt venv
 	  mv third_party/googletest.tmp third_party/googletest; \
 	fi
 	@bash scripts/bundle-ucx.sh $(PY) third_party/ucx
+	@v="libucx-dev $$(dpkg-query -W -f='$${Version}' libucx-dev 2>/dev/null || echo unknown)"; \
+	if [ -f /usr/include/ucp/api/ucp.h ] && [ "$$(cat third_party/ucx-include/.tw-source 2>/dev/null)" != "$$v" ]; then \
+	  rm -rf third_party/ucx-include && mkdir -p third_party/ucx-include && \
+	  cp -a /usr/include/ucp /usr/include/ucs third_party/ucx-include/ && echo "$$v" > third_party/ucx-include/.tw-source; \
+	fi
 	@c=$$(git rev-parse HEAD 2>/dev/null || echo unknown); \
 	if [ -n "$$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then c="$$c + uncommitted changes"; fi; \
 	echo "$$c" > third_party/gpu-commit

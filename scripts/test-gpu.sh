@@ -2,9 +2,10 @@
 # scripts/test-gpu.sh — builds tensorwire with CUDA and runs its tests on a machine with an NVIDIA GPU and nvcc
 # (`make test-gpu`). Meant for a bare GPU machine that has the CUDA toolkit, CMake, Ninja, Python 3 with nanobind,
 # pytest, hypothesis and the GPU libraries the tests use (PyTorch, CuPy, Numba, JAX), but neither GoogleTest, UCX
-# nor network access: `make gpu-bundle` beforehand copies GoogleTest's sources and a UCX with CUDA transports into
-# third_party/ (git-ignored: send it along with the tree); the build compiles GoogleTest when no installed one is
-# found, and the UCX goes first on LD_LIBRARY_PATH.
+# nor network access: `make gpu-bundle` beforehand copies GoogleTest's sources, a UCX with CUDA transports and
+# Debian's UCX headers into third_party/ (git-ignored: send it along with the tree); the build compiles GoogleTest
+# when no installed one is found and the network layer against those headers, and the UCX goes first on
+# LD_LIBRARY_PATH.
 #
 # Run from anywhere; it works in the repository root. Everything it produces goes to ${OUT:-build/gpu-out}, at most
 # eight files there (summary.md, build.log, ctest.log, sanitizer.log, pytest-cuda.log, pytest.log, junit.xml,
@@ -66,8 +67,21 @@ if [[ -f $ROOT/third_party/ucx/lib/libucp.so.0 ]]; then
   export TW_TEST_UCX_CUDA=1
   echo "- UCX: $(cat "$ROOT/third_party/ucx/.tw-source" 2>/dev/null || echo unknown) from third_party/ucx" \
        "(CUDA transports), first on LD_LIBRARY_PATH" >>"$FACTS"
+  # Whether UCX's CUDA module loads here (it needs libcuda; without it UCX has no CUDA memory type, and the tests
+  # that expect "ucx-cuda" get "ucx-staged"): the reason is in the facts, not guessed from a failed test.
+  if cuda_mod=$(python3 -c 'import ctypes, sys; ctypes.CDLL(sys.argv[1]); print("loads")' \
+                  "$ROOT/third_party/ucx/lib/ucx/libuct_cuda.so.0" 2>&1 | tail -n 1); then
+    echo "- UCX's CUDA transport module: $cuda_mod" >>"$FACTS"
+  else
+    echo "- UCX's CUDA transport module does NOT load: ${cuda_mod:0:300}" >>"$FACTS"
+  fi
 else
   echo "- UCX: none bundled (run \`make gpu-bundle\`): the network tests skip" >>"$FACTS"
+fi
+if [[ -f $ROOT/third_party/ucx-include/ucp/api/ucp.h ]]; then
+  echo "- UCX headers: $(cat "$ROOT/third_party/ucx-include/.tw-source" 2>/dev/null || echo unknown) from third_party/ucx-include" >>"$FACTS"
+else
+  echo "- UCX headers: none bundled: the network layer is built only if this machine has ucp/api/ucp.h" >>"$FACTS"
 fi
 
 # ---- step bookkeeping ------------------------------------------------------------------------------------------
@@ -217,6 +231,11 @@ if wanted configure; then
           "-DPython_EXECUTABLE=$PY" "-DTW_NVCC=$NVCC" "-DTW_WERROR=${TW_GPU_WERROR:-OFF}")
     # GoogleTest's sources from `make gpu-bundle`: tests/cpp/CMakeLists.txt builds them only when no installed
     # GoogleTest is found.
+    # UCX's headers (Debian's, from `make gpu-bundle`: this machine has none), without which the network layer is
+    # built as "UCX unavailable" and the bundled UCX goes unused.
+    if [[ -f $ROOT/third_party/ucx-include/ucp/api/ucp.h ]]; then
+      args+=("-DTW_UCX_INCLUDE=$ROOT/third_party/ucx-include")
+    fi
     if [[ -f $ROOT/third_party/googletest/CMakeLists.txt ]]; then
       args+=("-DTW_GTEST_SOURCE_DIR=$ROOT/third_party/googletest")
     else

@@ -132,6 +132,10 @@ class DeviceRuntime {
   /// for a whole stream), and once the last reference goes it returns to the pool when all the work queued on the
   /// device by then is done (its readers may have used any stream). The default says "not supported".
   virtual std::shared_ptr<Buffer> allocate_idle(Device device, size_t nbytes) const;
+  /// Makes `device`'s context current on the calling thread unless one already is, and leaves it there: for a
+  /// thread that calls into a library driving the device itself without making a context current first (UCX's
+  /// CUDA transports, progressed on tensorwire's net thread). Never throws; the default does nothing.
+  virtual void bind_thread(Device device) const noexcept;
 };
 
 /// Records that `t` (CUDA memory a foreign producer made, or a device result of tensorwire's own work) is ordered

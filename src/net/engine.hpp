@@ -86,6 +86,7 @@ class Engine {
   bool try_run(F&& fn) {
     std::unique_lock lock(wmu_, std::try_to_lock);
     if (!lock.owns_lock() || !worker_) return false;
+    bind_cuda();
     fn();
     return true;
   }
@@ -129,6 +130,7 @@ class Engine {
   static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status);
 
   void run();
+  void bind_cuda() const noexcept;  // holding the worker: a CUDA context on this thread when UCX needs one
   bool spinning(int64_t now_ns) const noexcept;
   void progress();
   void reap_closing(Clock::time_point now);
@@ -148,6 +150,7 @@ class Engine {
   ucp_worker_h worker_ = nullptr;
   int efd_ = -1;
   size_t max_am_header_ = 0;
+  bool bind_cuda_ = false;  // UCX has CUDA transports: threads that drive the worker need a CUDA context
   os::Fd wake_;
 
   // The worker lock: held by whoever calls into UCX on the worker (UCS_THREAD_MODE_SERIALIZED) — the engine

@@ -121,6 +121,12 @@ CudaPath ucx_cuda_path() {
   return {};
 }
 
+bool ucx_cuda_transports() {
+  (void)ucx_context();
+  const char* e = std::getenv("TW_NET_CUDA_DIRECT");
+  return g_cuda_memory.load(std::memory_order_acquire) || (e && std::string(e) == "host");
+}
+
 ucp_context_h ucx_context() {
   static std::mutex mu;
   static ucp_context_h ctx = nullptr;

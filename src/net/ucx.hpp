@@ -55,6 +55,11 @@ struct CudaPath {
   ucs_memory_type_t memory_type = UCS_MEMORY_TYPE_HOST;
 };
 CudaPath ucx_cuda_path();
+/// Whether this process's UCX has CUDA transports (its context handles CUDA memory; TW_NET_CUDA_DIRECT=host
+/// pretends so, for the fake driver's tests), whichever path CUDA tensors take: its transports then call the CUDA
+/// driver from whatever thread drives the worker, and need a current context there (with none, a worker's arm
+/// crashes in cuEventQuery: ai-dynamo/nixl#2102). Throws Error(unsupported) like ucx_context().
+bool ucx_cuda_transports();
 /// "Input/output error (UCS_ERR_IO_ERROR)"-like text for a status.
 std::string ucx_status(ucs_status_t s);
 

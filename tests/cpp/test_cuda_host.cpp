@@ -36,6 +36,9 @@
 #include "ipc/ipc_internal.hpp"
 #include "ipc/pool_internal.hpp"
 #include "net/net_internal.hpp"
+#if __has_include(<ucp/api/ucp.h>)
+#include "net/engine.hpp"
+#endif
 #include "tensorwire/device_runtime.hpp"
 #include "tensorwire/interop.hpp"
 #include "tensorwire/ipc.hpp"
@@ -1706,6 +1709,58 @@ struct CudaDirectNet {
   CudaDirectNet() { ::setenv("TW_NET_CUDA_DIRECT", "host", 1); }
   ~CudaDirectNet() { ::setenv("TW_NET_CUDA_DIRECT", "0", 1); }
 };
+
+#if __has_include(<ucp/api/ucp.h>)
+TEST_F(FakeDriver, NetTheThreadsThatDriveAUcxWithCudaTransportsHaveACudaContext) {
+  // UCX's CUDA transports call the driver from whichever thread drives the worker, without making a context
+  // current (a worker's arm then crashes in cuEventQuery: ai-dynamo/nixl#2102). So where UCX has them, the engine's
+  // thread, the thread that makes the worker and a caller's thread that drives it (try_run) get cuda:0's primary
+  // context unless they have one; elsewhere the engine leaves threads' contexts alone.
+  TW_SKIP_WITHOUT_UCX();
+  namespace n = tw::net_detail;
+  struct Probe final : n::Session {  // a session that lets the test run code on the engine's thread, then ends
+    std::atomic<bool> finish{false};
+    ucs_status_t on_am(unsigned, ucp_ep_h, const void*, size_t, void*, size_t, const ucp_am_recv_param_t*) override {
+      return UCS_OK;
+    }
+    void on_ep_error(ucp_ep_h, ucs_status_t) override {}
+    bool tick(n::Clock::time_point) override { return !finish; }
+  };
+  // What is current on the engine's thread, and on a new thread in try_run that had `caller_had` current.
+  const auto contexts = [](d::CUcontext caller_had) {
+    Probe probe;
+    n::Engine& e = n::Engine::get();
+    d::CUcontext on_engine = &g_fake->foreign_ctx, on_caller = &g_fake->foreign_ctx;  // (neither is ever current)
+    e.attach(&probe, [&] { on_engine = t_current; });
+    std::thread([&] {
+      t_current = caller_had;
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (!e.try_run([&] { on_caller = t_current; }) && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }).join();
+    probe.finish = true;
+    e.wake();
+    e.detach(&probe);  // (the last session: the worker and its thread go, and the next attach makes new ones)
+    return std::pair{on_engine, on_caller};
+  };
+  t_current = nullptr;
+  auto [engine, caller] = contexts(nullptr);
+  EXPECT_EQ(engine, nullptr) << "no CUDA transports (Debian's UCX): the engine's thread is left as it is";
+  EXPECT_EQ(caller, nullptr);
+  EXPECT_EQ(t_current, nullptr);
+  {
+    const CudaDirectNet cuda;  // a UCX with CUDA transports, as far as tensorwire can tell
+    std::tie(engine, caller) = contexts(nullptr);
+    EXPECT_EQ(engine, d::primary_context(0)) << "the engine's thread";
+    EXPECT_EQ(caller, d::primary_context(0)) << "a caller's thread that drives the worker";
+    EXPECT_EQ(t_current, d::primary_context(0)) << "the thread that made the worker";
+    t_current = nullptr;
+    std::tie(engine, caller) = contexts(d::primary_context(1));
+    EXPECT_EQ(caller, d::primary_context(1)) << "a thread with a context of its own keeps it";
+  }
+  t_current = nullptr;
+}
+#endif
 
 TEST_F(FakeDriver, NetWithCudaTransportsACudaTensorCrossesInDeviceMemory) {
   TW_SKIP_WITHOUT_UCX();
