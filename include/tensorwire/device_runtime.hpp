@@ -128,9 +128,10 @@ class DeviceRuntime {
   virtual void release_after_work(Device device, const std::vector<int64_t>* streams,
                                   std::shared_ptr<const void> what) const;
   /// `nbytes` of cuda:N pool memory for a writer outside any stream (a network transport lands a message there):
-  /// the work of its previous users is done when this returns (the host waits for that block's own event, never
-  /// for a whole stream), and once the last reference goes it returns to the pool when all the work queued on the
-  /// device by then is done (its readers may have used any stream). The default says "not supported".
+  /// the work of its previous users is done (a cached block is reused only when its event says so, else fresh
+  /// memory is allocated: the host never waits), and once the last reference goes it returns to the pool when all
+  /// the work queued on the device by then is done (its readers may have used any stream). The default says "not
+  /// supported".
   virtual std::shared_ptr<Buffer> allocate_idle(Device device, size_t nbytes) const;
   /// Makes `device`'s context current on the calling thread unless one already is, and leaves it there: for a
   /// thread that calls into a library driving the device itself without making a context current first (UCX's

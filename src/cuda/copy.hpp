@@ -69,8 +69,8 @@ class DeviceStreams {
 };
 /// tensorwire's own stream of cuda:`device` (a DeviceStreams of its own).
 intptr_t own_stream(int device);
-/// The stream allocate_idle allocates on (a DeviceStreams of its own): nothing is ever queued there but the pool's
-/// waits for a reused block's previous users, so synchronizing it waits for those alone.
+/// The stream allocate_idle's blocks belong to (a DeviceStreams of its own): nothing is ever queued there but their
+/// free events, so a block comes back ordered after nobody's work.
 intptr_t idle_stream(int device);
 
 bool kernels_built_impl() noexcept;

@@ -158,11 +158,24 @@ Block* Pool::new_block(uintptr_t ptr, size_t size, Segment* seg) {
   return b;
 }
 
-Block* Pool::take_cached(size_t cls, intptr_t stream, std::unique_lock<std::mutex>& lk) {
+Block* Pool::take_cached(size_t cls, intptr_t stream, bool idle, std::unique_lock<std::mutex>& lk) {
   auto it = free_.find(cls);
   if (it == free_.end() || it->second.empty()) return nullptr;
   std::vector<Block*>& v = it->second;
   const Api& a = driver().api;
+  if (device_ >= 0 && idle) {
+    // Only a block no queued work uses any more (a query, never a wait): the caller writes it outside any stream.
+    ContextGuard g(device_);
+    for (auto p = v.begin(); p != v.end(); ++p) {
+      Block* b = *p;
+      if (b->free_event && a.cuEventQuery(b->free_event) != kSuccess) continue;
+      v.erase(p);
+      if (b->free_event) a.cuEventDestroy(b->free_event);
+      b->free_event = nullptr;
+      return b;
+    }
+    return nullptr;
+  }
   if (device_ >= 0) {
     // Stream-ordered: prefer a block last used on this very stream (no wait at all), else the oldest.
     auto pick = std::find_if(v.begin(), v.end(), [&](Block* b) { return b->stream == stream || !b->free_event; });
@@ -232,7 +245,7 @@ intptr_t free_stream_for(int device, intptr_t stream) noexcept {
 }
 }  // namespace
 
-std::shared_ptr<Buffer> Pool::allocate(size_t nbytes, intptr_t stream) {
+std::shared_ptr<Buffer> Pool::allocate(size_t nbytes, intptr_t stream, bool idle) {
   const size_t g = [&] {
     std::lock_guard lk(mu_);
     return granularity();
@@ -241,7 +254,7 @@ std::shared_ptr<Buffer> Pool::allocate(size_t nbytes, intptr_t stream) {
   if (cls < nbytes) throw Error(ErrorCode::overflow, "CUDA pool: " + std::to_string(nbytes) + " bytes cannot be allocated");
   const intptr_t free_stream = device_ >= 0 ? free_stream_for(device_, stream) : 0;
   std::unique_lock lk(mu_);
-  Block* b = take_cached(cls, stream, lk);
+  Block* b = take_cached(cls, stream, idle, lk);
   if (b) {
     ++stats_.hits;
   } else {
@@ -257,7 +270,7 @@ std::shared_ptr<Buffer> Pool::allocate(size_t nbytes, intptr_t stream) {
       const size_t before = stats_.reserved_bytes;
       release_cached_locked(lk);
       const size_t released = before - std::min(before, stats_.reserved_bytes);
-      b = take_cached(cls, stream, lk);  // a block of this class whose work was pending may be free now
+      b = take_cached(cls, stream, idle, lk);  // a block of this class whose work was pending may be free now
       if (!b) {
         try {
           b = fresh_block(cls);

@@ -72,7 +72,9 @@ class Pool {
   /// A Buffer of `nbytes` (its allocation: the block) whose last reference returns the block, with an event
   /// recorded on `stream` (device blocks; pinned blocks are host memory: whoever queues device work on one keeps
   /// its Buffer until that work is done, see hold() in copy.cpp).
-  std::shared_ptr<Buffer> allocate(size_t nbytes, intptr_t stream);
+  /// With `idle` (device pools), only a cached block whose free event has completed is reused, else a fresh one
+  /// is made: for a writer outside any stream (no cuStreamWaitEvent could order it), and never a host wait.
+  std::shared_ptr<Buffer> allocate(size_t nbytes, intptr_t stream, bool idle = false);
   /// The block containing [ptr, ptr + 1) handed out by this pool, as (block base, block size), or (0, 0).
   std::pair<uintptr_t, size_t> find(uintptr_t ptr) const;
   /// The live block at `ptr` has no work pending any more (a scratch block whose copy completed, see hold()): it
@@ -96,7 +98,7 @@ class Pool {
   void release_cached_locked(std::unique_lock<std::mutex>& lk);
   Block* new_block(uintptr_t ptr, size_t size, Segment* seg);  // a Block object (reused from spare_) for a slot
   void free_segment(Segment* s) noexcept;
-  Block* take_cached(size_t cls, intptr_t stream, std::unique_lock<std::mutex>& lk);
+  Block* take_cached(size_t cls, intptr_t stream, bool idle, std::unique_lock<std::mutex>& lk);
   size_t granularity();
 
   const int device_;

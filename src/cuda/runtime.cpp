@@ -299,11 +299,11 @@ class CudaRuntime final : public DeviceRuntime {
     if (device.type != kDLCUDA)
       throw Error(ErrorCode::invalid_argument, "allocate_idle: " + device.str() + " is not a CUDA device");
     check_device(device, "allocate CUDA memory");
-    // On a stream nothing else uses: a block cached from another stream comes with a wait for its free event
-    // there, and synchronizing the stream waits for that alone (a fresh block, or one last used here: nothing).
-    const intptr_t s = idle_stream(device.id);
-    std::shared_ptr<Buffer> block = allocate_on(device, nbytes, s);
-    synchronize_stream(device, s);
+    // A cached block whose users' work is done (its free event has completed), else a fresh one: nothing to
+    // order and nothing to wait for (the net thread, which lands messages here, serves every session). It belongs
+    // to a stream nothing else uses, where its free event goes when it returns.
+    poll_pending();
+    std::shared_ptr<Buffer> block = pool(device.id).allocate(nbytes, idle_stream(device.id), /*idle=*/true);
     const int dev = device.id;
     std::shared_ptr<const void> owner(block.get(), [block, dev](const void*) mutable {
       // Its readers' kernels may run on any stream: back to the pool once the device's work so far is done.
