@@ -97,7 +97,7 @@ test-asan: build-asan
 	 HYPOTHESIS_PROFILE=asan TW_UNDER_ASAN=1 $$real_py -m pytest -q -p no:cacheprovider tests/python
 
 test-tsan: build-tsan
-	@cd $(BUILD)/tsan && UCX_MEM_EVENTS=no TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS) -R "Thread|Parallel|Pool|Concurr|NetPubSub|FakeDriver.Ipc|FakeDriver.Net|AllocateIdle"
+	@cd $(BUILD)/tsan && UCX_MEM_EVENTS=no TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j $(JOBS) -R "Thread|Parallel|Pool|Concurr|NetPubSub|FakeDriver.Ipc|FakeDriver.Net|AllocateIdle|ShareOneSynchronize"
 
 # Deterministic: the committed seeds, then a fixed number of inputs from a fixed seed per target.
 test-fuzz: apt

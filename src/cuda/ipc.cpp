@@ -439,35 +439,47 @@ struct Releaser {
 
   void run() {
     for (;;) {
-      Release r;
+      // Everything queued by now, at once: one device synchronize covers every whole-device release of the batch
+      // (each asked for the work queued before it was queued), so a busy device costs one wait, not one each.
+      std::deque<Release> batch;
       {
         std::unique_lock lk(mu);
         cv.wait(lk, [&] { return !queue.empty(); });
-        r = std::move(queue.front());
-        queue.pop_front();
-        ++busy;
+        batch.swap(queue);
+        busy += batch.size();
       }
-      wait_for(r);
-      r.what.reset();  // the lease goes back to the publisher here, after the work that used its memory
+      const size_t n = batch.size();
+      wait_for(batch);
+      batch.clear();  // the leases go back to their publishers here, after the work that used their memory
       std::lock_guard lk(mu);
-      --busy;
+      busy -= n;
       if (queue.empty() && busy == 0) idle.notify_all();
     }
   }
 
-  static void wait_for(Release& r) noexcept {
+  static void wait_for(std::deque<Release>& batch) noexcept {
     const Driver& drv = driver();
     if (!drv.status.empty()) return;  // no driver: nothing can be queued
     const Api& a = drv.api;
-    try {
-      ContextGuard g(r.device);
-      for (CUevent e : r.events) {
-        if (a.cuEventSynchronize(e) != kSuccess) r.whole_device = true;
-        a.cuEventDestroy(e);
+    std::vector<int> whole;  // devices to synchronize once each
+    for (Release& r : batch) {
+      try {
+        ContextGuard g(r.device);
+        for (CUevent e : r.events) {
+          if (a.cuEventSynchronize(e) != kSuccess) r.whole_device = true;
+          a.cuEventDestroy(e);
+        }
+      } catch (...) {
+        continue;  // the device is gone (no context can be made current): nothing it ran can still read the memory
       }
-      if (r.whole_device) a.cuCtxSynchronize();
-    } catch (...) {
-      // the device is gone (no context can be made current): nothing it ran can still read the memory
+      if (r.whole_device && std::find(whole.begin(), whole.end(), r.device) == whole.end()) whole.push_back(r.device);
+    }
+    for (const int d : whole) {
+      try {
+        ContextGuard g(d);
+        a.cuCtxSynchronize();
+      } catch (...) {
+      }
     }
   }
 };

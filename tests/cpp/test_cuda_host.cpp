@@ -969,6 +969,28 @@ TEST_F(FakeDriver, AllocateIdleReusesOnlyBlocksWhoseWorkIsDoneNeverWaitsAndRetur
   expect_no_leaks();
 }
 
+TEST_F(FakeDriver, ReleasesQueuedWhileTheDeviceWorksShareOneSynchronize) {
+  // Received device memory goes back once the device's work so far is done: one cuCtxSynchronize serves every
+  // release queued meanwhile, so a busy device costs one wait per batch, not one per message.
+  const tw::DeviceRuntime& rt = tw::device_runtime();
+  const int syncs = g_fake->ctx_syncs;
+  auto released = std::make_shared<std::atomic<int>>(0);
+  g_fake->work_running = true;
+  for (int i = 0; i < 6; ++i)
+    rt.release_after_work(Device::cuda(0), nullptr,
+                          std::shared_ptr<const void>(new int(i), [released](const int* p) {
+                            delete p;
+                            ++*released;
+                          }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(released->load(), 0) << "released while the device still works";
+  g_fake->work_running = false;
+  d::wait_releases();
+  EXPECT_EQ(released->load(), 6);
+  EXPECT_LE(g_fake->ctx_syncs - syncs, 2) << "the first release's wait, then one for all the others";
+  EXPECT_GE(g_fake->ctx_syncs - syncs, 1);
+}
+
 // An allocation the driver refuses for want of memory is tried again once the pool has given its cache back; one
 // that still does not fit is out_of_memory, naming the pool, the size and what live tensors hold.
 TEST_F(FakeDriver, PoolsGiveTheirCacheBackWhenTheDriverRunsOutOfMemory) {
