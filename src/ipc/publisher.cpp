@@ -667,8 +667,10 @@ class PublisherImpl {
               // once the remote sends are done, when the caller may have destroyed that stream.
               staged[k] = rt.allocate_idle(Device::cuda(p.device), static_cast<size_t>(dense.nbytes()));
               rt.copy(*p.t, Tensor::make(staged[k], dense, false), p.stream);  // (after the tensor's own producer)
-            } else if (p.remote_only) {
-              order_after(*p.t, p.stream);  // a loan filled on a stream (or with a ready event) other than stream=
+            } else {
+              // UCX reads it from where it is once the host has waited for stream=: a loan filled on a stream (or
+              // with a ready event) other than stream= is ordered there first, with local subscribers or without.
+              order_after(*p.t, p.stream);
             }
             rt.synchronize_stream(Device::cuda(p.device), p.stream);
             continue;

@@ -1862,10 +1862,9 @@ TEST_F(FakeDriver, NetWithCudaTransportsACudaTensorCrossesInDeviceMemory) {
       auto t = sub->recv(std::chrono::seconds(5));
       ASSERT_TRUE(t);
       EXPECT_EQ(std::string(t->buffer().transport()), "ucx-cuda");
-      const std::vector<float> got = host_values(*t);
-      ASSERT_EQ(got.size(), static_cast<size_t>(kPlane));
-      EXPECT_EQ(got[0], 0.0f);
-      EXPECT_EQ(got[static_cast<size_t>(kPlane) - 1], static_cast<float>(kPlane - 1));
+      std::vector<float> want(static_cast<size_t>(kPlane));
+      for (size_t i = 0; i < want.size(); ++i) want[i] = static_cast<float>(i);
+      EXPECT_EQ(host_values(*t), want) << "what the loan held when send returned, not what was written after";
       for (auto* other : {&*host, &*to0, &staged}) ASSERT_TRUE(other->recv(std::chrono::seconds(5)));
     }
     Tensor stacked = foreign_floats(2 * kPlane, freed).view({2, 512, 512});
@@ -1943,6 +1942,36 @@ TEST_F(FakeDriver, NetWithCudaTransportsACudaTensorCrossesInDeviceMemory) {
         EXPECT_EQ(host_values(*l), second);
         for (auto* other : {&*host, &*to0, &staged}) ASSERT_TRUE(other->recv(std::chrono::seconds(5)));
         l.reset();
+        d::wait_releases();
+      }
+      // A loan filled on a side stream and sent with stream=1: stream 1 waits for the side stream's work before
+      // the host waits for stream 1 and UCX reads the loan (with a local subscriber, as without).
+      {
+        constexpr intptr_t kSide = 0x6600;
+        {
+          std::lock_guard lk(g_fake->streams_mu);
+          g_fake->nonblocking_streams.insert(uintptr_t{kSide});
+        }
+        Tensor side = pub->loan({kPlane}, DType::float32(), Device::cuda(0));
+        std::fill_n(reinterpret_cast<float*>(side.data_ptr()), kPlane, 3.0f);
+        tw::set_producer_stream(side, kSide);
+        const auto on_legacy = [] {
+          std::lock_guard lk(g_fake->streams_mu);
+          return std::pair{std::count_if(g_fake->waited.begin(), g_fake->waited.end(),
+                                         [](const auto& w) { return w.first == uintptr_t{1}; }),
+                           std::count(g_fake->synced_streams.begin(), g_fake->synced_streams.end(), uintptr_t{1})};
+        };
+        const auto [waits, syncs] = on_legacy();
+        ASSERT_EQ(pub->send(std::move(side), tw::SendOptions{.timeout = std::chrono::seconds(5), .stream = 1}), 5u);
+        const auto [waits_after, syncs_after] = on_legacy();
+        EXPECT_GE(waits_after - waits, 1) << "stream= waits for the loan's own producer";
+        EXPECT_GE(syncs_after - syncs, 1) << "the host waits for stream= before UCX reads";
+        auto t = sub->recv(std::chrono::seconds(5));
+        ASSERT_TRUE(t);
+        EXPECT_EQ(std::string(t->buffer().transport()), "ucx-cuda");
+        EXPECT_EQ(host_values(*t), std::vector<float>(static_cast<size_t>(kPlane), 3.0f));
+        ASSERT_TRUE(local.recv(std::chrono::seconds(5)));
+        for (auto* other : {&*host, &*to0, &staged}) ASSERT_TRUE(other->recv(std::chrono::seconds(5)));
         d::wait_releases();
       }
       // A strided view copied into the pool for the local subscriber (copy=true) is sent from that dense copy:
