@@ -69,7 +69,7 @@ if [[ -f $ROOT/third_party/ucx/lib/libucp.so.0 ]]; then
        "(CUDA transports), first on LD_LIBRARY_PATH" >>"$FACTS"
   # Whether UCX's CUDA module loads here (it needs libcuda; without it UCX has no CUDA memory type, and the tests
   # that expect "ucx-cuda" get "ucx-staged"): the reason is in the facts, not guessed from a failed test.
-  if cuda_mod=$(python3 -c 'import ctypes, sys; ctypes.CDLL(sys.argv[1]); print("loads")' \
+  if cuda_mod=$("${PY:-python3}" -c 'import ctypes, sys; ctypes.CDLL(sys.argv[1]); print("loads")' \
                   "$ROOT/third_party/ucx/lib/ucx/libuct_cuda.so.0" 2>&1 | tail -n 1); then
     echo "- UCX's CUDA transport module: $cuda_mod" >>"$FACTS"
   else

@@ -133,10 +133,13 @@ class DeviceRuntime {
   /// the work queued on the device by then is done (its readers may have used any stream). The default says "not
   /// supported".
   virtual std::shared_ptr<Buffer> allocate_idle(Device device, size_t nbytes) const;
-  /// Makes `device`'s context current on the calling thread unless one already is, and leaves it there: for a
-  /// thread that calls into a library driving the device itself without making a context current first (UCX's
-  /// CUDA transports, progressed on tensorwire's net thread). Never throws; the default does nothing.
-  virtual void bind_thread(Device device) const noexcept;
+  /// For a thread about to call into a library that drives the device itself without making a context current
+  /// first (UCX's CUDA transports, progressed on tensorwire's net thread): when the thread has no current context,
+  /// makes current the context of the lowest-numbered device this process has already used through tensorwire
+  /// (never creating one: a process that uses no device, or only cuda:1, gets no context on cuda:0) and returns
+  /// true; unbind_thread() makes the thread context-less again. Never throws; the defaults do nothing.
+  virtual bool bind_thread() const noexcept;
+  virtual void unbind_thread() const noexcept;
 };
 
 /// Records that `t` (CUDA memory a foreign producer made, or a device result of tensorwire's own work) is ordered

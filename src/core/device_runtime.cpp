@@ -112,7 +112,8 @@ void DeviceRuntime::release_after_work(Device, const std::vector<int64_t>*, std:
 std::shared_ptr<Buffer> DeviceRuntime::allocate_idle(Device, size_t) const {
   no_device(*this, "allocate device memory for a writer outside any stream");
 }
-void DeviceRuntime::bind_thread(Device) const noexcept {}
+bool DeviceRuntime::bind_thread() const noexcept { return false; }
+void DeviceRuntime::unbind_thread() const noexcept {}
 
 const DeviceRuntime& device_runtime() noexcept {
   const DeviceRuntime* r = g_runtime.load(std::memory_order_acquire);

@@ -220,6 +220,13 @@ void check_device(Device d, const char* what) {
                                                  (drv.devices == 1 ? "" : "s") + ")");
 }
 
+CUcontext first_retained_context() noexcept {
+  std::lock_guard lk(g_ctx_mu);
+  for (CUcontext c : g_ctx)
+    if (c) return c;
+  return nullptr;
+}
+
 CUcontext primary_context(int device) {
   const Api& a = api("CUDA context");
   std::lock_guard lk(g_ctx_mu);

@@ -183,6 +183,9 @@ class ContextGuard {
 
 /// The primary context of cuda:`device` (retained once per process, never released: PyTorch and CuPy share it).
 CUcontext primary_context(int device);
+/// The primary context of the lowest-numbered device tensorwire has used so far (retained), or null: never creates
+/// one.
+CUcontext first_retained_context() noexcept;
 
 /// Throws Error(invalid_argument) when `stream` (a handle; 1 and 2 are the per-context defaults, always fine)
 /// belongs to a context other than cuda:`device`'s primary context.

@@ -472,7 +472,11 @@ struct Releaser {
       } catch (...) {
         continue;  // the device is gone (no context can be made current): nothing it ran can still read the memory
       }
-      if (r.whole_device && std::find(whole.begin(), whole.end(), r.device) == whole.end()) whole.push_back(r.device);
+      if (!r.whole_device) {
+        r.what.reset();  // its own streams' work is done: it need not wait for the batch's device synchronize
+        continue;
+      }
+      if (std::find(whole.begin(), whole.end(), r.device) == whole.end()) whole.push_back(r.device);
     }
     for (const int d : whole) {
       try {

@@ -73,7 +73,8 @@ class Pool {
   /// recorded on `stream` (device blocks; pinned blocks are host memory: whoever queues device work on one keeps
   /// its Buffer until that work is done, see hold() in copy.cpp).
   /// With `idle` (device pools), only a cached block whose free event has completed is reused, else a fresh one
-  /// is made: for a writer outside any stream (no cuStreamWaitEvent could order it), and never a host wait.
+  /// is made: for a writer outside any stream (no cuStreamWaitEvent could order it), with no host wait (except
+  /// when the driver is out of memory: then the cache goes back to it once its pending work is done, as always).
   std::shared_ptr<Buffer> allocate(size_t nbytes, intptr_t stream, bool idle = false);
   /// The block containing [ptr, ptr + 1) handed out by this pool, as (block base, block size), or (0, 0).
   std::pair<uintptr_t, size_t> find(uintptr_t ptr) const;

@@ -311,15 +311,16 @@ class CudaRuntime final : public DeviceRuntime {
     });
     return std::make_shared<Buffer>(block->base(), nbytes, device, std::move(owner));
   }
-  void bind_thread(Device device) const noexcept override {
-    if (device.type != kDLCUDA || !driver().status.empty() || device.id < 0 || device.id >= driver().devices) return;
-    try {
-      const Api& a = driver().api;
-      CUcontext current = nullptr;
-      if (a.cuCtxGetCurrent(&current) != kSuccess || current) return;
-      a.cuCtxSetCurrent(primary_context(device.id));
-    } catch (...) {  // (no primary context: the library's own call will say why)
-    }
+  bool bind_thread() const noexcept override {
+    if (!driver().status.empty()) return false;
+    const Api& a = driver().api;
+    CUcontext current = nullptr;
+    if (a.cuCtxGetCurrent(&current) != kSuccess || current) return false;
+    const CUcontext c = first_retained_context();
+    return c && a.cuCtxSetCurrent(c) == kSuccess;
+  }
+  void unbind_thread() const noexcept override {
+    if (driver().status.empty()) driver().api.cuCtxSetCurrent(nullptr);
   }
 };
 const CudaRuntime g_runtime;

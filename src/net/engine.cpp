@@ -54,9 +54,9 @@ Engine::Engine() {
 void Engine::open_worker() {
   const UcxApi& api = ucx();
   // UCX's CUDA transports call the driver from the threads that create and drive the worker, without making a
-  // context current: those threads get one (cuda:0's primary context, unless they have one already).
+  // context current: those threads get one while they do (bind_cuda).
   bind_cuda_ = ucx_cuda_transports() && device_runtime().available();
-  bind_cuda();
+  const CudaScope cuda(*this);
   ucp_worker_params_t p{};
   p.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   // One thread at a time: made by the thread that starts the engine, then used by the engine's thread only.
@@ -225,7 +225,7 @@ bool Engine::spinning(int64_t now_ns) const noexcept {
 bool Engine::try_progress() {
   std::unique_lock lock(wmu_, std::try_to_lock);
   if (!lock.owns_lock() || !worker_) return false;
-  bind_cuda();
+  const CudaScope cuda(*this);
   progress();
   return true;
 }
@@ -243,19 +243,16 @@ void Engine::reap_closing(Clock::time_point now) {
   }
 }
 
-void Engine::bind_cuda() const noexcept {
-  if (bind_cuda_) device_runtime().bind_thread(Device::cuda(0));
-}
+bool Engine::bind_cuda() const noexcept { return bind_cuda_ && device_runtime().bind_thread(); }
+
+void Engine::unbind_cuda() const noexcept { device_runtime().unbind_thread(); }
 
 void Engine::run() {
   ::pthread_setname_np(::pthread_self(), "tensorwire-net");  // (15 characters at most)
-  {
-    std::lock_guard worker_lock(wmu_);
-    bind_cuda();
-  }
   std::vector<Session*> sessions;
   for (;;) {
     std::unique_lock worker_lock(wmu_);
+    bind_cuda();  // (this thread keeps the context once it has one: then this only looks)
     progress();
     std::deque<Task*> tasks;
     {

@@ -86,7 +86,7 @@ class Engine {
   bool try_run(F&& fn) {
     std::unique_lock lock(wmu_, std::try_to_lock);
     if (!lock.owns_lock() || !worker_) return false;
-    bind_cuda();
+    const CudaScope cuda(*this);
     fn();
     return true;
   }
@@ -130,7 +130,21 @@ class Engine {
   static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status);
 
   void run();
-  void bind_cuda() const noexcept;  // holding the worker: a CUDA context on this thread when UCX needs one
+  // Holding the worker, where UCX has CUDA transports: a thread with no current CUDA context gets the one of the
+  // first device this process uses through tensorwire (none before it uses one: UCX has no CUDA work to do then).
+  // The engine's thread keeps it; a caller's thread has it for the call only (CudaScope).
+  bool bind_cuda() const noexcept;
+  void unbind_cuda() const noexcept;
+  struct CudaScope {
+    explicit CudaScope(const Engine& e) : engine(e), bound(e.bind_cuda()) {}
+    ~CudaScope() {
+      if (bound) engine.unbind_cuda();
+    }
+    CudaScope(const CudaScope&) = delete;
+    CudaScope& operator=(const CudaScope&) = delete;
+    const Engine& engine;
+    const bool bound;
+  };
   bool spinning(int64_t now_ns) const noexcept;
   void progress();
   void reap_closing(Clock::time_point now);

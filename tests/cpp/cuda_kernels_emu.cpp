@@ -139,18 +139,25 @@ bool launch(const std::string& name, Dim3 grid, Dim3 block, const void* params) 
   Barrier bar(n, name);
   std::vector<std::thread> threads;
   threads.reserve(n);
-  for (unsigned t = 0; t < n; ++t)
-    threads.emplace_back([&, t] {
-      t_barrier = &bar;
-      blockDim = block;
-      gridDim = grid;
-      threadIdx = {t % block.x, t / block.x % block.y, t / (block.x * block.y)};
-      each_block([&] {
-        k->run(params);
-        bar.wait();  // the block ends for all its threads before the next one reuses __shared__ memory
+  for (unsigned t = 0; t < n; ++t) {
+    try {
+      threads.emplace_back([&, t] {
+        t_barrier = &bar;
+        blockDim = block;
+        gridDim = grid;
+        threadIdx = {t % block.x, t / block.x % block.y, t / (block.x * block.y)};
+        each_block([&] {
+          k->run(params);
+          bar.wait();  // the block ends for all its threads before the next one reuses __shared__ memory
+        });
+        t_barrier = nullptr;
       });
-      t_barrier = nullptr;
-    });
+    } catch (const std::exception& e) {  // (the threads started wait at the first barrier for ever)
+      std::fprintf(stderr, "cuda_kernels_emu: %s: cannot start thread %u of the block's %u: %s\n", name.c_str(), t,
+                   n, e.what());
+      std::abort();
+    }
+  }
   for (std::thread& t : threads) t.join();
   return true;
 }

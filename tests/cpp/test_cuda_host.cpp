@@ -63,7 +63,7 @@ struct Fake {
   int stream_waits = 0;     // cuStreamWaitEvent calls
   int launches_strided = 0;
   int launches_transpose = 0;
-  int launches_emulated = 0;  // of those, how many ran kernels.cu's own code
+  std::atomic<int> launches_emulated{0};  // of those, how many ran kernels.cu's own code
   int memcpys = 0;
   std::atomic<int> syncs{0};  // (the net thread synchronizes too: allocate_idle)
   std::atomic<bool> events_done{true};  // false: every event reports CUDA_ERROR_NOT_READY (queued work pending)
@@ -94,6 +94,7 @@ struct Fake {
   std::set<uintptr_t> pending_events;  // cuEventQuery says CUDA_ERROR_NOT_READY for these (their work still runs)
   std::map<uintptr_t, uintptr_t> event_stream;             // event -> the stream it was last recorded on
   std::vector<std::pair<uintptr_t, uintptr_t>> waited;     // (stream, event) of each cuStreamWaitEvent
+  std::vector<std::pair<uintptr_t, uintptr_t>> waited_for;  // (stream, the stream its event was recorded on)
   size_t device_limit = 0;            // when not 0: cuMemCreate beyond this many live VMM bytes is out of memory
   size_t host_limit = 0;              // the same for cuMemHostAlloc
   // As the real driver: an IPC memory or event handle does not open in the process that exported it (201,
@@ -219,6 +220,8 @@ d::Api fake_api() {
     if (g_fake->dead_streams.count(reinterpret_cast<uintptr_t>(s))) return ++g_fake->dead_stream_uses, 400;
     ++g_fake->stream_waits;
     g_fake->waited.emplace_back(reinterpret_cast<uintptr_t>(s), reinterpret_cast<uintptr_t>(e));
+    if (auto it = g_fake->event_stream.find(reinterpret_cast<uintptr_t>(e)); it != g_fake->event_stream.end())
+      g_fake->waited_for.emplace_back(reinterpret_cast<uintptr_t>(s), it->second);
     return 0;
   };
   a.cuEventCreate = [](d::CUevent* e, unsigned) {
@@ -849,10 +852,10 @@ TEST(CudaKernels, TheTileTransposeMatchesItsReferenceWithPartialTilesAndBatches)
 TEST(CudaKernels, UnravelAgreesInBothIndexWidthsAndPastFourBillionUnits) {
   std::mt19937_64 rng(99);
   for (int iter = 0; iter < 2000; ++iter) {
-    const int ndim = static_cast<int>(rng() % 5 + 2);
+    const bool big = iter % 2;  // past UINT32_MAX units: only the 64-bit instantiation may run there
+    const int ndim = static_cast<int>(rng() % (big ? 3 : 5) + 2);  // (big: at most 3000^4 units, no overflow)
     int64_t shape[8], ss[8], ds[8];
     uint64_t numel = 1;
-    const bool big = iter % 2;  // past UINT32_MAX units: only the 64-bit instantiation may run there
     for (int k = 0; k < ndim; ++k) {
       shape[k] = static_cast<int64_t>(rng() % (big ? 3000 : 9) + 1);
       numel *= static_cast<uint64_t>(shape[k]);
@@ -1736,9 +1739,10 @@ struct CudaDirectNet {
 #if __has_include(<ucp/api/ucp.h>)
 TEST_F(FakeDriver, NetTheThreadsThatDriveAUcxWithCudaTransportsHaveACudaContext) {
   // UCX's CUDA transports call the driver from whichever thread drives the worker, without making a context
-  // current (a worker's arm then crashes in cuEventQuery: ai-dynamo/nixl#2102). So where UCX has them, the engine's
-  // thread, the thread that makes the worker and a caller's thread that drives it (try_run) get cuda:0's primary
-  // context unless they have one; elsewhere the engine leaves threads' contexts alone.
+  // current (a worker's arm then crashes in cuEventQuery: ai-dynamo/nixl#2102). So where UCX has them, a thread
+  // with no context gets, while it drives the worker, the one of the first device the process uses through
+  // tensorwire (the engine's thread keeps it; a caller's thread in try_run has it for the call only), and none
+  // before the process uses a device (no context is created on cuda:0 for UCX's sake).
   TW_SKIP_WITHOUT_UCX();
   namespace n = tw::net_detail;
   struct Probe final : n::Session {  // a session that lets the test run code on the engine's thread, then ends
@@ -1749,37 +1753,51 @@ TEST_F(FakeDriver, NetTheThreadsThatDriveAUcxWithCudaTransportsHaveACudaContext)
     void on_ep_error(ucp_ep_h, ucs_status_t) override {}
     bool tick(n::Clock::time_point) override { return !finish; }
   };
-  // What is current on the engine's thread, and on a new thread in try_run that had `caller_had` current.
+  // What is current on the engine's thread; on a new thread that had `caller_had` current, inside try_run and
+  // after it.
   const auto contexts = [](d::CUcontext caller_had) {
     Probe probe;
     n::Engine& e = n::Engine::get();
-    d::CUcontext on_engine = &g_fake->foreign_ctx, on_caller = &g_fake->foreign_ctx;  // (neither is ever current)
+    d::CUcontext on_engine = &g_fake->foreign_ctx, in_call = &g_fake->foreign_ctx, after = &g_fake->foreign_ctx;
     e.attach(&probe, [&] { on_engine = t_current; });
     std::thread([&] {
       t_current = caller_had;
       const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-      while (!e.try_run([&] { on_caller = t_current; }) && std::chrono::steady_clock::now() < until)
+      while (!e.try_run([&] { in_call = t_current; }) && std::chrono::steady_clock::now() < until)
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      after = t_current;
     }).join();
     probe.finish = true;
     e.wake();
     e.detach(&probe);  // (the last session: the worker and its thread go, and the next attach makes new ones)
-    return std::pair{on_engine, on_caller};
+    return std::tuple{on_engine, in_call, after};
   };
   t_current = nullptr;
-  auto [engine, caller] = contexts(nullptr);
-  EXPECT_EQ(engine, nullptr) << "no CUDA transports (Debian's UCX): the engine's thread is left as it is";
-  EXPECT_EQ(caller, nullptr);
-  EXPECT_EQ(t_current, nullptr);
+  ASSERT_EQ(d::first_retained_context(), nullptr) << "(the fixture's driver is fresh)";
   {
     const CudaDirectNet cuda;  // a UCX with CUDA transports, as far as tensorwire can tell
-    std::tie(engine, caller) = contexts(nullptr);
-    EXPECT_EQ(engine, d::primary_context(0)) << "the engine's thread";
-    EXPECT_EQ(caller, d::primary_context(0)) << "a caller's thread that drives the worker";
-    EXPECT_EQ(t_current, d::primary_context(0)) << "the thread that made the worker";
-    t_current = nullptr;
-    std::tie(engine, caller) = contexts(d::primary_context(1));
-    EXPECT_EQ(caller, d::primary_context(1)) << "a thread with a context of its own keeps it";
+    const auto [engine, in_call, after] = contexts(nullptr);
+    EXPECT_EQ(engine, nullptr) << "no device used through tensorwire yet: no context is made for UCX";
+    EXPECT_EQ(in_call, nullptr);
+  }
+  Tensor used = Tensor::empty({4}, DType::float32(), Device::cuda(1));  // the process uses cuda:1
+  if (!n::ucx_cuda_transports()) {  // Debian's UCX (a GPU machine's bundled UCX has CUDA transports)
+    const auto [engine, in_call, after] = contexts(nullptr);
+    EXPECT_EQ(engine, nullptr) << "no CUDA transports: the engine's thread is left as it is";
+    EXPECT_EQ(in_call, nullptr);
+  }
+  const CudaDirectNet cuda;
+  {
+    const auto [engine, in_call, after] = contexts(nullptr);
+    EXPECT_EQ(engine, d::primary_context(1)) << "the engine's thread gets the device the process uses";
+    EXPECT_EQ(in_call, d::primary_context(1)) << "so does a caller's thread while it drives the worker";
+    EXPECT_EQ(after, nullptr) << "and is left as it was after the call";
+    EXPECT_EQ(t_current, nullptr) << "the thread that made the worker is left as it was";
+  }
+  {
+    const auto [engine, in_call, after] = contexts(d::primary_context(0));
+    EXPECT_EQ(in_call, d::primary_context(0)) << "a thread with a context of its own keeps it";
+    EXPECT_EQ(after, d::primary_context(0));
   }
   t_current = nullptr;
 }
@@ -1955,10 +1973,10 @@ TEST_F(FakeDriver, NetWithCudaTransportsACudaTensorCrossesInDeviceMemory) {
         Tensor side = pub->loan({kPlane}, DType::float32(), Device::cuda(0));
         std::fill_n(reinterpret_cast<float*>(side.data_ptr()), kPlane, 3.0f);
         tw::set_producer_stream(side, kSide);
-        const auto on_legacy = [] {
+        const auto on_legacy = [] {  // (stream 1's waits for kSide's work, the host's waits for stream 1)
           std::lock_guard lk(g_fake->streams_mu);
-          return std::pair{std::count_if(g_fake->waited.begin(), g_fake->waited.end(),
-                                         [](const auto& w) { return w.first == uintptr_t{1}; }),
+          return std::pair{std::count(g_fake->waited_for.begin(), g_fake->waited_for.end(),
+                                      std::pair{uintptr_t{1}, uintptr_t{kSide}}),
                            std::count(g_fake->synced_streams.begin(), g_fake->synced_streams.end(), uintptr_t{1})};
         };
         const auto [waits, syncs] = on_legacy();
