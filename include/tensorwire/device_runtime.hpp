@@ -129,10 +129,11 @@ class DeviceRuntime {
                                   std::shared_ptr<const void> what) const;
   /// `nbytes` of cuda:N pool memory for a writer outside any stream (a network transport lands a message there):
   /// the work of its previous users is done (a cached block is reused only when its event says so, else fresh
-  /// memory is allocated: the host never waits), and once the last reference goes it returns to the pool when all
-  /// the work queued on the device by then is done (its readers may have used any stream). The default says "not
-  /// supported".
-  virtual std::shared_ptr<Buffer> allocate_idle(Device device, size_t nbytes) const;
+  /// memory is allocated: the host never waits). Once the last reference goes it returns to the pool: with
+  /// `any_stream_readers`, when all the work queued on the device by then is done (its readers may have used any
+  /// stream); without, at once (its users waited for their own device work before letting go). The default says
+  /// "not supported".
+  virtual std::shared_ptr<Buffer> allocate_idle(Device device, size_t nbytes, bool any_stream_readers) const;
   /// For a thread about to call into a library that drives the device itself without making a context current
   /// first (UCX's CUDA transports, progressed on tensorwire's net thread): when the thread has no current context,
   /// makes current the context of the lowest-numbered device this process has already used through tensorwire

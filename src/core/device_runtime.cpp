@@ -109,7 +109,7 @@ intptr_t DeviceRuntime::stream_after_event(Device, void*) const { no_device(*thi
 void DeviceRuntime::release_after_work(Device, const std::vector<int64_t>*, std::shared_ptr<const void> what) const {
   what.reset();
 }
-std::shared_ptr<Buffer> DeviceRuntime::allocate_idle(Device, size_t) const {
+std::shared_ptr<Buffer> DeviceRuntime::allocate_idle(Device, size_t, bool) const {
   no_device(*this, "allocate device memory for a writer outside any stream");
 }
 bool DeviceRuntime::bind_thread() const noexcept { return false; }

@@ -295,7 +295,7 @@ class CudaRuntime final : public DeviceRuntime {
                           std::shared_ptr<const void> what) const override {
     detail::release_after_work(device.id, streams, std::move(what));
   }
-  std::shared_ptr<Buffer> allocate_idle(Device device, size_t nbytes) const override {
+  std::shared_ptr<Buffer> allocate_idle(Device device, size_t nbytes, bool any_stream_readers) const override {
     if (device.type != kDLCUDA)
       throw Error(ErrorCode::invalid_argument, "allocate_idle: " + device.str() + " is not a CUDA device");
     check_device(device, "allocate CUDA memory");
@@ -304,6 +304,7 @@ class CudaRuntime final : public DeviceRuntime {
     // to a stream nothing else uses, where its free event goes when it returns.
     poll_pending();
     std::shared_ptr<Buffer> block = pool(device.id).allocate(nbytes, idle_stream(device.id), /*idle=*/true);
+    if (!any_stream_readers) return block;  // (back with an event on its own idle stream: complete at once)
     const int dev = device.id;
     std::shared_ptr<const void> owner(block.get(), [block, dev](const void*) mutable {
       // Its readers' kernels may run on any stream: back to the pool once the device's work so far is done.

@@ -664,8 +664,10 @@ class PublisherImpl {
             if (p.t->numel() == 0) continue;
             if (!device_bases[k]) {
               // Idle memory, so that the pool never names stream= again: the block goes back from the net thread
-              // once the remote sends are done, when the caller may have destroyed that stream.
-              staged[k] = rt.allocate_idle(Device::cuda(p.device), static_cast<size_t>(dense.nbytes()));
+              // once the remote sends are done, when the caller may have destroyed that stream. Nothing on the
+              // device reads it after that (the host waits for the copy below; UCX's own copies are done when
+              // the sends complete): it returns at once, not after the device's other work.
+              staged[k] = rt.allocate_idle(Device::cuda(p.device), static_cast<size_t>(dense.nbytes()), false);
               rt.copy(*p.t, Tensor::make(staged[k], dense, false), p.stream);  // (after the tensor's own producer)
             } else {
               // UCX reads it from where it is once the host has waited for stream=: a loan filled on a stream (or

@@ -441,11 +441,12 @@ class ClientImpl final : public Client, public Session {
       // and copying them to the device is left to recv, on the caller's thread (the message says "ucx-staged").
       l->device = rndv ? landing_device(l->msg) : -1;
       if (l->device >= 0) {
-        // Device memory from the pool, idle: UCX writes it outside any stream (the host waits for that block's
-        // previous users only, never for a whole stream: this thread serves every session of the process).
+        // Device memory from the pool, idle: UCX writes it outside any stream (a block no queued work uses, or fresh
+        // memory: the host never waits here, since this thread serves every session of the process). Its readers
+        // may use any stream: it goes back once the device's work by then is done.
         try {
           l->buffer = device_runtime().allocate_idle(Device::cuda(l->device),
-                                                      std::max<size_t>(static_cast<size_t>(total), 1));
+                                                      std::max<size_t>(static_cast<size_t>(total), 1), true);
         } catch (const Error&) {  // (out of device memory: it lands in host memory, and recv says what goes wrong)
           l->device = -1;
           l->buffer.reset();

@@ -933,8 +933,9 @@ TEST_F(FakeDriver, PoolReusesBlocksInStreamOrder) {
 // the device's work is done, whatever stream its readers used.
 TEST_F(FakeDriver, AllocateIdleReusesOnlyBlocksWhoseWorkIsDoneNeverWaitsAndReturnsThemAfterTheDevicesWork) {
   const tw::DeviceRuntime& rt = tw::device_runtime();
-  TW_EXPECT_ERROR_MSG(rt.allocate_idle(Device::cpu(), 64), ErrorCode::invalid_argument, "not a CUDA device");
-  TW_EXPECT_ERROR_MSG(rt.allocate_idle(Device::cuda(5), 64), ErrorCode::invalid_argument, "cuda:5 does not exist");
+  TW_EXPECT_ERROR_MSG(rt.allocate_idle(Device::cpu(), 64, true), ErrorCode::invalid_argument, "not a CUDA device");
+  TW_EXPECT_ERROR_MSG(rt.allocate_idle(Device::cuda(5), 64, true), ErrorCode::invalid_argument,
+                      "cuda:5 does not exist");
   const auto waits = [] {  // the host's and the device's: cuStreamSynchronize, cuEventSynchronize, cuStreamWaitEvent
     std::lock_guard lk(g_fake->streams_mu);
     return g_fake->synced_streams.size() + g_fake->waited.size() + static_cast<size_t>(g_fake->event_syncs.load());
@@ -947,7 +948,7 @@ TEST_F(FakeDriver, AllocateIdleReusesOnlyBlocksWhoseWorkIsDoneNeverWaitsAndRetur
   // 1. Its free event has not completed (work queued before it still runs): fresh memory, no wait.
   g_fake->events_done = false;
   size_t before = waits();
-  std::shared_ptr<tw::Buffer> fresh = rt.allocate_idle(Device::cuda(1), 3 << 20);
+  std::shared_ptr<tw::Buffer> fresh = rt.allocate_idle(Device::cuda(1), 3 << 20, true);
   EXPECT_NE(fresh->base(), used) << "a block still in use by queued work is not reused";
   EXPECT_EQ(waits(), before) << "nothing waited for";
   const void* fresh_base = fresh->base();
@@ -956,7 +957,7 @@ TEST_F(FakeDriver, AllocateIdleReusesOnlyBlocksWhoseWorkIsDoneNeverWaitsAndRetur
   // 2. It has: the cached block, reused at once, again with no wait.
   g_fake->events_done = true;
   before = waits();
-  std::shared_ptr<tw::Buffer> b = rt.allocate_idle(Device::cuda(1), 3 << 20);
+  std::shared_ptr<tw::Buffer> b = rt.allocate_idle(Device::cuda(1), 3 << 20, true);
   EXPECT_TRUE(b->base() == used || b->base() == fresh_base) << "a cached block, reused";
   EXPECT_EQ(b->device(), Device::cuda(1));
   EXPECT_EQ(b->size(), size_t{3} << 20);
@@ -2023,6 +2024,37 @@ TEST_F(FakeDriver, NetWithCudaTransportsACudaTensorCrossesInDeviceMemory) {
     g_fake->dead_streams.clear();
   }
   expect_no_leaks();
+}
+
+TEST_F(FakeDriver, NetTheSendersDeviceCopyGoesBackToThePoolWithoutWaitingForTheDevice) {
+  // A caller's tensor sent over UCX from device memory is copied once into the pool; once the remote sends are
+  // done nothing on the device reads that copy (the host waited for it before UCX read it), so it goes back to the
+  // pool at once, not after a device synchronize that a busy GPU would make long. (Subscribers that land in host
+  // memory: the only device memory here is the sender's.)
+  TW_SKIP_WITHOUT_UCX();
+  const std::string name = ipc_topic("netsendcopy");
+  std::optional<tw::Publisher> pub;
+  {
+    const CudaDirectNet direct;
+    pub.emplace(name, tw::PublisherOptions{.depth = 4, .listen = "127.0.0.1:0"});
+  }
+  tw::Subscriber host(name, tw::SubscriberOptions{.device = Device::cpu(), .connect = pub->address()});
+  ASSERT_TRUE(remote_subscribers_joined(*pub, 1));
+  auto freed = std::make_shared<std::atomic<bool>>(false);
+  const Tensor view = foreign_floats(2 * 512 * 512, freed).view({2, 512, 512}).select(0, 1).transpose(0, 1);
+  const size_t in_use = tw::cuda::device_pool_stats(0).in_use_bytes;
+  const int syncs = g_fake->ctx_syncs;
+  ASSERT_EQ(pub->send(view, tw::SendOptions{.timeout = std::chrono::seconds(5), .stream = 1}), 1u);
+  auto t = host.recv(std::chrono::seconds(5));
+  ASSERT_TRUE(t);
+  EXPECT_EQ(host_values(*t), host_values(view));
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (tw::cuda::device_pool_stats(0).in_use_bytes > in_use && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  EXPECT_EQ(tw::cuda::device_pool_stats(0).in_use_bytes, in_use) << "the copy is back once the sends are done";
+  d::wait_releases();
+  EXPECT_EQ(g_fake->ctx_syncs, syncs) << "without waiting for the whole device";
+  pub.reset();
 }
 
 TEST_F(FakeDriver, NetAPublisherWithoutCudaTransportsStagesForASubscriberThatHasThem) {
