@@ -41,7 +41,7 @@ struct Refused {
 // The C++ policy's request plus the Python stream object (passed to producers' __dlpack__ as given).
 struct Request {
   tw::ImportRequest policy;
-  nb::handle stream;
+  nb::handle stream{Py_None};  // (never a null handle: it is passed on to producers as the stream= keyword)
   bool immutable = false;  // the producer's arrays never change (JAX): every zero-copy view is read-only
 };
 

@@ -669,3 +669,25 @@ def test_asarray_passes_the_stream_to_a_cuda_producer():
     p.calls.clear()
     tw.asarray(p)  # stream=None is DLPack's "legacy default stream" on CUDA: left to the producer
     assert "stream" not in p.calls[0] or p.calls[0]["stream"] is None
+
+
+@pytest.mark.parametrize("device_type", [2, 3, 4, 7, 10, 13])
+@pytest.mark.parametrize("how", ["from_dlpack", "from_dlpack_device", "asarray"])
+def test_a_producer_on_a_device_this_process_cannot_reach_is_refused_not_crashed(device_type, how):
+    # A producer that reports a non-CPU device and whose __dlpack__ refuses: tw.from_dlpack once passed a null
+    # stream= keyword to that __dlpack__ call (a segfault); every route must end in a clear Python error.
+    class Remote:
+        def __dlpack_device__(self):
+            return (device_type, 0)
+
+        def __dlpack__(self, **kw):
+            raise BufferError("this producer exports nothing")
+
+    with pytest.raises((BufferError, TypeError, ValueError, RuntimeError)) as e:
+        if how == "from_dlpack":
+            tw.from_dlpack(Remote())
+        elif how == "from_dlpack_device":
+            tw.from_dlpack(Remote(), device="cpu")
+        else:
+            tw.asarray(Remote())
+    assert str(e.value)
