@@ -296,7 +296,8 @@ class Subscriber {
   /// Owned by the Subscriber. Before a publisher exists, it also reads ready once when one connects (recv then
   /// completes the connection and may report a timeout).
   int fileno();
-  /// Messages the publisher dropped for this subscriber (OnFull::drop_oldest).
+  /// Messages this subscriber missed because a queue was full (OnFull::drop_oldest): a remote subscriber counts
+  /// those the publisher dropped for it (gaps in its numbering) and those its own queue dropped.
   uint64_t dropped() const noexcept;
   /// Disconnects and releases the channel; tensors already received stay valid. Idempotent.
   void close() noexcept;

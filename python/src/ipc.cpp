@@ -486,7 +486,8 @@ void register_ipc(nb::module_& m) {
       .def_prop_ro("dropped", [](const tw::Subscriber& s) {
         nb::gil_scoped_release nogil;
         return s.dropped();
-      }, "Messages the publisher dropped for this subscriber; still readable after close().")
+      }, "Messages this subscriber missed because a queue was full (on_full='drop_oldest'); a remote subscriber "
+         "counts those the publisher dropped for it and those its own queue dropped. Still readable after close().")
       .def_prop_ro("name", &tw::Subscriber::name, "The topic name.")
       .def("__repr__", [](const tw::Subscriber& s) {
         return "tensorwire.Subscriber('" + s.name() + "'" + (closed_nogil(s) ? ", closed" : "") + ")";

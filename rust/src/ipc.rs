@@ -505,7 +505,8 @@ impl Subscriber {
     pub fn is_connected(&self) -> bool {
         unsafe { ffi::tw_subscriber_connected(self.raw.as_ptr()) != 0 }
     }
-    /// Messages the publisher dropped for this subscriber (`OnFull::DropOldest`).
+    /// Messages this subscriber missed because a queue was full (`OnFull::DropOldest`): a remote subscriber
+    /// counts those the publisher dropped for it and those its own queue dropped.
     pub fn dropped(&self) -> u64 {
         unsafe { ffi::tw_subscriber_dropped(self.raw.as_ptr()) }
     }

@@ -364,6 +364,7 @@ class ClientImpl final : public Client, public Session {
           on_full_ = w.on_full;
         }
         state_ = State::active;
+        last_sequence_ = 0;  // (a publisher restarted numbers its messages afresh)
         connected_.store(true, std::memory_order_release);
         return;
       }
@@ -402,6 +403,11 @@ class ClientImpl final : public Client, public Session {
                const ucp_am_recv_param_t* param) {
     if (state_ != State::active || bye_) throw Error(ErrorCode::invalid_argument, "DATA out of turn");
     if (length != h.payload_bytes) throw Error(ErrorCode::invalid_argument, "data size disagrees with the header");
+    // The publisher numbers its messages: a gap is what it dropped for this subscriber (drop_oldest, or a message
+    // it could not send here), counted in dropped() like the ones this side drops from its own queue.
+    if (last_sequence_ != 0 && h.sequence > last_sequence_ + 1)
+      dropped_.fetch_add(h.sequence - last_sequence_ - 1, std::memory_order_relaxed);
+    if (h.sequence > last_sequence_) last_sequence_ = h.sequence;
     if (h.payload_bytes > opt_.limits.max_message_bytes) {
       abandon_after_ = who() + ": the publisher sent a message of " + std::to_string(h.payload_bytes) +
                        " bytes, more than this subscriber's max_message_bytes (" +
@@ -750,6 +756,7 @@ class ClientImpl final : public Client, public Session {
   std::atomic<uint32_t> credit_batch_{1};  // credit goes back in batches of this many (half the depth)
   std::atomic<bool> connected_{false};
   std::atomic<uint64_t> dropped_{0};
+  uint64_t last_sequence_ = 0;  // the last DATA's sequence (engine thread)
   // -- under mu_ --
   mutable std::mutex mu_;
   std::condition_variable cv_;
