@@ -32,7 +32,6 @@ namespace {
 
 constexpr auto kRetryEvery = std::chrono::milliseconds(200);
 // Messages a publisher may have in flight to this subscriber at most (its depth): bounds what it can make us hold.
-constexpr uint32_t kMaxDepth = 4096;
 
 uint64_t align64(uint64_t n) { return (n + 63) & ~uint64_t{63}; }
 
@@ -354,9 +353,9 @@ class ClientImpl final : public Client, public Session {
             return;
           }
         }
-        if (w.depth > kMaxDepth)
+        if (w.depth > kMaxNetDepth)
           throw Error(ErrorCode::invalid_argument, "a depth of " + std::to_string(w.depth) + " (at most " +
-                                                       std::to_string(kMaxDepth) + ")");
+                                                       std::to_string(kMaxNetDepth) + ")");
         depth_ = w.depth;
         credit_batch_.store(std::max<uint32_t>(1, w.depth / 2), std::memory_order_relaxed);
         {

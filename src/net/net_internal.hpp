@@ -157,6 +157,8 @@ struct WireTensor {
   bool cuda_direct = false;
 };
 inline constexpr int kMaxNetDevice = 31;
+/// The deepest queue a remote subscriber accepts (its credit: what the publisher may have in flight to it).
+inline constexpr uint32_t kMaxNetDepth = 4096;
 
 /// A DATA message's descriptor.
 struct WireMessage {

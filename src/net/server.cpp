@@ -112,6 +112,10 @@ class ServerImpl final : public Server, public Session {
                   "secret every subscriber must prove; it never crosses the network) or, on a network you trust, "
                   "insecure=True. Data is never encrypted either way");
     if (opt_.depth < 1) throw Error(ErrorCode::invalid_argument, "depth must be at least 1");
+    if (opt_.depth > kMaxNetDepth)
+      throw Error(ErrorCode::invalid_argument, "a publisher with listen= has a depth of at most " +
+                                                   std::to_string(kMaxNetDepth) + " (remote subscribers take no more "
+                                                   "messages in flight), not " + std::to_string(opt_.depth));
     if (opt_.keepalive < std::chrono::milliseconds(100))
       throw Error(ErrorCode::invalid_argument, "keepalive must be at least 0.1 s");
     ping_every_ = std::min<std::chrono::milliseconds>(kPingEvery, opt_.keepalive / 3);

@@ -370,6 +370,13 @@ def test_a_malformed_connect_address_is_a_value_error_naming_connect(connect):
         tw.Subscriber(topic("badconnect"), connect=connect)
 
 
+def test_a_depth_no_remote_subscriber_takes_is_refused_when_listening():
+    # Remote subscribers take at most 4096 messages in flight: a deeper publisher that listens is a ValueError at
+    # once, not a "protocol broken" error at each subscriber that tries to join.
+    with pytest.raises(ValueError, match="depth of at most 4096"):
+        tw.Publisher(topic("deep"), listen="127.0.0.1:0", depth=5000)
+
+
 def test_connect_to_port_zero_is_a_value_error():
     # Port 0 means "any free port" for a listener; nothing can ever be reached at it, so a Subscriber that retries
     # it forever is a typo left silent.
