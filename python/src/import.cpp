@@ -759,9 +759,13 @@ nb::object asarray(nb::handle obj_in, nb::handle device, nb::handle copy, nb::ha
   // A device= naming CUDA on a machine where CUDA is unavailable explains every protocol's refusal: say it first
   // (it cannot be refused up front: a foreign CUDA array may still be imported as it is).
   std::string why;
-  if (req.policy.device && req.policy.device->type != kDLCPU && !tw::device_runtime().available())
+  const auto type = req.policy.device ? req.policy.device->type : kDLCPU;
+  if ((type == kDLCUDA || type == kDLCUDAHost || type == kDLCUDAManaged) && !tw::device_runtime().available())
     why = "device=" + req.policy.device->str() + " needs CUDA, which is unavailable here: " +
           tw::device_runtime().status();
+  else if (type != kDLCPU && type != kDLCUDA && type != kDLCUDAHost && type != kDLCUDAManaged)
+    why = "device=" + req.policy.device->str() + ": tensorwire moves tensors to cpu, cuda:N and cuda_host "
+          "(pinned) only";
   raise_refusals(obj, refusals, why);
 }
 

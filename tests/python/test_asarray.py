@@ -691,3 +691,12 @@ def test_a_producer_on_a_device_this_process_cannot_reach_is_refused_not_crashed
         else:
             tw.asarray(Remote())
     assert str(e.value)
+
+
+@pytest.mark.parametrize("device", ["rocm:0", "metal:0", "oneapi:0"])
+def test_a_device_tensorwire_does_not_move_to_is_named_as_such_not_as_missing_cuda(device):
+    with pytest.raises(BufferError) as e:
+        tw.asarray(np.zeros(3), device=device)
+    head = str(e.value).splitlines()[0]
+    assert f"device={device}: tensorwire moves tensors to cpu, cuda:N and cuda_host (pinned) only" in head, head
+    assert "needs CUDA" not in str(e.value)
