@@ -73,7 +73,10 @@ void hold(int device, intptr_t stream, std::vector<std::shared_ptr<Buffer>> keep
   const Api& a = api("CUDA copy");
   ContextGuard g(device);
   CUevent ev = nullptr;
-  check(a.cuEventCreate(&ev, kEventDisableTiming), "cuEventCreate");
+  if (CUresult r = a.cuEventCreate(&ev, kEventDisableTiming); r != kSuccess) {
+    a.cuStreamSynchronize(as_stream(stream));  // (as below: no event, so the work is waited for before `keep` goes)
+    check(r, "cuEventCreate");
+  }
   if (CUresult r = a.cuEventRecord(ev, as_stream(stream)); r != kSuccess) {
     a.cuEventDestroy(ev);
     // Cannot tell when the work is done: wait for it now rather than free memory it may still use.

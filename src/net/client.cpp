@@ -31,7 +31,6 @@ sockaddr_storage resolve(const HostPort& hp, bool passive, const std::string& wh
 namespace {
 
 constexpr auto kRetryEvery = std::chrono::milliseconds(200);
-// Messages a publisher may have in flight to this subscriber at most (its depth): bounds what it can make us hold.
 
 uint64_t align64(uint64_t n) { return (n + 63) & ~uint64_t{63}; }
 
@@ -363,7 +362,6 @@ class ClientImpl final : public Client, public Session {
           on_full_ = w.on_full;
         }
         state_ = State::active;
-        last_sequence_ = 0;  // (a publisher restarted numbers its messages afresh)
         connected_.store(true, std::memory_order_release);
         return;
       }
@@ -402,11 +400,13 @@ class ClientImpl final : public Client, public Session {
                const ucp_am_recv_param_t* param) {
     if (state_ != State::active || bye_) throw Error(ErrorCode::invalid_argument, "DATA out of turn");
     if (length != h.payload_bytes) throw Error(ErrorCode::invalid_argument, "data size disagrees with the header");
-    // The publisher numbers its messages: a gap is what it dropped for this subscriber (drop_oldest, or a message
-    // it could not send here), counted in dropped() like the ones this side drops from its own queue.
-    if (last_sequence_ != 0 && h.sequence > last_sequence_ + 1)
-      dropped_.fetch_add(h.sequence - last_sequence_ - 1, std::memory_order_relaxed);
-    if (h.sequence > last_sequence_) last_sequence_ = h.sequence;
+    // The publisher numbers this subscriber's messages 1, 2, ..., the ones it dropped for it included: a gap is
+    // what it dropped (drop_oldest), counted in dropped() like those this side drops from its own queue.
+    if (h.sequence <= last_sequence_)
+      throw Error(ErrorCode::invalid_argument, "message " + std::to_string(h.sequence) + " after message " +
+                                                   std::to_string(last_sequence_));
+    dropped_.fetch_add(h.sequence - last_sequence_ - 1, std::memory_order_relaxed);
+    last_sequence_ = h.sequence;
     if (h.payload_bytes > opt_.limits.max_message_bytes) {
       abandon_after_ = who() + ": the publisher sent a message of " + std::to_string(h.payload_bytes) +
                        " bytes, more than this subscriber's max_message_bytes (" +
@@ -755,7 +755,7 @@ class ClientImpl final : public Client, public Session {
   std::atomic<uint32_t> credit_batch_{1};  // credit goes back in batches of this many (half the depth)
   std::atomic<bool> connected_{false};
   std::atomic<uint64_t> dropped_{0};
-  uint64_t last_sequence_ = 0;  // the last DATA's sequence (engine thread)
+  uint64_t last_sequence_ = 0;  // the last DATA's number (holding the worker)
   // -- under mu_ --
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -70,7 +70,8 @@ inline constexpr uint32_t kDescInData = 1;  ///< DATA: the descriptor is at the 
 struct NetHeader {
   NetType type = NetType::ping;
   uint32_t flags = 0;
-  uint64_t sequence = 0;    ///< DATA: the publisher's message number; CREDIT: messages taken
+  uint64_t sequence = 0;    ///< DATA: the message's number for this subscriber (1, 2, ...: those the publisher
+                            ///< dropped for it included, so a gap says how many); CREDIT: messages taken
   uint32_t body_bytes = 0;  ///< bytes after the header (in the header, or at the front of the data: kDescInData)
   uint64_t payload_bytes = 0;  ///< DATA: bytes of tensor data (after the descriptor when kDescInData)
 };
@@ -215,7 +216,7 @@ struct OutTensor {
   WireTensor wire;
 };
 struct OutMessage {
-  uint64_t sequence = 0;
+  uint64_t sequence = 0;  ///< the publisher's number (the wire numbers each subscriber's messages itself)
   std::string descriptor;  ///< encode_message
   std::vector<OutTensor> tensors;
   uint64_t payload_bytes = 0;

@@ -238,6 +238,7 @@ class ServerImpl final : public Server, public Session {
     std::deque<std::shared_ptr<OutMessage>> pending;
     uint32_t unacked = 0;  // posted, not yet credited back
     uint64_t dropped = 0;
+    uint64_t sent = 0;  // DATA posted (with `dropped`, what numbers the next one: NetHeader::sequence)
     bool iov_ok = false;  // its transport moves an iov without staging it
     // -- holding the worker (engine.hpp) --
     size_t requests = 0;  // UCX sends in flight
@@ -449,12 +450,12 @@ class ServerImpl final : public Server, public Session {
     post(ctx, nullptr, 0, false);
   }
 
-  void send_data(const std::shared_ptr<Peer>& p, std::shared_ptr<OutMessage> m) {
+  void send_data(const std::shared_ptr<Peer>& p, std::shared_ptr<OutMessage> m, uint64_t number) {
     auto* ctx = new SendCtx{p, std::move(m), {}, {}};
     const OutMessage& msg = *ctx->msg;
     NetHeader h;
     h.type = NetType::data;
-    h.sequence = msg.sequence;
+    h.sequence = number;
     h.body_bytes = static_cast<uint32_t>(msg.descriptor.size());
     const bool in_header = kNetHeaderBytes + msg.descriptor.size() <= max_header_;
     if (msg.device_memory && !in_header) {  // (remote_message checked: the padding below is host memory)
@@ -573,14 +574,16 @@ class ServerImpl final : public Server, public Session {
   void post_ready(const std::shared_ptr<Peer>& p) {
     while (p->state == State::active && !p->closed) {
       std::shared_ptr<OutMessage> m;
+      uint64_t number = 0;
       {
         std::lock_guard lock(mu_);
         if (p->pending.empty() || p->unacked >= opt_.depth) break;
         m = std::move(p->pending.front());
         p->pending.pop_front();
         ++p->unacked;
+        number = ++p->sent + p->dropped;  // (drops only ever take the oldest pending: they precede this one)
       }
-      send_data(p, std::move(m));
+      send_data(p, std::move(m), number);
     }
   }
   void post_all() {

@@ -99,4 +99,3 @@ def test_to_another_device_without_copy_raises_copy_error():
     t = tw.asarray(np.ones(3))
     with pytest.raises(tw.CopyError):
         t.to("cuda:0", copy=False)
-
