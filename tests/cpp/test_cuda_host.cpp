@@ -750,6 +750,20 @@ std::pair<int64_t, int64_t> extent(int ndim, const int64_t* shape, const int64_t
   return {lo, hi};
 }
 
+// The source (random bytes) and two copies of the destination (a pattern) of a copy over shape/strides: `want`
+// for the model, `got` for the kernel.
+struct Buffers {
+  Span src, want, got;
+};
+Buffers buffers(int ndim, const int64_t* shape, const int64_t* src_strides, const int64_t* dst_strides, size_t unit,
+                std::mt19937& rng) {
+  const auto [slo, shi] = extent(ndim, shape, src_strides);
+  const auto [dlo, dhi] = extent(ndim, shape, dst_strides);
+  Buffers b{span(slo, shi, unit, rng, true), span(dlo, dhi, unit, rng, false), {}};
+  b.got = b.want;
+  return b;
+}
+
 // Destination strides that never overlap: a random order of the dims, packed with gaps, some reversed.
 void dst_strides(int ndim, const int64_t* shape, int64_t* out, std::mt19937& rng) {
   std::vector<int> order(static_cast<size_t>(ndim));
@@ -778,20 +792,17 @@ TEST(CudaKernels, TheStridedCopyMatchesItsReferenceForEveryUnitAndLayout) {
       p.src_stride[k] = static_cast<int64_t>(rng() % 11) - 5;  // negative, zero (overlapping reads), gaps
     }
     kernels::dst_strides(p.ndim, p.shape, p.dst_stride, rng);
-    const auto [slo, shi] = kernels::extent(p.ndim, p.shape, p.src_stride);
-    const auto [dlo, dhi] = kernels::extent(p.ndim, p.shape, p.dst_stride);
-    kernels::Span src = kernels::span(slo, shi, unit, rng, true);
-    kernels::Span want = kernels::span(dlo, dhi, unit, rng, false), got = want;
-    p.src = src.addr();
-    p.dst = want.addr();
+    kernels::Buffers b = kernels::buffers(p.ndim, p.shape, p.src_stride, p.dst_stride, unit, rng);
+    p.src = b.src.addr();
+    p.dst = b.want.addr();
     run_strided(p, unit);
-    p.dst = got.addr();
+    p.dst = b.got.addr();
     // The host's geometry (kernel_abi.h), or a grid too small for one pass (the grid-stride loop).
     const auto blocks = static_cast<unsigned>((p.numel + TW_CUDA_COPY_BLOCK - 1) / TW_CUDA_COPY_BLOCK);
     const unsigned grid = rng() % 2 ? blocks : static_cast<unsigned>(rng() % 2 + 1);
     const std::string name = "tw_strided_copy_u" + std::to_string(unit);
     ASSERT_TRUE(tw_test_emu::launch(name, {grid, 1, 1}, {TW_CUDA_COPY_BLOCK, 1, 1}, &p));
-    ASSERT_EQ(got.bytes, want.bytes) << name << " iteration " << iter << ", ndim " << p.ndim << ", grid " << grid;
+    ASSERT_EQ(b.got.bytes, b.want.bytes) << name << " iteration " << iter << ", ndim " << p.ndim << ", grid " << grid;
   }
 }
 
@@ -829,21 +840,18 @@ TEST(CudaKernels, TheTileTransposeMatchesItsReferenceWithPartialTilesAndBatches)
     shape[n] = p.rows, shape[n + 1] = p.cols;
     sst[n] = p.src_row_stride, sst[n + 1] = p.src_col_stride;
     dst[n] = p.dst_row_stride, dst[n + 1] = p.dst_col_stride;
-    const auto [slo, shi] = kernels::extent(n + 2, shape, sst);
-    const auto [dlo, dhi] = kernels::extent(n + 2, shape, dst);
-    kernels::Span src = kernels::span(slo, shi, unit, rng, true);
-    kernels::Span want = kernels::span(dlo, dhi, unit, rng, false), got = want;
-    p.src = src.addr();
-    p.dst = want.addr();
+    kernels::Buffers b = kernels::buffers(n + 2, shape, sst, dst, unit, rng);
+    p.src = b.src.addr();
+    p.dst = b.want.addr();
     run_transpose(p, unit);
-    p.dst = got.addr();
+    p.dst = b.got.addr();
     // gridDim.z below the batch: blocks loop over batch items (and reuse their shared tile).
     const auto gz = static_cast<unsigned>(rng() % static_cast<uint64_t>(p.batch) + 1);
     const tw_test_emu::Dim3 grid{static_cast<unsigned>((p.cols + 31) / 32), static_cast<unsigned>((p.rows + 31) / 32),
                                  gz};
     const std::string name = "tw_transpose_u" + std::to_string(unit);
     ASSERT_TRUE(tw_test_emu::launch(name, grid, {TW_CUDA_TILE, TW_CUDA_TILE_ROWS, 1}, &p));
-    ASSERT_EQ(got.bytes, want.bytes) << name << " " << p.rows << " x " << p.cols << ", batch " << p.batch
+    ASSERT_EQ(b.got.bytes, b.want.bytes) << name << " " << p.rows << " x " << p.cols << ", batch " << p.batch
                                      << " over gridDim.z " << gz;
   }
   EXPECT_FALSE(tw_test_emu::launch("tw_transpose_u16", {1, 1, 1}, {1, 1, 1}, nullptr)) << "there is no such kernel";
