@@ -376,7 +376,7 @@ void tw_subscriber_close(tw_subscriber* s);
 tw_status tw_subscriber_recv(tw_subscriber* s, int64_t timeout_ns, tw_tensor** out);
 int tw_subscriber_closed(const tw_subscriber* s);    /* the stream ended, or tw_subscriber_close was called */
 int tw_subscriber_connected(const tw_subscriber* s); /* connected to a live publisher */
-uint64_t tw_subscriber_dropped(const tw_subscriber* s);
+uint64_t tw_subscriber_dropped(const tw_subscriber* s); /* messages it missed: a full queue, either end */
 /* A descriptor that polls readable when a message or end-of-stream waits (owned by the subscriber), or -1. */
 int tw_subscriber_fileno(tw_subscriber* s);
 
