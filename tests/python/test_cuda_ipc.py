@@ -328,6 +328,17 @@ def test_a_closed_publisher_keeps_a_torch_tensor_alive_for_its_subscriber():
     p.join(30)
 
 
+def _listening_publisher(name: str, direct: bool):
+    """A publisher listening on loopback, or a skip where this build or machine has no network transport. With
+    TW_TEST_UCX_CUDA=1 (`direct`) a UCX was bundled for the run: a build without UCX's headers is then a failure."""
+    try:
+        return tw.Publisher(name, listen="127.0.0.1:0")
+    except Exception as e:  # noqa: BLE001
+        if "UCX is not installed" in str(e) or ("built without UCX" in str(e) and not direct):
+            pytest.skip(f"no network transport here: {e}")
+        raise
+
+
 def test_a_cuda_tensor_crosses_to_a_remote_subscriber_and_says_how():
     # Debian's UCX has no CUDA transports (issue 12): the tensor crosses packed into pinned host memory and goes
     # back to its device on the other side, or stays in host memory for a subscriber that asked for the CPU. With
@@ -336,13 +347,7 @@ def test_a_cuda_tensor_crosses_to_a_remote_subscriber_and_says_how():
     torch = pytest.importorskip("torch")
     direct = os.environ.get("TW_TEST_UCX_CUDA") == "1"
     name = topic("remote")
-    try:
-        pub = tw.Publisher(name, listen="127.0.0.1:0")
-    except Exception as e:  # noqa: BLE001
-        # (With TW_TEST_UCX_CUDA=1 a UCX was bundled for this run: a build without UCX's headers is a failure.)
-        if "UCX is not installed" in str(e) or ("built without UCX" in str(e) and not direct):
-            pytest.skip(f"no network transport here: {e}")
-        raise
+    pub = _listening_publisher(name, direct)
     with pub:
         sub = tw.Subscriber(name, connect=pub.address)
         host = tw.Subscriber(name, connect=pub.address, device="cpu")
@@ -401,13 +406,7 @@ def test_a_cuda_tensor_reaches_a_remote_subscriber_in_another_process():
     torch = pytest.importorskip("torch")
     direct = os.environ.get("TW_TEST_UCX_CUDA") == "1"
     name = topic("remote-proc")
-    try:
-        pub = tw.Publisher(name, listen="127.0.0.1:0")
-    except Exception as e:  # noqa: BLE001
-        # (With TW_TEST_UCX_CUDA=1 a UCX was bundled for this run: a build without UCX's headers is a failure.)
-        if "UCX is not installed" in str(e) or ("built without UCX" in str(e) and not direct):
-            pytest.skip(f"no network transport here: {e}")
-        raise
+    pub = _listening_publisher(name, direct)
     with pub:
         out = CTX.Queue()
         ready = CTX.Event()
