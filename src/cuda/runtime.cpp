@@ -304,13 +304,16 @@ class CudaRuntime final : public DeviceRuntime {
     // to a stream nothing else uses, where its free event goes when it returns.
     poll_pending();
     std::shared_ptr<Buffer> block = pool(device.id).allocate(nbytes, idle_stream(device.id), /*idle=*/true);
-    if (!any_stream_readers) return block;  // (back with an event on its own idle stream: complete at once)
-    const int dev = device.id;
-    std::shared_ptr<const void> owner(block.get(), [block, dev](const void*) mutable {
-      // Its readers' kernels may run on any stream: back to the pool once the device's work so far is done.
-      detail::release_after_work(dev, nullptr, std::move(block));
-    });
-    return std::make_shared<Buffer>(block->base(), nbytes, device, std::move(owner));
+    void* const base = block->base();
+    std::shared_ptr<const void> owner = block;  // (back with an event on its own idle stream: complete at once)
+    if (any_stream_readers) {
+      const int dev = device.id;
+      owner = std::shared_ptr<const void>(base, [block, dev](const void*) mutable {
+        // Its readers' kernels may run on any stream: back to the pool once the device's work so far is done.
+        detail::release_after_work(dev, nullptr, std::move(block));
+      });
+    }
+    return std::make_shared<Buffer>(base, nbytes, device, std::move(owner));
   }
   bool bind_thread() const noexcept override {
     if (!driver().status.empty()) return false;

@@ -947,10 +947,7 @@ class PublisherImpl {
       if (wants_eventfd) sub.notify();
       ++delivered;
     }
-    if (out) {
-      out->sequence = seqno;
-      delivered += net_->enqueue(std::move(out));
-    }
+    if (out) delivered += net_->enqueue(std::move(out));
     return delivered;
   }
 

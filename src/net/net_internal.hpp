@@ -216,7 +216,6 @@ struct OutTensor {
   WireTensor wire;
 };
 struct OutMessage {
-  uint64_t sequence = 0;  ///< the publisher's number (the wire numbers each subscriber's messages itself)
   std::string descriptor;  ///< encode_message
   std::vector<OutTensor> tensors;
   uint64_t payload_bytes = 0;

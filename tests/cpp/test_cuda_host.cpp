@@ -978,6 +978,17 @@ TEST_F(FakeDriver, AllocateIdleReusesOnlyBlocksWhoseWorkIsDoneNeverWaitsAndRetur
   g_fake->work_running = false;
   d::wait_releases();
   EXPECT_EQ(tw::cuda::device_pool_stats(1).in_use_bytes, 0u);
+  // 3. Without readers on other streams (the caller waited for its own device work): back at once, device busy
+  //    or not, with no synchronize.
+  const int syncs = g_fake->ctx_syncs;
+  std::shared_ptr<tw::Buffer> own = rt.allocate_idle(Device::cuda(1), 1000, false);
+  EXPECT_EQ(own->size(), 1000u);
+  EXPECT_EQ(own->device(), Device::cuda(1));
+  g_fake->work_running = true;
+  own.reset();
+  EXPECT_EQ(tw::cuda::device_pool_stats(1).in_use_bytes, 0u) << "back in the pool when its owner let go";
+  g_fake->work_running = false;
+  EXPECT_EQ(g_fake->ctx_syncs, syncs);
   expect_no_leaks();
 }
 
