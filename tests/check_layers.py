@@ -25,7 +25,7 @@ HEADER_LAYER = {
     "buffer.hpp": "core", "device.hpp": "core", "device_runtime.hpp": "core", "dlpack.h": "core",
     "dlpack.hpp": "core", "dtype.hpp": "core", "error.hpp": "core", "layout.hpp": "core", "metadata.hpp": "core",
     "tensor.hpp": "core", "version.hpp": "core", "copy.hpp": "copy", "interop.hpp": "interop", "arrow.hpp": "interop",
-    "ipc.hpp": "ipc", "cuda.hpp": "cuda", "tensorwire.h": "capi", "tensorwire.hpp": "umbrella",
+    "ipc.hpp": "ipc", "net.hpp": "net", "cuda.hpp": "cuda", "tensorwire.h": "capi", "tensorwire.hpp": "umbrella",
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 

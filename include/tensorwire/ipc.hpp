@@ -34,6 +34,7 @@
 
 #include "tensorwire/error.hpp"
 #include "tensorwire/metadata.hpp"
+#include "tensorwire/net.hpp"
 #include "tensorwire/tensor.hpp"
 
 namespace tw {

@@ -14,5 +14,6 @@
 #include "tensorwire/ipc.hpp"
 #include "tensorwire/layout.hpp"
 #include "tensorwire/metadata.hpp"
+#include "tensorwire/net.hpp"
 #include "tensorwire/tensor.hpp"
 #include "tensorwire/version.hpp"

@@ -7,9 +7,11 @@
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
+#include <string>
 
 #include "net/net_internal.hpp"
 #include "tensorwire/error.hpp"
+#include "tensorwire/net.hpp"
 
 namespace tw::net_detail {
 
@@ -18,17 +20,45 @@ namespace {
 struct Loaded {
   UcxApi api{};
   std::string error;  // why not, when not
+  std::string library;  // the file loaded
+  std::string version;  // "major.minor.release"
 };
+
+// prefer_ucx_library()'s choice, and whether loaded() has run (after which a preference changes nothing).
+std::mutex g_pref_mu;
+std::string g_preferred;
+bool g_loading = false;
+
+std::string dl_error(const char* fallback) {
+  const char* e = ::dlerror();
+  return e ? e : fallback;
+}
 
 const Loaded& loaded() {
   static const Loaded l = [] {
     Loaded r;
-    void* h = ::dlopen("libucp.so.0", RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-      const char* e = ::dlerror();
-      r.error = std::string("UCX is not installed (") + (e ? e : "libucp.so.0 not found") +
-                "); install it (Debian/Ubuntu: apt-get install libucx0)";
-      return r;
+    std::string preferred;
+    {
+      std::lock_guard lock(g_pref_mu);
+      g_loading = true;
+      preferred = g_preferred;
+    }
+    void* h = nullptr;
+    const char* env = std::getenv("TW_UCX_LIBRARY");
+    if (env && *env) {  // the user's explicit choice: that one or none
+      h = ::dlopen(env, RTLD_NOW | RTLD_LOCAL);
+      if (!h) {
+        r.error = std::string("TW_UCX_LIBRARY='") + env + "' cannot be loaded: " + dl_error("not found");
+        return r;
+      }
+    } else {
+      if (!preferred.empty()) h = ::dlopen(preferred.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (!h) h = ::dlopen("libucp.so.0", RTLD_NOW | RTLD_LOCAL);
+      if (!h) {
+        r.error = "UCX is not installed (" + dl_error("libucp.so.0 not found") +
+                  "); install it (pip install libucx-cu13, or Debian/Ubuntu: apt-get install libucx0)";
+        return r;
+      }
     }
     bool ok = true;
     const auto sym = [&](auto& fn, const char* name) {
@@ -70,6 +100,9 @@ const Loaded& loaded() {
     if (ok) {
       unsigned major = 0, minor = 0, release = 0;
       a.get_version(&major, &minor, &release);
+      r.version = std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(release);
+      Dl_info info{};
+      if (::dladdr(reinterpret_cast<void*>(a.get_version), &info) != 0 && info.dli_fname) r.library = info.dli_fname;
       if (major != UCP_API_MAJOR || minor < 12) {
         ok = false;
         r.error = "the installed UCX is version " + std::to_string(major) + "." + std::to_string(minor) +
@@ -83,6 +116,25 @@ const Loaded& loaded() {
 }
 
 }  // namespace
+
+}  // namespace tw::net_detail
+
+namespace tw::net {
+
+bool prefer_ucx_library(std::string path) {
+  std::lock_guard lock(net_detail::g_pref_mu);
+  if (net_detail::g_loading) return false;
+  net_detail::g_preferred = std::move(path);
+  return true;
+}
+
+std::string ucx_library() { return net_detail::loaded().library; }
+std::string ucx_version() { return net_detail::loaded().version; }
+std::string ucx_unavailable_reason() { return net_detail::ucx_unavailable_reason(); }
+
+}  // namespace tw::net
+
+namespace tw::net_detail {
 
 std::string ucx_unavailable_reason() {
   const Loaded& l = loaded();

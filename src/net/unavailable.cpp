@@ -1,6 +1,7 @@
 // unavailable.cpp — the net engines of a build without UCX's headers: every use says so.
 #include "net/net_internal.hpp"
 #include "tensorwire/error.hpp"
+#include "tensorwire/net.hpp"
 
 namespace tw::net_detail {
 
@@ -18,3 +19,10 @@ std::unique_ptr<Client> Client::create(std::string, ClientOptions) {
 }
 
 }  // namespace tw::net_detail
+
+namespace tw::net {
+bool prefer_ucx_library(std::string) { return false; }  // (no UCX is ever loaded)
+std::string ucx_library() { return ""; }
+std::string ucx_version() { return ""; }
+std::string ucx_unavailable_reason() { return net_detail::ucx_unavailable_reason(); }
+}  // namespace tw::net

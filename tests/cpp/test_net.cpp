@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -369,6 +370,20 @@ std::string topic(const char* what) { return std::string("twnet-") + what + "-" 
     const std::string why = ucx_unavailable_reason();                         \
     if (!why.empty()) GTEST_SKIP() << "UCX cannot run here: " << why;         \
   } while (0)
+
+TEST(NetUcx, TheLoadedUcxIsNamedAndAPreferenceAfterLoadingChangesNothing) {
+  SKIP_WITHOUT_UCX();
+  const std::string lib = tw::net::ucx_library(), version = tw::net::ucx_version();
+  EXPECT_NE(lib.find("libucp"), std::string::npos) << lib;
+  EXPECT_EQ(::access(lib.c_str(), R_OK), 0) << lib;
+  unsigned major = 0, minor = 0, release = 0;
+  ASSERT_EQ(std::sscanf(version.c_str(), "%u.%u.%u", &major, &minor, &release), 3) << version;
+  EXPECT_EQ(major, 1u);
+  EXPECT_GE(minor, 12u);
+  EXPECT_EQ(tw::net::ucx_unavailable_reason(), "");
+  EXPECT_FALSE(tw::net::prefer_ucx_library("/nonexistent/libucp.so.0"));  // too late: UCX is loaded
+  EXPECT_EQ(tw::net::ucx_library(), lib);
+}
 
 bool wait_for(const std::function<bool()>& f, std::chrono::milliseconds limit = 10s) {
   const auto until = std::chrono::steady_clock::now() + limit;
