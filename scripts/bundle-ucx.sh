@@ -8,7 +8,7 @@
 set -euo pipefail
 PY=$1
 DEST=$2
-WHEEL=libucx-cu13==1.22.0
+WHEEL=${TW_UCX_WHEEL:-libucx-cu13==1.22.0}  # (the Makefile passes its UCX_WHEEL)
 if [[ -f $DEST/.tw-source && $(cat "$DEST/.tw-source") == "$WHEEL" ]]; then
   exit 0
 fi

@@ -271,6 +271,23 @@ void register_ipc(nb::module_& m) {
     }
   });
 
+  // Which UCX the network layer loads (tensorwire/__init__.py prefers the libucx wheel's when installed).
+  m.def("_prefer_ucx_library", [](std::string path) { return tw::net::prefer_ucx_library(std::move(path)); });
+  m.def("_ucx_info", [] {
+    std::string library, version, why;
+    {
+      nb::gil_scoped_release nogil;  // (dlopen, and UCX's context on first use)
+      library = tw::net::ucx_library();
+      version = tw::net::ucx_version();
+      why = tw::net::ucx_unavailable_reason();
+    }
+    nb::dict d;
+    d["library"] = library.empty() ? nb::none() : nb::cast(library);
+    d["version"] = version.empty() ? nb::none() : nb::cast(version);
+    d["why"] = why.empty() ? nb::none() : nb::cast(why);
+    return d;
+  });
+
   nb::class_<tw::Publisher>(m, "Publisher",
                             "The sending end of a shared-memory topic: Publisher(name, *, depth=8, on_full='block').\n\n"
                             "send(obj, metadata=None, *, timeout=None) delivers anything tw.asarray accepts to every "

@@ -35,6 +35,31 @@ from ._paths import cmake_dir, include_dir, lib_dir, pkgconfig_dir
 
 __version__: str = _ext.__version__
 
+
+def _prefer_wheel_ucx() -> None:
+    # The network layer (listen=, connect=) loads UCX when first used. When the libucx wheel is installed
+    # (pip install libucx-cu13, or tensorwire[ucx]), its UCX is preferred over the system's: Debian 12's UCX 1.13
+    # is built with assertions that abort the whole process on crafted bytes sent to its listening ports, and the
+    # wheel's (1.18 and later) does not. TW_UCX_LIBRARY (a path or library name) overrides both. The package is
+    # found, not imported.
+    import importlib.util
+    import os
+
+    if os.environ.get("TW_UCX_LIBRARY"):
+        return
+    try:
+        spec = importlib.util.find_spec("libucx")
+    except (ImportError, ValueError):
+        return
+    for d in (spec.submodule_search_locations or []) if spec else []:
+        lib = os.path.join(d, "lib", "libucp.so.0")
+        if os.path.isfile(lib):
+            _ext._prefer_ucx_library(lib)
+            return
+
+
+_prefer_wheel_ucx()
+
 CopyError.__module__ = "tensorwire"
 
 

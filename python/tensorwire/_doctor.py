@@ -12,8 +12,6 @@ import json
 import os
 import platform
 import resource
-import shutil
-import subprocess
 import sys
 from typing import Any, Callable, Optional, Tuple
 
@@ -123,19 +121,19 @@ def _meminfo() -> Callable[[str], Check]:
 
 
 def _ucx() -> dict[str, Any]:
-    info = shutil.which("ucx_info")
-    if info is None:
-        import ctypes.util
+    # The UCX listen= and connect= use: the one this tensorwire loads (TW_UCX_LIBRARY, else the libucx wheel where
+    # installed, else libucp.so.0 from the library path), and whether a crafted packet can abort it.
+    from . import _tensorwire as ext
 
-        lib = ctypes.util.find_library("ucp")
-        return {"present": lib is not None, "library": lib,
-                "why": None if lib else "no ucx_info and no libucp (Debian: apt-get install libucx-dev)"}
-    try:
-        out = subprocess.run([info, "-v"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return {"present": True, "why": f"ucx_info -v failed: {e}"}
-    first = next((line.strip("# ").strip() for line in out.splitlines() if "Version" in line), out.strip()[:80])
-    return {"present": True, "version": first}
+    info = ext._ucx_info()
+    d: dict[str, Any] = {"present": info["version"] is not None, "version": info["version"],
+                         "library": info["library"], "why": info["why"]}
+    if info["version"]:
+        major, minor = (int(x) for x in info["version"].split(".")[:2])
+        if (major, minor) < (1, 18):
+            d["warning"] = ("this UCX aborts the process on crafted bytes sent to a listening port (its TCP code's "
+                            "assertions): pip install libucx-cu13 (README, 'Security')")
+    return d
 
 
 def _cuda_driver() -> str:
@@ -260,8 +258,8 @@ def render(d: dict[str, Any]) -> str:
     lines.append(f"huge pages:      THP {_shown(hp, 'transparent')}; shmem THP {_shown(hp, 'shmem_transparent')}; "
                  f"reserved {reserved}")
     u = d["ucx"]
-    lines.append("UCX:             " + (u.get("version") or u.get("library") or "present" if u["present"]
-                                         else f"not found — {u['why']}"))
+    lines.append("UCX:             " + (f"{u['version']} ({u['library']})" if u["present"] else
+                                         f"not usable — {u['why']}") + (f"; {u['warning']}" if u.get("warning") else ""))
     return "\n".join(lines)
 
 

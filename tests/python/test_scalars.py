@@ -329,9 +329,15 @@ def test_doctor_reports_this_machine():
     with open("/proc/sys/vm/max_map_count") as f:
         assert d["limits"]["vm.max_map_count"] == int(f.read())
     assert isinstance(d["cuda"]["driver"], str) and d["cuda"]["available"] == (d["cuda"]["driver"] == "ok")
-    assert "present" in d["ucx"]
+    ucx = tw._ext._ucx_info()  # the UCX listen=/connect= load, as the doctor must report it
+    assert d["ucx"]["present"] == (ucx["version"] is not None)
+    assert (d["ucx"]["version"], d["ucx"]["library"]) == (ucx["version"], ucx["library"])
+    if ucx["version"]:
+        old = tuple(int(x) for x in ucx["version"].split(".")[:2]) < (1, 18)
+        assert ("warning" in d["ucx"]) == old, d["ucx"]
     human = _cli("doctor")
     assert human.returncode == 0 and "memfd + seals:   yes" in human.stdout and "CUDA:" in human.stdout
+    assert f"UCX:             {ucx['version']} ({ucx['library']})" in human.stdout or not ucx["version"]
 
 
 def test_help_lists_the_modes_and_bench_defaults_to_quick():
