@@ -8,7 +8,9 @@ it ends: tw-bench-<pid>-a and -b, veth twb<pid>a / twb<pid>b (MTU 1500 unless --
 measures nothing. Every process runs in one of them through `ip netns exec` (which keeps the environment): the
 sending side in A (it listens), the receiving side in B (it connects). UCX is held to TCP (UCX_TLS=tcp, and
 UCX_NET_DEVICES names the veth): namespaces do not isolate shared memory, so UCX would otherwise move the data
-through it and measure no network. gloo is pinned to the veth with GLOO_SOCKET_IFNAME.
+through it and measure no network. gloo is pinned to the veth with GLOO_SOCKET_IFNAME. Every UCX process runs
+the same UCX: the one tensorwire loads (TW_UCX_LIBRARY, else the libucx wheel where installed, else the system's),
+and ucx_perftest from the same installation (the wheel's bin/, else the one on PATH).
 
 Methods:
   ucx_perftest     UCX's own benchmark, UCP active messages (ucp_am_lat, ucp_am_bw): server in A, client in B
@@ -672,6 +674,9 @@ class Net:
         env.update(PYTHONPATH=os.pathsep.join(dict.fromkeys(paths)), UCX_TLS=self.ucx_tls,
                    UCX_NET_DEVICES=self.veth[side], GLOO_SOCKET_IFNAME=self.veth[side], LC_ALL="C",
                    UCX_WARN_UNUSED_ENV_VARS="n", TW_BENCH_NET_TOKEN=self.token, TW_BENCH_NET_RUN=str(os.getpid()))
+        lib = tw_ucx().get("library")
+        if lib:  # (the C++ ping-pong program too: it would load the library path's UCX)
+            env["TW_UCX_LIBRARY"] = lib
         return env
 
     def exec(self, side: int, *argv) -> list[str]:
@@ -761,17 +766,47 @@ def parse_perftest(text: str) -> dict:
     return d
 
 
+def tw_ucx() -> dict:
+    """The UCX tensorwire loads in this process: {"library", "version", "why"} (tensorwire._ext._ucx_info())."""
+    import tensorwire
+
+    return tensorwire._ext._ucx_info()
+
+
+def perftest_program() -> tuple[str | None, str | None]:
+    """(ucx_perftest of the UCX tensorwire loads, the library directory it must be run with or None): the wheel's
+    bin/ucx_perftest beside its lib/ (it finds its libraries on the library path), else the one on PATH when
+    tensorwire loads the system's UCX."""
+    lib = tw_ucx().get("library")
+    if lib:
+        libdir = os.path.dirname(os.path.realpath(lib))
+        cand = os.path.join(os.path.dirname(libdir), "bin", "ucx_perftest")
+        if os.access(cand, os.X_OK):
+            return cand, libdir
+    return shutil.which(PERFTEST), None
+
+
+def _perftest_env(net: Net, side: int) -> dict:
+    env = net.env(side)
+    libdir = perftest_program()[1]
+    if libdir:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join([libdir] + [p for p in env.get("LD_LIBRARY_PATH", "").split(
+            os.pathsep) if p])
+    return env
+
+
 def _perftest_once(net: Net, test: str, size: int, n: int, warm: int, extra=()) -> dict:
     deadline = time.monotonic() + 60 + n * (size / 20e6 + 0.002) * (2 if "lat" in test else 1)
     tries = 0
     while True:
         port = net.port()
-        server = _Proc("ucx_perftest server", net.exec(0, PERFTEST, "-p", str(port)), net.env(0))
+        prog = perftest_program()[0]
+        server = _Proc("ucx_perftest server", net.exec(0, prog, "-p", str(port)), _perftest_env(net, 0))
         try:
             time.sleep(0.2)  # the server has no readiness signal we can rely on (stdout is block-buffered)
             client = _Proc(f"ucx_perftest {test} client",
-                           net.exec(1, PERFTEST, net.ip[0], "-p", str(port), "-t", test, "-s", str(size),
-                                    "-n", str(n), "-w", str(warm), "-f", *extra), net.env(1))
+                           net.exec(1, prog, net.ip[0], "-p", str(port), "-t", test, "-s", str(size),
+                                    "-n", str(n), "-w", str(warm), "-f", *extra), _perftest_env(net, 1))
             rc = client.wait(deadline)
             out = "".join(client.out)
             if rc == 0:
@@ -993,7 +1028,7 @@ def _tw_missing() -> str | None:
 
 def _unavailable(method) -> str | None:
     if method == PERFTEST:
-        return None if shutil.which(PERFTEST) else "ucx_perftest is not installed (Debian: apt install ucx-utils)"
+        return None if perftest_program()[0] else "ucx_perftest is not installed (Debian: apt install ucx-utils)"
     if method == "torch-gloo":
         try:
             import torch.distributed as dist
@@ -1074,14 +1109,12 @@ def _versions() -> dict:
         v["torch"] = torch.__version__
     except ImportError:
         pass
-    if shutil.which("ucx_info"):
-        try:
-            r = subprocess.run(["ucx_info", "-v"], capture_output=True, text=True, timeout=10)
-            m = re.search(r"Version (\S+)", r.stdout)
-            if m:
-                v["ucx"] = m.group(1)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
+    try:
+        u = tw_ucx()
+        if u.get("version"):
+            v["ucx"] = f"{u['version']} ({u['library']})"
+    except ImportError:
+        pass
     return v
 
 
@@ -1164,6 +1197,9 @@ def main(argv=None) -> int:
         print(f"tensorwire bench --net: {len(methods)} methods x {len(sizes)} sizes between namespaces {net.ns[0]} "
               f"({net.ip[0]}) and {net.ns[1]} ({net.ip[1]}), veth MTU {net.mtu}, UCX_TLS={net.ucx_tls}; "
               f"{platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}", flush=True)
+        u = tw_ucx()
+        print(f"UCX {u.get('version') or '-'} ({u.get('library') or u.get('why')}); ucx_perftest: "
+              f"{perftest_program()[0] or 'none'}", flush=True)
         plan = plan_for(sizes, not args.full)
         for m in methods:
             why = _unavailable(m)
