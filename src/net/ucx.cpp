@@ -2,6 +2,7 @@
 #include "net/ucx.hpp"
 
 #include <dlfcn.h>
+#include <limits.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -52,7 +53,18 @@ const Loaded& loaded() {
         return r;
       }
     } else {
-      if (!preferred.empty()) h = ::dlopen(preferred.c_str(), RTLD_NOW | RTLD_LOCAL);
+      // A UCX this process already has (another library loaded it) wins over the preference: a second UCX would
+      // take the first one's libucs and libuct, matched by name, and mix two builds.
+      h = ::dlopen("libucp.so.0", RTLD_NOW | RTLD_NOLOAD);
+      if (!h) {
+        if (void* ucs = ::dlopen("libucs.so.0", RTLD_NOW | RTLD_NOLOAD)) {
+          char dir[PATH_MAX] = {};
+          if (::dlinfo(ucs, RTLD_DI_ORIGIN, dir) == 0)
+            h = ::dlopen((std::string(dir) + "/libucp.so.0").c_str(), RTLD_NOW | RTLD_LOCAL);
+        } else if (!preferred.empty()) {
+          h = ::dlopen(preferred.c_str(), RTLD_NOW | RTLD_LOCAL);
+        }
+      }
       if (!h) h = ::dlopen("libucp.so.0", RTLD_NOW | RTLD_LOCAL);
       if (!h) {
         r.error = "UCX is not installed (" + dl_error("libucp.so.0 not found") +

@@ -494,6 +494,21 @@ def test_the_libucx_wheel_is_preferred_and_TW_UCX_LIBRARY_overrides_it():
     assert info["why"] is None, info
     assert pathlib.Path(info["library"]).resolve().parent == wheel_dir / "lib", info
     assert tuple(int(x) for x in info["version"].split(".")[:2]) >= (1, 18), info
+    # A UCX the process already has wins over the wheel (two builds would mix their libraries by name), whichever
+    # of its libraries came first.
+    import ctypes.util
+
+    if ctypes.util.find_library("ucp"):  # (a system UCX to load first)
+        for first in ("libucp.so.0", "libucs.so.0"):
+            out = subprocess.run([sys.executable, "-c", f"import ctypes; ctypes.CDLL({first!r}); " + code], env=env,
+                                 capture_output=True, text=True, timeout=60, check=True).stdout
+            system = eval(out)
+            assert pathlib.Path(system["library"]).resolve().parent != wheel_dir / "lib", (first, system)
+            assert system["why"] is None, system
+        wheel_ucs = str(wheel_dir / "lib" / "libucs.so.0")
+        out = subprocess.run([sys.executable, "-c", f"import ctypes; ctypes.CDLL({wheel_ucs!r}); " + code], env=env,
+                             capture_output=True, text=True, timeout=60, check=True).stdout
+        assert pathlib.Path(eval(out)["library"]).resolve().parent == wheel_dir / "lib", out
     # TW_UCX_LIBRARY wins, and one that cannot be loaded is an error naming it (no silent fallback)
     env["TW_UCX_LIBRARY"] = "/nonexistent/libucp.so.0"
     r = subprocess.run([sys.executable, "-c", "import tensorwire as tw\n"
