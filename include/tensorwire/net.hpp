@@ -8,8 +8,9 @@ namespace tw {
 
 /// The UCX behind listen= and connect= (see "Across machines" in the README). tensorwire loads UCX at run time, on
 /// first use: the library TW_UCX_LIBRARY names (a path, or a name the dynamic loader searches for) when that is
-/// set, else the one given to prefer_ucx_library() (the Python package gives the libucx wheel's when it is
-/// installed), else libucp.so.0 from the library path (Debian's libucx0).
+/// set; else a UCX the process has already loaded (another library's: two UCX builds in one process would mix
+/// their libraries); else the one given to prefer_ucx_library() (the Python package gives the libucx wheel's when
+/// it is installed); else libucp.so.0 from the library path (Debian's libucx0).
 namespace net {
 /// Prefers `path` (a libucp.so to dlopen) over the library path's UCX. Takes effect only before UCX is first
 /// loaded: returns false, changing nothing, after that. A preferred library that fails to load is passed over
