@@ -49,7 +49,7 @@ void poll_pending() noexcept {
     if (g_pending->empty()) return;
     const Api& a = driver().api;
     for (auto it = g_pending->begin(); it != g_pending->end();) {
-      if (const CUresult r = a.cuEventQuery(it->event); r != kErrorNotReady) {
+      if (const CUresult r = with_context(it->device, [&] { return a.cuEventQuery(it->event); }); r != kErrorNotReady) {
         ok.push_back(r == kSuccess);
         done.push_back(std::move(*it));
         it = g_pending->erase(it);
@@ -60,7 +60,7 @@ void poll_pending() noexcept {
   }
   for (size_t i = 0; i < done.size(); ++i) {
     Pending& p = done[i];
-    driver().api.cuEventDestroy(p.event);
+    with_context(p.device, [&] { return driver().api.cuEventDestroy(p.event); });
     // (Failed work may still touch its scratch: those keep their stream, and the pool's failure path drops them.)
     if (ok[i])
       for (const auto& b : p.scratch) pool(p.device).settle(reinterpret_cast<uintptr_t>(b->base()));
@@ -95,8 +95,8 @@ void wait_all_pending() {
   }
   const Api& a = driver().api;
   for (auto& p : all) {
-    const bool done = a.cuEventSynchronize(p.event) == kSuccess;
-    a.cuEventDestroy(p.event);
+    const bool done = with_context(p.device, [&] { return a.cuEventSynchronize(p.event); }) == kSuccess;
+    with_context(p.device, [&] { return a.cuEventDestroy(p.event); });
     if (done)
       for (const auto& b : p.scratch) pool(p.device).settle(reinterpret_cast<uintptr_t>(b->base()));
   }
@@ -118,7 +118,7 @@ void stream_wait(int producer_device, intptr_t producer, int consumer_device, in
     ContextGuard g(consumer_device);  // a stream may wait on another device's event
     r = a.cuStreamWaitEvent(as_stream(consumer), ev, 0);
   }
-  a.cuEventDestroy(ev);  // destroying a recorded event is fine: the wait already captured it
+  with_context(producer_device, [&] { return a.cuEventDestroy(ev); });  // (the wait already captured it)
   check(r, "cuEventRecord/cuStreamWaitEvent");
 }
 

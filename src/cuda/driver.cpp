@@ -2,6 +2,7 @@
 #include "cuda/driver.hpp"
 
 #include <dlfcn.h>
+#include <pthread.h>
 
 #include <atomic>
 #include <mutex>
@@ -168,9 +169,38 @@ void reset_contexts() {
   g_ctx.clear();
 }
 
+// A fork()ed child of a process that initialised CUDA cannot use it (every driver call fails there), and the
+// parent's other threads may have held tensorwire's locks at the moment of the fork. Once a driver is loaded, a
+// child is told so: driver() answers with a driver whose status says why (its entry points are the parent's, so
+// a call that ignores the status gets the driver's own error, never a null pointer), and the pools' entry points
+// return before taking a lock.
+std::atomic<bool> g_forked{false};
+std::atomic<const Driver*> g_parent{nullptr};  // the driver the child's parent had loaded
+
+void watch_fork(const Driver* d) noexcept {
+  g_parent.store(d, std::memory_order_release);
+  static const bool once = (::pthread_atfork(nullptr, nullptr, [] { g_forked.store(true); }), true);
+  (void)once;
+}
+
+const Driver& forked_driver() noexcept {
+  static const Driver& d = *new Driver([] {
+    const Driver* parent = g_parent.load(std::memory_order_acquire);
+    Driver f = parent ? *parent : Driver{};
+    f.status = "CUDA was initialised in this process's parent before fork(), and a fork()ed child cannot use it "
+               "(start processes with the 'spawn' or 'forkserver' method, or fork before the parent uses CUDA)";
+    f.devices = 0;
+    return f;
+  }());
+  return d;
+}
+
 }  // namespace
 
+bool forked_child() noexcept { return g_forked.load(std::memory_order_relaxed); }
+
 const Driver& driver() noexcept {
+  if (forked_child()) return forked_driver();
   if (const Driver* f = g_fake.load(std::memory_order_acquire)) return *f;
   // Never destroyed: pool blocks may come back while the process exits.
   static const Driver& real = *new Driver([] {
@@ -182,6 +212,7 @@ const Driver& driver() noexcept {
       return d;
     }
   }());
+  if (real.status.empty() && !g_parent.load(std::memory_order_relaxed)) watch_fork(&real);
   return real;
 }
 
@@ -221,6 +252,7 @@ void check_device(Device d, const char* what) {
 }
 
 CUcontext first_retained_context() noexcept {
+  if (forked_child()) return nullptr;  // (the parent's contexts; its lock may be held forever)
   std::lock_guard lk(g_ctx_mu);
   for (CUcontext c : g_ctx)
     if (c) return c;
@@ -295,6 +327,7 @@ void install_fake_driver(const Api* a, int devices, int version) {
   g_fake_driver.fake = true;
   if (devices <= 0) g_fake_driver.status = "the fake driver has no device";
   g_fake.store(&g_fake_driver, std::memory_order_release);
+  if (g_fake_driver.status.empty()) watch_fork(&g_fake_driver);
 }
 
 }  // namespace detail
@@ -319,7 +352,10 @@ std::string status() {
 std::optional<int> device_of_pointer(uintptr_t ptr) noexcept {
   if (!driver_available()) return std::nullopt;
   int ordinal = -1;
-  detail::CUresult r = driver().api.cuPointerGetAttribute(&ordinal, detail::kPointerAttrDeviceOrdinal, ptr);
+  // (With unified addressing any context answers for any pointer; a thread with none current borrows cuda:0's.)
+  detail::CUresult r = detail::with_context(0, [&] {
+    return driver().api.cuPointerGetAttribute(&ordinal, detail::kPointerAttrDeviceOrdinal, ptr);
+  });
   if (r != 0 || ordinal < 0) return std::nullopt;
   return ordinal;
 }

@@ -32,8 +32,10 @@ inline constexpr int kApiVersion = 12000;
 inline constexpr CUresult kSuccess = 0;
 inline constexpr CUresult kErrorOutOfMemory = 2;
 inline constexpr CUresult kErrorNotReady = 600;
+inline constexpr CUresult kErrorInvalidContext = 201;
 inline constexpr int kAttrVmmSupported = 102;            // CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
 inline constexpr int kAttrPosixFdSupported = 103;        // CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
+inline constexpr int kAttrGpuDirectRdmaWithVmm = 110;    // CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
 inline constexpr int kAttrUnifiedAddressing = 41;        // CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING
 inline constexpr int kPointerAttrContext = 1;            // CU_POINTER_ATTRIBUTE_CONTEXT
 inline constexpr int kPointerAttrMemoryType = 2;         // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
@@ -154,6 +156,9 @@ struct Driver {
 
 /// The driver (loaded once on first use), or the fake a test installed.
 const Driver& driver() noexcept;
+/// Whether this process is a fork()ed child of one that had loaded the driver (real or fake): CUDA is then
+/// unusable here, driver() says why, and what would take a lock the parent's threads may have held returns first.
+bool forked_child() noexcept;
 /// The table when the driver is usable; otherwise throws Error(device_unavailable) "<what>: <status>".
 const Api& api(const char* what);
 /// Throws Error naming `call` and the driver's name for `r` when r != success (out_of_memory for
@@ -180,6 +185,21 @@ class ContextGuard {
   CUcontext prev_ = nullptr;
   bool switched_ = false;
 };
+
+/// An event call (query, synchronize, destroy) made where no context may be current, as on a thread that never
+/// touched CUDA: the driver's reference lists CUDA_ERROR_INVALID_CONTEXT among their results, so one refused for
+/// that reason is made again with cuda:`device`'s primary context current. Never throws.
+template <class F>
+CUresult with_context(int device, F&& call) noexcept {
+  const CUresult r = call();
+  if (r != kErrorInvalidContext) return r;
+  try {
+    ContextGuard g(device);
+    return call();
+  } catch (...) {
+    return r;
+  }
+}
 
 /// The primary context of cuda:`device` (retained once per process, never released: PyTorch and CuPy share it).
 CUcontext primary_context(int device);

@@ -1,6 +1,7 @@
 // CUDA memory and events between processes (see ipc.hpp).
 #include "cuda/ipc.hpp"
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <unistd.h>
 
@@ -71,6 +72,13 @@ State& state() {
     return st;
   }();
   return *s;
+}
+
+// The driver's exported fd is this process's until it crosses: a child started with fork + exec must not inherit it
+// (it would keep the device memory alive). The driver does not promise FD_CLOEXEC.
+void close_on_exec(int fd) noexcept {
+  const int flags = ::fcntl(fd, F_GETFD);
+  if (flags >= 0 && !(flags & FD_CLOEXEC)) ::fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
 }
 
 // Owns a VMM mapping made here (reserved range, mapped handle): the last owner unmaps it, frees the range and
@@ -176,6 +184,7 @@ DeviceExport export_memory(int device, uintptr_t ptr, uint64_t span) {
     int fd = -1;
     if (CUresult r = a.cuMemExportToShareableHandle(&fd, h, kMemHandleTypePosixFd, 0); r != kSuccess || fd < 0)
       return refuse("cuMemExportToShareableHandle failed: " + result_name(r));
+    close_on_exec(fd);
     e.kind = DeviceExport::Kind::vmm;
     e.fd = fd;
     e.base = base;
@@ -210,9 +219,10 @@ DeviceExport allocate_exportable(int device, size_t nbytes) {
   ContextGuard g(device);
   CUdevice dev = 0;
   check(a.cuDeviceGet(&dev, device), "cuDeviceGet");
-  int vmm = 0, fds = 0;
+  int vmm = 0, fds = 0, rdma = 0;
   a.cuDeviceGetAttribute(&vmm, kAttrVmmSupported, dev);
   a.cuDeviceGetAttribute(&fds, kAttrPosixFdSupported, dev);
+  a.cuDeviceGetAttribute(&rdma, kAttrGpuDirectRdmaWithVmm, dev);  // (as the pool's segments: pool.cpp)
   if (!vmm || !fds)
     throw Error(ErrorCode::unsupported, "cuda:" + std::to_string(device) +
                                             " does not support VMM allocations with POSIX file-descriptor handles");
@@ -220,6 +230,7 @@ DeviceExport allocate_exportable(int device, size_t nbytes) {
   prop.type = kMemAllocationTypePinned;
   prop.requested_handle_types = kMemHandleTypePosixFd;
   prop.location = MemLocation{kMemLocationTypeDevice, device};
+  prop.gpu_direct_rdma_capable = rdma ? 1 : 0;
   size_t gran = 0;
   check(a.cuMemGetAllocationGranularity(&gran, &prop, kMemGranularityRecommended), "cuMemGetAllocationGranularity");
   if (gran == 0) gran = size_t{2} << 20;
@@ -242,6 +253,7 @@ DeviceExport allocate_exportable(int device, size_t nbytes) {
   if (r == kSuccess) {
     r = a.cuMemExportToShareableHandle(&fd, h, kMemHandleTypePosixFd, 0);
     if (r != kSuccess) a.cuMemUnmap(va, bytes);
+    else close_on_exec(fd);
   }
   if (r != kSuccess) {
     a.cuMemAddressFree(va, bytes);

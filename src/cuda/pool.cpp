@@ -57,11 +57,17 @@ size_t Pool::granularity() {
     check(a.cuDeviceGet(&dev, device_), "cuDeviceGet");
     a.cuDeviceGetAttribute(&vmm, kAttrVmmSupported, dev);
     a.cuDeviceGetAttribute(&fd, kAttrPosixFdSupported, dev);
+    // Pool memory is what a network transport lands CUDA tensors in: where the device allows it, every segment is
+    // made so that a NIC can read and write it (GPUDirect RDMA), as NCCL does for its VMM buffers.
+    int rdma = 0;
+    a.cuDeviceGetAttribute(&rdma, kAttrGpuDirectRdmaWithVmm, dev);
+    rdma_ = rdma ? 1 : 0;
     if (vmm && fd) {
       MemAllocationProp prop{};
       prop.type = kMemAllocationTypePinned;
       prop.requested_handle_types = kMemHandleTypePosixFd;
       prop.location = MemLocation{kMemLocationTypeDevice, device_};
+      prop.gpu_direct_rdma_capable = rdma_;
       size_t g = 0;
       if (a.cuMemGetAllocationGranularity(&g, &prop, kMemGranularityRecommended) == kSuccess && g > 0 &&
           std::has_single_bit(g)) {
@@ -90,6 +96,7 @@ Segment* Pool::new_segment(size_t bytes, size_t slot_size) {
       prop.type = kMemAllocationTypePinned;
       prop.requested_handle_types = kMemHandleTypePosixFd;
       prop.location = MemLocation{kMemLocationTypeDevice, device_};
+      prop.gpu_direct_rdma_capable = rdma_;
       CUmemHandle h = 0;
       check(a.cuMemCreate(&h, bytes, &prop, 0), "cuMemCreate");
       CUdeviceptr va = 0;
@@ -190,7 +197,7 @@ Block* Pool::take_cached(size_t cls, intptr_t stream, bool idle, std::unique_loc
           check(r, "cuStreamWaitEvent");
         }
       }
-      a.cuEventDestroy(b->free_event);
+      with_context(device_, [&] { return a.cuEventDestroy(b->free_event); });
       b->free_event = nullptr;
     }
     return b;
@@ -198,9 +205,10 @@ Block* Pool::take_cached(size_t cls, intptr_t stream, bool idle, std::unique_loc
   // Pinned: the host writes it next, so only a block whose queued work is done.
   for (auto p = v.begin(); p != v.end(); ++p) {
     Block* b = *p;
-    if (!b->free_event || a.cuEventQuery(b->free_event) == kSuccess) {
+    if (!b->free_event ||
+        with_context(b->stream_device, [&] { return a.cuEventQuery(b->free_event); }) == kSuccess) {
       v.erase(p);
-      if (b->free_event) a.cuEventDestroy(b->free_event);
+      if (b->free_event) with_context(b->stream_device, [&] { return a.cuEventDestroy(b->free_event); });
       b->free_event = nullptr;
       return b;
     }
@@ -212,8 +220,8 @@ Block* Pool::take_cached(size_t cls, intptr_t stream, bool idle, std::unique_loc
   b->free_event = nullptr;
   ++b->segment->busy;  // in neither the cache nor the live map meanwhile: its segment must not be released
   lk.unlock();         // never hold the pool while the host waits
-  CUresult r = a.cuEventSynchronize(ev);
-  a.cuEventDestroy(ev);
+  CUresult r = with_context(b->stream_device, [&] { return a.cuEventSynchronize(ev); });
+  with_context(b->stream_device, [&] { return a.cuEventDestroy(ev); });
   lk.lock();
   --b->segment->busy;
   if (r != kSuccess) {
@@ -246,6 +254,7 @@ intptr_t free_stream_for(int device, intptr_t stream) noexcept {
 }  // namespace
 
 std::shared_ptr<Buffer> Pool::allocate(size_t nbytes, intptr_t stream, bool idle) {
+  if (forked_child()) (void)api("CUDA pool");  // throws, saying why, before a lock the parent may have held
   const size_t g = [&] {
     std::lock_guard lk(mu_);
     return granularity();
@@ -297,11 +306,13 @@ std::shared_ptr<Buffer> Pool::allocate(size_t nbytes, intptr_t stream, bool idle
 }
 
 void Pool::settle(uintptr_t ptr) noexcept {
+  if (forked_child()) return;
   std::lock_guard lk(mu_);
   if (auto it = live_.find(ptr); it != live_.end()) it->second->stream = 0;
 }
 
 void Pool::give_back(Block* b) noexcept {
+  if (forked_child()) return;  // the parent's memory: nothing here can use or free it (driver.hpp)
   // The free event goes on the stream the block was allocated on: work its user queued there through the memory
   // is done before another allocation reuses it. Stream 2 names the per-thread default stream of whichever thread
   // calls, and the last reference may go on another thread: the legacy default stream orders after every thread's
@@ -336,6 +347,7 @@ void Pool::give_back(Block* b) noexcept {
 }
 
 std::pair<uintptr_t, size_t> Pool::find(uintptr_t ptr) const {
+  if (forked_child()) return {0, 0};
   std::lock_guard lk(mu_);
   // Blocks are class-aligned within their segment only; search the live map by exact base first.
   if (auto it = live_.find(ptr); it != live_.end()) return {it->second->ptr, it->second->size};
@@ -345,6 +357,7 @@ std::pair<uintptr_t, size_t> Pool::find(uintptr_t ptr) const {
 }
 
 PoolStats Pool::stats() const {
+  if (forked_child()) return {};
   std::lock_guard lk(mu_);
   PoolStats s = stats_;
   for (const auto& [cls, v] : free_) s.cached_blocks += v.size();
@@ -367,6 +380,7 @@ Block* Pool::fresh_block(size_t cls) {
 }
 
 void Pool::release_cached() {
+  if (forked_child()) return;
   std::unique_lock lk(mu_);
   release_cached_locked(lk);
 }
@@ -387,8 +401,9 @@ void Pool::release_cached_locked(std::unique_lock<std::mutex>& lk) {
     std::vector<bool> done(waiting.size());
     lk.unlock();
     for (size_t i = 0; i < waiting.size(); ++i) {
-      done[i] = a.cuEventSynchronize(waiting[i]->free_event) == kSuccess;
-      a.cuEventDestroy(waiting[i]->free_event);
+      const int dev = waiting[i]->stream_device;
+      done[i] = with_context(dev, [&] { return a.cuEventSynchronize(waiting[i]->free_event); }) == kSuccess;
+      with_context(dev, [&] { return a.cuEventDestroy(waiting[i]->free_event); });
       waiting[i]->free_event = nullptr;
     }
     lk.lock();

@@ -110,6 +110,7 @@ class Pool {
   std::vector<std::unique_ptr<Block>> blocks_;          // every Block object, reused
   std::vector<Block*> spare_;                           // Block objects not in use
   size_t granularity_ = 0;
+  unsigned char rdma_ = 0;  // VMM memory of this device can be made readable and writable by NICs (GPUDirect RDMA)
   int vmm_ = -1;                                        // -1 unknown, 0 cuMemAlloc, 1 VMM with POSIX fd
   PoolStats stats_{};
 };

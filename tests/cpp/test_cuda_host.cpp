@@ -6,11 +6,13 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <chrono>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -60,6 +62,10 @@ struct Fake {
   std::map<uintptr_t, size_t> host_mem;    // live pinned allocations
   std::set<uintptr_t> events;
   int handles = 0;          // live VMM handles
+  std::atomic<bool> hold_create{false}, in_create{false};  // cuMemCreate waits while hold_create
+  std::atomic<int> no_context_refusals{0};  // event calls refused for want of a current context
+  bool rdma_supported = false;  // CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
+  int rdma_segments = 0;        // cuMemCreate calls that asked for gpuDirectRDMACapable
   int stream_waits = 0;     // cuStreamWaitEvent calls
   int launches_strided = 0;
   int launches_transpose = 0;
@@ -113,6 +119,10 @@ struct Fake {
 };
 Fake* g_fake = nullptr;
 thread_local d::CUcontext t_current = nullptr;
+d::CUresult no_context() {
+  ++g_fake->no_context_refusals;
+  return d::kErrorInvalidContext;
+}
 constexpr intptr_t kForeignStream = 0x7777;  // a stream of another context
 constexpr intptr_t kBadStream = 0x6666;      // not a stream at all
 constexpr int kForeignCtx = 99;
@@ -194,7 +204,8 @@ d::Api fake_api() {
   a.cuDeviceGetCount = [](int* n) { *n = 2; return 0; };
   a.cuDeviceGet = [](d::CUdevice* dev, int o) { *dev = o; return o >= 0 && o < 2 ? 0 : 101; };
   a.cuDeviceGetAttribute = [](int* v, int attr, d::CUdevice) {
-    *v = (attr == d::kAttrVmmSupported || attr == d::kAttrPosixFdSupported) ? 1 : 0;
+    *v = (attr == d::kAttrVmmSupported || attr == d::kAttrPosixFdSupported ||
+          (attr == d::kAttrGpuDirectRdmaWithVmm && g_fake->rdma_supported)) ? 1 : 0;
     return 0;
   };
   a.cuDevicePrimaryCtxRetain = [](d::CUcontext* c, d::CUdevice dev) {
@@ -242,11 +253,15 @@ d::Api fake_api() {
     g_fake->event_stream[reinterpret_cast<uintptr_t>(e)] = reinterpret_cast<uintptr_t>(s);
     return 0;
   };
+  // Event calls with no context current are refused, as the real driver's reference allows it to (the code under
+  // test must then make one current: cuda::detail::with_context).
   a.cuEventQuery = [](d::CUevent e) {
+    if (!t_current) return no_context();
     std::lock_guard lk(g_fake->streams_mu);
     return g_fake->events_done && !g_fake->pending_events.count(reinterpret_cast<uintptr_t>(e)) ? 0 : d::kErrorNotReady;
   };
   a.cuEventSynchronize = [](d::CUevent) {
+    if (!t_current) return no_context();
     wait_for_the_work();
     ++g_fake->event_syncs;
     return g_fake->work_fails ? 719 : 0;  // CUDA_ERROR_LAUNCH_FAILED
@@ -257,6 +272,7 @@ d::Api fake_api() {
     return 0;
   };
   a.cuEventDestroy = [](d::CUevent e) {
+    if (!t_current) return no_context();
     {
       std::lock_guard lk(g_fake->streams_mu);
       g_fake->event_stream.erase(reinterpret_cast<uintptr_t>(e));
@@ -390,11 +406,17 @@ d::Api fake_api() {
     return 0;
   };
   a.cuMemCreate = [](d::CUmemHandle* h, size_t n, const d::MemAllocationProp* p, unsigned long long) {
+    if (g_fake->hold_create) {  // a caller stays inside the driver (and inside the pool's lock) until released
+      g_fake->in_create = true;
+      while (g_fake->hold_create) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     EXPECT_EQ(n % (size_t(2) << 20), 0u);
     EXPECT_EQ(p->type, d::kMemAllocationTypePinned);
     EXPECT_EQ(p->location.type, d::kMemLocationTypeDevice);
+    EXPECT_EQ(p->gpu_direct_rdma_capable, g_fake->rdma_supported ? 1 : 0);  // asked for exactly where supported
     {
       std::lock_guard lk(g_fake->mu);
+      g_fake->rdma_segments += p->gpu_direct_rdma_capable ? 1 : 0;
       if (g_fake->device_limit && g_fake->vmm_bytes() + n > g_fake->device_limit) return 2;
     }
     const int fd = memfd_create("fake-vmm", MFD_CLOEXEC);
@@ -457,7 +479,7 @@ d::Api fake_api() {
     std::lock_guard lk(g_fake->mu);
     auto it = g_fake->vmm.find(h);
     if (it == g_fake->vmm.end()) return 1;
-    *static_cast<int*>(out) = fcntl(it->second.first, F_DUPFD_CLOEXEC, 0);
+    *static_cast<int*>(out) = ::dup(it->second.first);  // (no FD_CLOEXEC: the real driver does not promise it)
     return 0;
   };
   a.cuMemImportFromShareableHandle = [](d::CUmemHandle* h, void* os, int type) {
@@ -933,6 +955,9 @@ TEST_F(FakeDriver, PoolReusesBlocksInStreamOrder) {
     EXPECT_EQ(again.stream(), std::optional<intptr_t>(2));
     EXPECT_GE(g_fake->stream_waits, 1);
   }
+  // This thread has no context current between calls: the pool's event calls were refused for it and made again
+  // under the device's context (with_context), and nothing leaked for it.
+  EXPECT_GT(g_fake->no_context_refusals, 0);
   expect_no_leaks();
 }
 
@@ -1049,6 +1074,75 @@ TEST_F(FakeDriver, PoolsGiveTheirCacheBackWhenTheDriverRunsOutOfMemory) {
 }
 
 // A cached block whose last work failed may still be written by it: giving the cache back keeps its segment.
+// Memory that may cross processes or land network data: its exported fd does not leak into a child started with
+// fork + exec, and its segments ask for GPUDirect RDMA where the device offers it (the fake checks every cuMemCreate
+// asks for it exactly then).
+TEST_F(FakeDriver, ExportedFdsAreCloseOnExecAndSegmentsAskForGpuDirectRdmaWhereTheDeviceHasIt) {
+  g_fake->rdma_supported = true;  // (before the first allocation: a pool asks once)
+  const tw::DeviceRuntime& rt = tw::device_runtime();
+  {
+    tw::DeviceExport e = rt.allocate_exportable(Device::cuda(0), 1000);
+    ASSERT_EQ(e.kind, tw::DeviceExport::Kind::vmm);
+    ASSERT_GE(e.fd, 0);
+    EXPECT_NE(::fcntl(e.fd, F_GETFD) & FD_CLOEXEC, 0);
+    ::close(e.fd);
+    EXPECT_EQ(g_fake->rdma_segments, 1);
+    Tensor big = Tensor::empty({3 << 20}, DType::uint8(), Device::cuda(0));  // a pool segment of its own
+    EXPECT_EQ(g_fake->rdma_segments, 2);
+    tw::DeviceExport p = rt.export_memory(Device::cuda(0), reinterpret_cast<uintptr_t>(big.data_ptr()),
+                                          static_cast<uint64_t>(big.nbytes()));
+    ASSERT_EQ(p.kind, tw::DeviceExport::Kind::vmm) << p.why;
+    EXPECT_NE(::fcntl(p.fd, F_GETFD) & FD_CLOEXEC, 0);
+    ::close(p.fd);
+  }
+  expect_no_leaks();
+}
+
+// A fork()ed child of a process that uses CUDA cannot use it (the real driver fails every call there): it is told
+// so in words, and a buffer of the parent's that dies in the child goes nowhere near the driver or the pool's lock
+// (which another thread of the parent may have held at the fork).
+TEST_F(FakeDriver, AForkedChildIsToldCudaIsUnusableAndLeavesTheParentsMemoryAlone) {
+  std::optional<Tensor> a = Tensor::empty({250}, DType::float32(), Device::cuda(0));
+  ASSERT_EQ(a->stream(), std::optional<intptr_t>(1));  // (so its return would record a free event)
+  // Another thread is inside the pool's lock at the fork: it allocates a new segment, and the driver holds it there.
+  g_fake->hold_create = true;
+  std::thread other([] { Tensor big = Tensor::empty({3 << 20}, DType::uint8(), Device::cuda(0)); });
+  while (!g_fake->in_create) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const pid_t pid = ::fork();
+  if (pid != 0) {
+    g_fake->hold_create = false;
+    other.join();
+  }
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::alarm(20);  // a hang is a failure, not a stuck test
+    int rc = 0;
+    const size_t events = g_fake->events.size();
+    if (tw::cuda::is_available() || tw::cuda::device_count() != 0) rc |= 1;
+    if (tw::cuda::status().find("fork()") == std::string::npos) rc |= 2;
+    try {
+      (void)Tensor::empty({4}, DType::float32(), Device::cuda(0));
+      rc |= 4;
+    } catch (const tw::Error& e) {
+      if (e.code() != ErrorCode::device_unavailable || std::string(e.what()).find("fork()") == std::string::npos)
+        rc |= 8;
+    }
+    if (tw::cuda::device_pool_stats(0).in_use_bytes != 0) rc |= 32;  // (nothing of the parent's is reported)
+    a.reset();
+    if (g_fake->events.size() != events) rc |= 16;
+    ::_exit(rc);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child ended with status " << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "bits: 1 available, 2 status, 4 allocated, 8 error, 16 touched the driver, "
+                                       "32 pool stats";
+  EXPECT_TRUE(tw::cuda::is_available());  // the parent is unaffected
+  a.reset();
+  Tensor b = Tensor::empty({250}, DType::float32(), Device::cuda(0));
+  EXPECT_EQ(b.device(), Device::cuda(0));
+}
+
 TEST_F(FakeDriver, ASegmentWhoseWorkFailedIsNeverGivenBack) {
   constexpr int64_t MiB = 1 << 20;
   g_fake->events_done = false;  // blocks come back with work still pending
