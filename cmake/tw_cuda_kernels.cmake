@@ -14,8 +14,9 @@
 #   TW_CUDA_KERNELS_BUILT  ON when that file holds the kernels, OFF when it holds the empty fatbin
 
 option(TW_WITH_CUDA_KERNELS "Build tensorwire's CUDA copy kernels with nvcc (needed at build time only)" ON)
-set(TW_CUDA_ARCHS "80;90" CACHE STRING
-    "SM architectures the CUDA kernels are compiled for (a ;-list such as 80;90): SASS for each, PTX for the highest")
+set(TW_CUDA_ARCHS "75;80;90" CACHE STRING
+    "SM architectures the CUDA kernels are compiled for, a ;-list (75;80;90: Turing, Ampere and the 8.x GPUs that run
+    its code, Hopper): SASS for each, PTX for the highest")
 set(TW_NVCC_FLAGS "" CACHE STRING "Extra nvcc flags for the CUDA kernels, a ;-list (e.g. -ccbin;/usr/bin/g++-12)")
 # A cache variable: -DTW_NVCC=/path/to/nvcc wins, else PATH, $CUDA_HOME / $CUDA_PATH and /usr/local/cuda.
 find_program(TW_NVCC NAMES nvcc
