@@ -259,6 +259,26 @@ CUcontext first_retained_context() noexcept {
   return nullptr;
 }
 
+std::vector<int> retained_devices() noexcept {
+  std::vector<int> out;
+  if (forked_child()) return out;
+  try {
+    std::lock_guard lk(g_ctx_mu);
+    for (size_t i = 0; i < g_ctx.size(); ++i)
+      if (g_ctx[i]) out.push_back(static_cast<int>(i));
+  } catch (...) {  // (out of memory: none)
+  }
+  return out;
+}
+
+int default_device() noexcept {
+  if (forked_child()) return 0;
+  std::lock_guard lk(g_ctx_mu);
+  for (size_t i = 0; i < g_ctx.size(); ++i)
+    if (g_ctx[i]) return static_cast<int>(i);
+  return 0;
+}
+
 CUcontext primary_context(int device) {
   const Api& a = api("CUDA context");
   std::lock_guard lk(g_ctx_mu);
@@ -352,8 +372,8 @@ std::string status() {
 std::optional<int> device_of_pointer(uintptr_t ptr) noexcept {
   if (!driver_available()) return std::nullopt;
   int ordinal = -1;
-  // (With unified addressing any context answers for any pointer; a thread with none current borrows cuda:0's.)
-  detail::CUresult r = detail::with_context(0, [&] {
+  // (With unified addressing any context answers for any pointer; a thread with none current borrows one.)
+  detail::CUresult r = detail::with_context(detail::default_device(), [&] {
     return driver().api.cuPointerGetAttribute(&ordinal, detail::kPointerAttrDeviceOrdinal, ptr);
   });
   if (r != 0 || ordinal < 0) return std::nullopt;
@@ -363,7 +383,7 @@ std::optional<int> device_of_pointer(uintptr_t ptr) noexcept {
 namespace {
 // Makes current, for one call, the context a stream lives in: a stream handle's own (the driver says which), else
 // the primary context of `device` for the default streams 1 and 2; with no device either, the calling thread's
-// current context, or cuda:0's on a thread that never touched CUDA (so the call does not fail with
+// current context, or default_device()'s on a thread that never touched CUDA (so the call does not fail with
 // INVALID_CONTEXT). An event is made in the current context and must be recorded on a stream of that same context.
 class StreamContext {
  public:
@@ -381,7 +401,7 @@ class StreamContext {
     if (a.cuCtxGetCurrent(&prev_) != 0) return;  // cannot tell what to restore: the call goes as it is
     if (!want) {
       if (prev_) return;
-      want = detail::primary_context(0);
+      want = detail::primary_context(detail::default_device());
     }
     if (want != prev_) {
       detail::check(a.cuCtxSetCurrent(want), "cuCtxSetCurrent");
@@ -399,12 +419,12 @@ class StreamContext {
   bool switched_ = false;
 };
 
-// Events are destroyed and waited for in any context; a thread with none current gets cuda:0's.
+// Events are destroyed and waited for in any context; a thread with none current gets default_device()'s.
 struct AnyContext {
   std::optional<detail::ContextGuard> guard;
   AnyContext() {
     detail::CUcontext c = nullptr;
-    if (driver().api.cuCtxGetCurrent(&c) != 0 || !c) guard.emplace(0);
+    if (driver().api.cuCtxGetCurrent(&c) != 0 || !c) guard.emplace(detail::default_device());
   }
 };
 }  // namespace

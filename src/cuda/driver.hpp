@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "tensorwire/device.hpp"
 
@@ -206,6 +207,12 @@ CUcontext primary_context(int device);
 /// The primary context of the lowest-numbered device tensorwire has used so far (retained), or null: never creates
 /// one.
 CUcontext first_retained_context() noexcept;
+/// The devices whose primary context tensorwire has retained, lowest first (empty before any use).
+std::vector<int> retained_devices() noexcept;
+/// Where work that any context can do goes (portable pinned memory, a thread with no context current): the
+/// lowest-numbered device already in use, else 0. A process that only uses cuda:1 never gets a context on cuda:0
+/// (memory there, and a failure where cuda:0 is prohibited or exclusive to another process).
+int default_device() noexcept;
 
 /// Throws Error(invalid_argument) when `stream` (a handle; 1 and 2 are the per-context defaults, always fine)
 /// belongs to a context other than cuda:`device`'s primary context.

@@ -85,7 +85,7 @@ Segment* Pool::new_segment(size_t bytes, size_t slot_size) {
   seg->size = bytes;
   seg->slot_size = slot_size;
   if (device_ < 0) {
-    ContextGuard g(0);  // portable pinned memory: any context will do
+    ContextGuard g(default_device());  // portable pinned memory: any context will do
     void* p = nullptr;
     check(a.cuMemHostAlloc(&p, bytes, kMemHostAllocPortable), "cuMemHostAlloc");
     seg->base = reinterpret_cast<uintptr_t>(p);
@@ -133,7 +133,7 @@ void Pool::free_segment(Segment* s) noexcept {
   const Api& a = driver().api;
   try {
     if (device_ < 0) {
-      ContextGuard g(0);
+      ContextGuard g(default_device());
       a.cuMemFreeHost(reinterpret_cast<void*>(s->base));
     } else {
       ContextGuard g(device_);

@@ -97,7 +97,9 @@ void synchronize(int device, intptr_t stream) {
 void host_wait(const Tensor& t) {
   if (t.device().type != kDLCUDAHost || !t.stream()) return;
   if (t.ready_event()) cuda::synchronize_event(t.ready_event());
-  else synchronize(0, *t.stream());
+  else if (*t.stream() != kLegacyStream && *t.stream() != kPerThreadStream) synchronize(default_device(), *t.stream());
+  else  // a default stream of a device the tensor does not name: each device in use
+    for (const int d : retained_devices()) synchronize(d, *t.stream());
 }
 
 void validate_pair(const Tensor& src, const Tensor& dst) {

@@ -62,6 +62,7 @@ struct Fake {
   std::map<uintptr_t, size_t> host_mem;    // live pinned allocations
   std::set<uintptr_t> events;
   int handles = 0;          // live VMM handles
+  std::atomic<int> retained[4] = {};  // cuDevicePrimaryCtxRetain calls per device
   std::atomic<bool> hold_create{false}, in_create{false};  // cuMemCreate waits while hold_create
   std::atomic<int> no_context_refusals{0};  // event calls refused for want of a current context
   bool rdma_supported = false;  // CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
@@ -209,6 +210,7 @@ d::Api fake_api() {
     return 0;
   };
   a.cuDevicePrimaryCtxRetain = [](d::CUcontext* c, d::CUdevice dev) {
+    ++g_fake->retained[dev];
     *c = &g_fake->ctx[dev];
     return 0;
   };
@@ -1098,6 +1100,27 @@ TEST_F(FakeDriver, ExportedFdsAreCloseOnExecAndSegmentsAskForGpuDirectRdmaWhereT
   expect_no_leaks();
 }
 
+// Work any context can do (portable pinned memory, event calls on a thread with no context current, waiting for a
+// pinned tensor's default stream) goes to a device already in use: a process that only uses cuda:1 never gets a
+// context on cuda:0.
+TEST_F(FakeDriver, AProcessThatUsesOnlyCuda1NeverMakesAContextOnCuda0) {
+  std::mt19937 rng(7);
+  {
+    Tensor host = random_host({64, 33}, DType::int32(), rng);
+    Tensor dev = host.to(Device::cuda(1));  // through pinned staging
+    Tensor pinned = host.pin();
+    Tensor t = dev.transpose(0, 1).contiguous();  // a kernel, and its scratch
+    Tensor back = dev.to(Device::cpu());
+    EXPECT_TRUE(same_values(back, host));
+    EXPECT_TRUE(same_values(pinned.to(Device::cuda(1)).to(Device::cpu()), host));
+    EXPECT_EQ(t.device(), Device::cuda(1));
+  }
+  tw::cuda::empty_cache();
+  EXPECT_GT(g_fake->retained[1].load(), 0);
+  EXPECT_EQ(g_fake->retained[0].load(), 0);
+  expect_no_leaks();
+}
+
 // A fork()ed child of a process that uses CUDA cannot use it (the real driver fails every call there): it is told
 // so in words, and a buffer of the parent's that dies in the child goes nowhere near the driver or the pool's lock
 // (which another thread of the parent may have held at the fork).
@@ -1301,7 +1324,8 @@ TEST_F(FakeDriver, StreamsFollowTheRules) {
 
 // An event belongs to the context current when it is made, and is recorded only on a stream of that context; the
 // default streams 1 and 2 are the current context's. So the context is chosen from the stream: a handle's own,
-// else the named device's, else the thread's current one, else cuda:0's.
+// else the named device's, else the thread's current one, else that of the lowest-numbered device in use (cuda:0's
+// when none is).
 TEST_F(FakeDriver, EventsAndWaitsHappenInTheStreamsOwnContext) {
   const auto ctx_of = [](void* ev) { return *static_cast<int*>(ev); };
   std::vector<void*> events;
@@ -1310,7 +1334,8 @@ TEST_F(FakeDriver, EventsAndWaitsHappenInTheStreamsOwnContext) {
   EXPECT_EQ(ctx_of(events.back()), 1);
   EXPECT_EQ(t_current, nullptr) << "the caller's context is left as it was";
   events.push_back(tw::cuda::record_event(tw::cuda::kPerThreadStream));
-  EXPECT_EQ(ctx_of(events.back()), 0);
+  EXPECT_EQ(ctx_of(events.back()), 1);  // cuda:1 is the device in use
+  EXPECT_EQ(g_fake->retained[0].load(), 0);
   events.push_back(tw::device_runtime().record_event(Device::cuda(1), tw::cuda::kPerThreadStream));
   EXPECT_EQ(ctx_of(events.back()), 1);
   t_current = &g_fake->ctx[1];
@@ -1324,7 +1349,7 @@ TEST_F(FakeDriver, EventsAndWaitsHappenInTheStreamsOwnContext) {
   tw::cuda::synchronize_stream(tw::cuda::kLegacyStream, 1);
   tw::cuda::synchronize_stream(tw::cuda::kLegacyStream);
   tw::device_runtime().synchronize_stream(Device::cuda(1), tw::cuda::kPerThreadStream);
-  EXPECT_EQ(g_fake->synced_in, (std::vector<int>{1, 0, 1}));
+  EXPECT_EQ(g_fake->synced_in, (std::vector<int>{1, 1, 1}));
   EXPECT_EQ(t_current, nullptr);
   for (void* e : events) tw::cuda::destroy_event(e);
   expect_no_leaks();
