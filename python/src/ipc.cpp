@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "convert.hpp"
@@ -261,6 +262,19 @@ nb::object recv(tw::Subscriber& s, nb::handle timeout_h) {
 
 }  // namespace
 
+// A listener other machines can reach, run on a UCX that a crafted packet aborts (before 1.18: Debian 12's 1.13;
+// README, "Security"): the user is told once per publisher, with the remedy.
+static std::string abortable_listener_warning(const std::string& address) {
+  const std::string version = tw::net::ucx_version();
+  unsigned major = 0, minor = 0;
+  if (std::sscanf(version.c_str(), "%u.%u", &major, &minor) != 2 || major != 1 || minor >= 18) return "";
+  const std::string host = address.substr(0, address.rfind(':'));
+  if (host.rfind("127.", 0) == 0 || host == "[::1]" || host == "localhost") return "";
+  return "tensorwire.Publisher listens on " + address + " with UCX " + version + " (" + tw::net::ucx_library() +
+         "), which aborts the whole process when crafted bytes reach its ports; install a UCX that does not "
+         "(pip install 'tensorwire[ucx]', the libucx wheel, is then used) or set TW_UCX_LIBRARY to one";
+}
+
 void register_ipc(nb::module_& m) {
   // Registered after the module's translator, so tried first: WouldBlockError is a tw::Error too.
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
@@ -312,8 +326,16 @@ void register_ipc(nb::module_& m) {
              if (token && token->empty()) throw nb::value_error("token must not be empty (omit it, or give a secret)");
              o.insecure = insecure;
              o.keepalive = keepalive_from(keepalive);
-             nb::gil_scoped_release nogil;
-             new (self) tw::Publisher(name, o);
+             std::string warn;
+             {
+               nb::gil_scoped_release nogil;
+               new (self) tw::Publisher(name, o);
+               if (!o.listen.empty()) warn = abortable_listener_warning(self->address());
+             }
+             if (!warn.empty() && PyErr_WarnEx(PyExc_RuntimeWarning, warn.c_str(), 1) < 0) {
+               self->~Publisher();  // warnings turned into errors: the publisher is not made
+               throw nb::python_error();
+             }
            },
            "name"_a, nb::kw_only(), "depth"_a = 8, "on_full"_a = "block", "max_metadata_bytes"_a = 64 * 1024,
            "max_buffers"_a = 1024, "pool_bytes"_a = size_t{2} << 30, "max_subscribers"_a = 256,

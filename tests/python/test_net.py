@@ -479,6 +479,48 @@ def test_hostile_bytes_on_every_listening_port_leave_the_publisher_serving(ucx_l
     assert "served [0, 1, 2, 3, 4]" in r.stdout and "served late [0, 1, 2]" in r.stdout, out
 
 
+_WARNS = """
+import sys, warnings, tensorwire as tw
+a_topic, b_topic = sys.argv[1], sys.argv[2]
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    a = tw.Publisher(a_topic, listen="0.0.0.0:0", insecure=True)
+    b = tw.Publisher(b_topic, listen="127.0.0.1:0")  # (loopback: never warned about)
+print("warnings", [str(x.message) for x in w if issubclass(x.category, RuntimeWarning)])
+a.close()
+warnings.simplefilter("error", RuntimeWarning)
+try:
+    tw.Publisher(a_topic, listen="0.0.0.0:0", insecure=True)
+    print("made")
+except RuntimeWarning:
+    print("raised")
+tw.Publisher(a_topic, listen="127.0.0.1:0")  # the topic is free: a publisher refused by the warning is undone
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("ucx_lib", [None, "libucp.so.0"], ids=["default-ucx", "system-ucx"])
+def test_a_reachable_listener_on_a_ucx_that_crafted_bytes_abort_is_warned_about(ucx_lib):
+    env = dict(os.environ)
+    env.pop("TW_UCX_LIBRARY", None)
+    if ucx_lib:
+        env["TW_UCX_LIBRARY"] = ucx_lib
+    r = subprocess.run([sys.executable, "-c", _WARNS, topic("warn-a"), topic("warn-b")], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    info = eval(subprocess.run([sys.executable, "-c", "import tensorwire as tw; print(tw._ext._ucx_info())"], env=env,
+                               capture_output=True, text=True, timeout=60, check=True).stdout)
+    abortable = tuple(int(x) for x in info["version"].split(".")[:2]) < (1, 18)
+    warned = eval(lines[0][len("warnings "):])
+    if abortable:
+        assert len(warned) == 1 and "0.0.0.0:" in warned[0] and info["version"] in warned[0], warned
+        assert "tensorwire[ucx]" in warned[0], warned
+        assert lines[1:] == ["raised", "ok"], lines
+    else:
+        assert warned == [] and lines[1:] == ["made", "ok"], lines
+
+
 def test_the_libucx_wheel_is_preferred_and_TW_UCX_LIBRARY_overrides_it():
     import importlib.util
 
