@@ -313,6 +313,10 @@ void check_stream(int device, intptr_t stream, const char* what) {
                 std::string(what) + ": stream 0 is ambiguous (legacy or per-thread default); pass 1 for the legacy "
                                     "default stream, 2 for the per-thread one, or a stream handle");
   if (stream < 0) throw Error(ErrorCode::invalid_argument, std::string(what) + ": " + std::to_string(stream) + " is not a stream");
+  if (stream < 4096)  // (a handle is the address of the driver's object, never in the first page; see policy.cpp)
+    throw Error(ErrorCode::invalid_argument, std::string(what) + ": " + std::to_string(stream) +
+                                                 " is neither 1 (legacy default), 2 (per-thread default) nor a stream "
+                                                 "handle");
   const Api& a = api(what);
   if (!a.cuStreamGetCtx) return;  // cannot tell: the driver will refuse a foreign stream itself
   CUcontext c = nullptr;

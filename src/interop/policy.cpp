@@ -186,6 +186,12 @@ Tensor import_interface(const InterfaceDesc& desc_in, std::shared_ptr<const void
                           "legacy and per-thread default streams); use 1, 2 or a stream handle");
     if (*desc.stream < 0)
       throw Error(ErrorCode::invalid_argument, proto + ": 'stream' " + std::to_string(*desc.stream) + " is not a stream");
+    // A stream handle is the address of the driver's object: never in the first page. Passed on, a value like 3 (a
+    // stream index mistaken for a handle) would reach the driver, which does not check handles (it may crash).
+    if (*desc.stream > 2 && *desc.stream < 4096)
+      throw Error(ErrorCode::invalid_argument, proto + ": 'stream' " + std::to_string(*desc.stream) +
+                                                   " is neither 1 (legacy default), 2 (per-thread default) nor a "
+                                                   "stream handle");
   }
   if (!desc.device) {
     // The CUDA Array Interface carries no device number: the driver knows it; otherwise the caller must say.

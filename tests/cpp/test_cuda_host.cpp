@@ -1305,6 +1305,8 @@ TEST_F(FakeDriver, StreamsFollowTheRules) {
   TW_EXPECT_ERROR_MSG(h.to(Device::cuda(0), intptr_t{0}), ErrorCode::invalid_argument, "stream 0 is ambiguous");
   TW_EXPECT_ERROR_MSG(h.to(Device::cuda(0), kForeignStream), ErrorCode::invalid_argument, "belongs to another device");
   TW_EXPECT_ERROR_MSG(h.to(Device::cuda(0), kBadStream), ErrorCode::invalid_argument, "not a valid CUDA stream");
+  TW_EXPECT_ERROR_MSG(h.to(Device::cuda(0), intptr_t{3}), ErrorCode::invalid_argument,
+                      "3 is neither 1 (legacy default), 2 (per-thread default) nor a stream handle");
   // A device tensor on stream A copied on stream B: B waits for A on the device, the host never waits.
   Tensor a = h.to(Device::cuda(0), intptr_t{2});
   const int waits = g_fake->stream_waits, syncs = g_fake->syncs;

@@ -575,6 +575,20 @@ def test_final_error_lists_every_refusal():
     assert msg.count("\n  - ") == 3, msg
 
 
+class CaiStream:
+    def __init__(self, stream):
+        self.__cuda_array_interface__ = {"version": 3, "shape": (2,), "typestr": "<f4", "data": (0xDEAD0000, False),
+                                         "stream": stream}
+
+
+@pytest.mark.parametrize("stream", [3, 7, 4095])
+def test_a_cuda_array_interface_stream_that_cannot_be_a_handle_is_refused_before_the_driver(stream):
+    # A handle is the address of the driver's stream object, never in the first page; the driver does not check
+    # handles, so a stream index passed as one (3) must never reach it.
+    with pytest.raises(ValueError, match=f"'stream' {stream} is neither 1 .* nor a stream handle"):
+        tw.asarray(CaiStream(stream), device="cuda:0")
+
+
 def test_write_through_import_is_visible():
     a = np.arange(8, dtype=np.uint16)
     t = tw.asarray(a)
