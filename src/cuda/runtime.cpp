@@ -98,8 +98,11 @@ void host_wait(const Tensor& t) {
   if (t.device().type != kDLCUDAHost || !t.stream()) return;
   if (t.ready_event()) cuda::synchronize_event(t.ready_event());
   else if (*t.stream() != kLegacyStream && *t.stream() != kPerThreadStream) synchronize(default_device(), *t.stream());
-  else  // a default stream of a device the tensor does not name: each device in use
-    for (const int d : retained_devices()) synchronize(d, *t.stream());
+  else {  // a default stream of a device the tensor does not name: that of each device in use (cuda:0 before any)
+    std::vector<int> devices = retained_devices();
+    if (devices.empty()) devices.push_back(0);
+    for (const int d : devices) synchronize(d, *t.stream());
+  }
 }
 
 void validate_pair(const Tensor& src, const Tensor& dst) {
