@@ -52,7 +52,7 @@ typedef enum {
 /* The C ABI's version: TW_ABI_VERSION_MAJOR changes when a declaration here changes incompatibly; MINOR when
    functions or trailing fields of size-versioned structs are added. */
 #define TW_ABI_VERSION_MAJOR 1
-#define TW_ABI_VERSION_MINOR 3
+#define TW_ABI_VERSION_MINOR 4
 /* (major << 16) | minor of the linked library: a binding checks the major equals the one it was written for. */
 uint32_t tw_abi_version(void);
 /* "MAJOR.MINOR.PATCH" of the linked library. */
@@ -360,6 +360,18 @@ tw_status tw_publisher_send_with(tw_publisher* p, const tw_tensor* t, const tw_s
    (NUL-terminated, truncated to len - 1; buf may be NULL to ask the length); "" without listen. Returns its
    length. */
 size_t tw_publisher_address(const tw_publisher* p, char* buf, size_t len);
+/* The UCX behind listen and connect (ABI 1.4; <tensorwire/net.hpp>), loaded on first use: the library
+   TW_UCX_LIBRARY names, else one the process already loaded, else the one tw_prefer_ucx_library gave, else
+   libucp.so.0 from the library path. Its file and its version ("major.minor.release"), written like
+   tw_publisher_address ("" when none can be loaded; tw_cuda_status-like text of why in tw_ucx_unavailable_reason,
+   "" when it can be used). Each returns the text's length. */
+size_t tw_ucx_library(char* buf, size_t len);
+size_t tw_ucx_version(char* buf, size_t len);
+size_t tw_ucx_unavailable_reason(char* buf, size_t len);
+/* Prefers `path` (a libucp.so to load) over the library path's UCX: 1 when taken, 0 once UCX is loaded (too late:
+   nothing changes) or when path is NULL. UCX older than 1.18 (Debian 12's 1.13) aborts the whole process when
+   crafted bytes reach its listening ports; the libucx wheels' does not (README, "Security"). */
+int tw_prefer_ucx_library(const char* path);
 size_t tw_publisher_subscriber_count(const tw_publisher* p);
 uint64_t tw_publisher_dropped(const tw_publisher* p);
 int tw_publisher_closed(const tw_publisher* p);

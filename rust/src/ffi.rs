@@ -87,8 +87,8 @@ pub const TW_END_OF_STREAM: tw_status = 14;
 /// The C ABI major version this crate was written for.
 pub const TW_ABI_VERSION_MAJOR: u32 = 1;
 /// The minor version whose declarations this file mirrors (1.2: listen/connect/token, tw_publisher_address,
-/// loans on a device, per-send options; 1.3: tw_tensor_transport).
-pub const TW_ABI_VERSION_MINOR: u32 = 3;
+/// loans on a device, per-send options; 1.3: tw_tensor_transport; 1.4: which UCX, tw_ucx_*).
+pub const TW_ABI_VERSION_MINOR: u32 = 4;
 
 pub const TW_COPY_IF_NEEDED: i32 = 0;
 pub const TW_COPY_ALWAYS: i32 = 1;
@@ -336,6 +336,10 @@ extern "C" {
         delivered: *mut usize,
     ) -> tw_status;
     pub fn tw_publisher_address(p: *const tw_publisher, buf: *mut c_char, len: usize) -> usize;
+    pub fn tw_ucx_library(buf: *mut c_char, len: usize) -> usize;
+    pub fn tw_ucx_version(buf: *mut c_char, len: usize) -> usize;
+    pub fn tw_ucx_unavailable_reason(buf: *mut c_char, len: usize) -> usize;
+    pub fn tw_prefer_ucx_library(path: *const c_char) -> c_int;
     pub fn tw_publisher_subscriber_count(p: *const tw_publisher) -> usize;
     pub fn tw_publisher_dropped(p: *const tw_publisher) -> u64;
     pub fn tw_publisher_closed(p: *const tw_publisher) -> c_int;

@@ -67,6 +67,48 @@ pub fn version() -> String {
     unsafe { std::ffi::CStr::from_ptr(ffi::tw_version()) }.to_string_lossy().into_owned()
 }
 
+/// Text the C ABI writes into a caller's buffer (`f(buf, len)` returns its full length): None when empty.
+fn c_text(f: impl Fn(*mut std::os::raw::c_char, usize) -> usize) -> Option<String> {
+    let n = f(std::ptr::null_mut(), 0);
+    if n == 0 {
+        return None;
+    }
+    let mut buf = vec![0u8; n + 1];
+    let m = f(buf.as_mut_ptr().cast(), buf.len());
+    buf.truncate(m.min(n));
+    Some(String::from_utf8_lossy(&buf).into_owned())
+}
+
+/// Which UCX carries `listen` / `connect` (loaded on first use): `TW_UCX_LIBRARY`, else one the process already
+/// loaded, else the one [`prefer_ucx_library`] gave, else `libucp.so.0` from the library path.
+pub mod net {
+    use std::ffi::CString;
+
+    /// The file of the UCX in use; None when none can be loaded ([`ucx_unavailable_reason`] says why).
+    pub fn ucx_library() -> Option<String> {
+        // SAFETY: the library writes at most `len` bytes into `buf`, or only returns the length for a null one.
+        super::c_text(|buf, len| unsafe { crate::ffi::tw_ucx_library(buf, len) })
+    }
+    /// Its version, "major.minor.release".
+    pub fn ucx_version() -> Option<String> {
+        // SAFETY: as above.
+        super::c_text(|buf, len| unsafe { crate::ffi::tw_ucx_version(buf, len) })
+    }
+    /// Why `listen` / `connect` cannot be used; None when they can.
+    pub fn ucx_unavailable_reason() -> Option<String> {
+        // SAFETY: as above.
+        super::c_text(|buf, len| unsafe { crate::ffi::tw_ucx_unavailable_reason(buf, len) })
+    }
+    /// Prefers `path` (a libucp.so) over the library path's UCX, e.g. the libucx wheel's: UCX before 1.18 (Debian
+    /// 12's 1.13) aborts the whole process on crafted bytes sent to its listening ports. False once UCX is loaded
+    /// (too late: nothing changes) or for a path with a NUL byte.
+    pub fn prefer_ucx_library(path: &str) -> bool {
+        let Ok(c) = CString::new(path) else { return false };
+        // SAFETY: a NUL-terminated string that outlives the call (the library copies it).
+        unsafe { crate::ffi::tw_prefer_ucx_library(c.as_ptr()) != 0 }
+    }
+}
+
 /// Refuses a linked C ABI whose major version differs from the one this crate declares.
 pub(crate) fn check_abi() -> Result<()> {
     static ABI: OnceLock<u32> = OnceLock::new();

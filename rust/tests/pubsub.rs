@@ -333,6 +333,26 @@ fn python_publisher_to_rust_subscriber() {
 }
 
 #[test]
+fn the_ucx_in_use_is_named_and_a_late_preference_is_refused() {
+    match tensorwire::net::ucx_unavailable_reason() {
+        Some(why) => {
+            assert!(tensorwire::net::ucx_version().is_none(), "no usable UCX, yet a version: {why}");
+            eprintln!("skipped: UCX cannot run here: {why}");
+        }
+        None => {
+            let lib = tensorwire::net::ucx_library().expect("a usable UCX has a file");
+            assert!(lib.contains("libucp"), "{lib}");
+            let version = tensorwire::net::ucx_version().expect("and a version");
+            let parts: Vec<u32> = version.split('.').map(|p| p.parse().expect("numeric")).collect();
+            assert!(parts.len() == 3 && parts[0] == 1 && parts[1] >= 12, "{version}");
+            assert!(!tensorwire::net::prefer_ucx_library("/nonexistent/libucp.so.0"), "UCX is loaded: too late");
+            assert!(!tensorwire::net::prefer_ucx_library("a\0b"));
+            assert_eq!(tensorwire::net::ucx_library().as_deref(), Some(lib.as_str()));
+        }
+    }
+}
+
+#[test]
 fn across_machines_over_loopback_ucx_with_a_token() {
     let topic = common::topic("remote");
     // Reachable from other machines without a token or `insecure`: refused, naming why.

@@ -799,6 +799,24 @@ size_t tw_publisher_address(const tw_publisher* p, char* buf, size_t len) {
   return string_out(buf, len, [p] { return p ? p->p.address() : std::string(); });
 }
 
+size_t tw_ucx_library(char* buf, size_t len) {
+  return string_out(buf, len, [] { return tw::net::ucx_library(); });
+}
+size_t tw_ucx_version(char* buf, size_t len) {
+  return string_out(buf, len, [] { return tw::net::ucx_version(); });
+}
+size_t tw_ucx_unavailable_reason(char* buf, size_t len) {
+  return string_out(buf, len, [] { return tw::net::ucx_unavailable_reason(); });
+}
+int tw_prefer_ucx_library(const char* path) {
+  if (!path) return 0;
+  try {
+    return tw::net::prefer_ucx_library(path) ? 1 : 0;
+  } catch (...) {  // (out of memory)
+    return 0;
+  }
+}
+
 size_t tw_publisher_subscriber_count(const tw_publisher* p) {
   if (!p) return 0;
   try {

@@ -670,6 +670,24 @@ TEST(CApi, SubscriberOnADeviceAndBadDevices) {
   tw_subscriber_free(s);
 }
 
+TEST(CApi, TheUcxInUseIsNamedAndAPreferenceAfterLoadingIsRefused) {
+  char reason[512];
+  const size_t why = tw_ucx_unavailable_reason(reason, sizeof reason);
+  EXPECT_EQ(why, std::strlen(reason));
+  if (why != 0) GTEST_SKIP() << "UCX cannot run here: " << reason;
+  const size_t n = tw_ucx_library(nullptr, 0);
+  ASSERT_GT(n, 0u);
+  std::string lib(n, '\0');
+  EXPECT_EQ(tw_ucx_library(lib.data(), n + 1), n);
+  EXPECT_EQ(lib, tw::net::ucx_library());
+  char version[8];  // too small for "1.13.1": truncated, NUL-terminated, the full length returned
+  const size_t vn = tw_ucx_version(version, sizeof version);
+  EXPECT_EQ(vn, tw::net::ucx_version().size());
+  EXPECT_EQ(std::string(version), tw::net::ucx_version().substr(0, sizeof version - 1));
+  EXPECT_EQ(tw_prefer_ucx_library("/nonexistent/libucp.so.0"), 0);  // UCX is loaded: too late
+  EXPECT_EQ(tw_prefer_ucx_library(nullptr), 0);
+}
+
 TEST(CApi, RemotePublishSubscribeOverLoopback) {
   if (const std::string why = tw::net_detail::ucx_unavailable_reason(); !why.empty())
     GTEST_SKIP() << "UCX cannot run here: " << why;
