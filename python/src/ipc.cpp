@@ -271,8 +271,9 @@ static std::string abortable_listener_warning(const std::string& address) {
   const std::string host = address.substr(0, address.rfind(':'));
   if (host.rfind("127.", 0) == 0 || host == "[::1]" || host == "localhost") return "";
   return "tensorwire.Publisher listens on " + address + " with UCX " + version + " (" + tw::net::ucx_library() +
-         "), which aborts the whole process when crafted bytes reach its ports; install a UCX that does not "
-         "(pip install 'tensorwire[ucx]', the libucx wheel, is then used) or set TW_UCX_LIBRARY to one";
+         "), which aborts the whole process when crafted bytes reach its ports; use UCX 1.18 or later: pip install "
+         "'tensorwire[ucx]' (the libucx wheel is then preferred, unless TW_UCX_LIBRARY names another or the process "
+         "loaded a UCX before tensorwire did) or set TW_UCX_LIBRARY to one";
 }
 
 void register_ipc(nb::module_& m) {
@@ -330,10 +331,16 @@ void register_ipc(nb::module_& m) {
              {
                nb::gil_scoped_release nogil;
                new (self) tw::Publisher(name, o);
-               if (!o.listen.empty()) warn = abortable_listener_warning(self->address());
+               try {
+                 if (!o.listen.empty()) warn = abortable_listener_warning(self->address());
+               } catch (...) {  // (out of memory: no warning; the publisher stands)
+               }
              }
              if (!warn.empty() && PyErr_WarnEx(PyExc_RuntimeWarning, warn.c_str(), 1) < 0) {
-               self->~Publisher();  // warnings turned into errors: the publisher is not made
+               {
+                 nb::gil_scoped_release nogil;  // (closing may wait for the net thread)
+                 self->~Publisher();  // warnings turned into errors: the publisher is not made
+               }
                throw nb::python_error();
              }
            },

@@ -414,6 +414,9 @@ std::optional<intptr_t> parse_stream(nb::handle h) {
     throw tw::Error(tw::ErrorCode::invalid_argument, "stream 0 is ambiguous (the legacy or the per-thread default "
                                                      "stream); pass 1 (legacy), 2 (per-thread) or a stream handle");
   if (x < 0) throw tw::Error(tw::ErrorCode::invalid_argument, "stream " + std::to_string(x) + " is not a stream");
+  if (x > 2 && x < 4096)  // (a handle is the address of the driver's object, never in the first page)
+    throw tw::Error(tw::ErrorCode::invalid_argument, "stream " + std::to_string(x) + " is neither 1 (legacy default), "
+                                                     "2 (per-thread default) nor a stream handle");
   return static_cast<intptr_t>(x);
 }
 

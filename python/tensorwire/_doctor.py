@@ -258,8 +258,8 @@ def render(d: dict[str, Any]) -> str:
     lines.append(f"huge pages:      THP {_shown(hp, 'transparent')}; shmem THP {_shown(hp, 'shmem_transparent')}; "
                  f"reserved {reserved}")
     u = d["ucx"]
-    lines.append("UCX:             " + (f"{u['version']} ({u['library']})" if u["present"] else
-                                         f"not usable — {u['why']}") + (f"; {u['warning']}" if u.get("warning") else ""))
+    lines.append("UCX:             " + (f"{u['version']} ({u['library']})" if u["present"] else "not usable")
+                 + (f" — {u['why']}" if u.get("why") else "") + (f"; {u['warning']}" if u.get("warning") else ""))
     return "\n".join(lines)
 
 

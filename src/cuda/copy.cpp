@@ -42,6 +42,7 @@ const bool g_registered = (register_reset(&reset_pending), true);
 
 void poll_pending() noexcept {
   (void)g_registered;
+  if (forked_child()) return;  // (the parent's work and lock: driver.hpp)
   std::vector<Pending> done;
   std::vector<bool> ok;  // the work succeeded: its scratch blocks are free of it
   {
@@ -88,6 +89,7 @@ void hold(int device, intptr_t stream, std::vector<std::shared_ptr<Buffer>> keep
 }
 
 void wait_all_pending() {
+  if (forked_child()) return;
   std::deque<Pending> all;
   {
     std::lock_guard lk(g_pending_mu);

@@ -392,6 +392,9 @@ namespace {
 class StreamContext {
  public:
   StreamContext(intptr_t stream, int device) {
+    if (stream <= 0 || (stream > kPerThreadStream && stream < 4096))  // (never a handle: see check_stream)
+      throw Error(ErrorCode::invalid_argument, std::to_string(stream) + " is neither 1 (legacy default), 2 "
+                                                                       "(per-thread default) nor a stream handle");
     const detail::Api& a = driver().api;
     detail::CUcontext want = nullptr;
     if (stream != kLegacyStream && stream != kPerThreadStream && a.cuStreamGetCtx) {

@@ -107,6 +107,10 @@ std::shared_ptr<void> imported_owner(std::shared_ptr<void> inner, int device, ui
   }
   void* p = inner.get();
   return std::shared_ptr<void>(p, [inner = std::move(inner), base](void*) mutable {
+    if (forked_child()) {  // the parent's mapping and lock (driver.hpp): left as they are
+      new std::shared_ptr<void>(std::move(inner));
+      return;
+    }
     {
       State& s2 = state();
       std::lock_guard lk(s2.mu);
@@ -118,6 +122,7 @@ std::shared_ptr<void> imported_owner(std::shared_ptr<void> inner, int device, ui
 
 // Whether `ptr` lies in memory mapped here from another process (State::imported).
 bool is_imported(int device, uintptr_t ptr) {
+  if (forked_child()) return false;
   State& st = state();
   std::lock_guard lk(st.mu);
   auto it = st.imported.upper_bound(ptr);
@@ -383,6 +388,7 @@ DeviceImport open_memory(DeviceExport::Kind kind, const std::array<uint8_t, 16>&
                                                    "): a forged or stale handle, or memory that was freed");
     }
     opened = std::shared_ptr<void>(reinterpret_cast<void*>(p), [device, handle](void* q) {
+      if (forked_child()) return;  // the parent's mapping and lock (driver.hpp)
       State& s2 = state();
       // (Between the last owner going and this lock, an open_memory may have found the entry expired and opened
       // the handle again: then the entry, and the record of its mapping if the driver gave the same address, are

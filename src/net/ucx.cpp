@@ -50,6 +50,9 @@ const Loaded& loaded() {
       h = ::dlopen(env, RTLD_NOW | RTLD_LOCAL);
       if (!h) {
         r.error = std::string("TW_UCX_LIBRARY='") + env + "' cannot be loaded: " + dl_error("not found");
+        if (::dlopen("libucs.so.0", RTLD_NOW | RTLD_NOLOAD) || ::dlopen("libucp.so.0", RTLD_NOW | RTLD_NOLOAD))
+          r.error += " (this process already loaded another UCX, whose libraries it would have mixed with: load "
+                     "the one TW_UCX_LIBRARY names before anything else does, or unset it)";
         return r;
       }
     } else {

@@ -1,7 +1,7 @@
 // ucx.hpp (private) — UCX, loaded at run time with dlopen: tensorwire has no link-time dependency on it (a wheel
 // works where UCX is absent, and UCX keeps loading its transport modules from its own directory). Which library:
-// TW_UCX_LIBRARY, else tw::net::prefer_ucx_library()'s (the Python package names the libucx wheel's), else
-// "libucp.so.0" from the library path. Compiled against Debian's libucx-dev headers (API 1.x); functions are
+// TW_UCX_LIBRARY, else a UCX the process already loaded, else tw::net::prefer_ucx_library()'s (the Python package
+// names the libucx wheel's), else "libucp.so.0" from the library path. Compiled against Debian's libucx-dev headers (API 1.x); functions are
 // resolved once, by name, on first use.
 #pragma once
 

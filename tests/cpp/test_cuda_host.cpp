@@ -1343,6 +1343,8 @@ TEST_F(FakeDriver, EventsAndWaitsHappenInTheStreamsOwnContext) {
   t_current = &g_fake->ctx[1];
   events.push_back(tw::cuda::record_event(tw::cuda::kLegacyStream));
   EXPECT_EQ(ctx_of(events.back()), 1);
+  TW_EXPECT_ERROR_MSG(tw::cuda::record_event(intptr_t{3}, 1), ErrorCode::invalid_argument,
+                      "3 is neither 1 (legacy default), 2 (per-thread default) nor a stream handle");
   events.push_back(tw::cuda::record_event(kForeignStream, 1));  // a handle: its own context, whatever the device
   EXPECT_EQ(ctx_of(events.back()), kForeignCtx);
   EXPECT_EQ(t_current, &g_fake->ctx[1]);

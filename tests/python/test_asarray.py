@@ -589,6 +589,12 @@ def test_a_cuda_array_interface_stream_that_cannot_be_a_handle_is_refused_before
         tw.asarray(CaiStream(stream), device="cuda:0")
 
 
+@pytest.mark.parametrize("stream", [3, 4095])
+def test_a_stream_argument_that_cannot_be_a_handle_is_refused(stream):
+    with pytest.raises(ValueError, match=f"stream {stream} is neither 1 .* nor a stream handle"):
+        tw.asarray(np.ones(3)).to("cpu", stream=stream)
+
+
 def test_write_through_import_is_visible():
     a = np.arange(8, dtype=np.uint16)
     t = tw.asarray(a)

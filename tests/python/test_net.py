@@ -463,6 +463,7 @@ def test_hostile_bytes_on_every_listening_port_leave_the_publisher_serving(ucx_l
     probe = subprocess.run([sys.executable, "-c", "import tensorwire as tw; i = tw._ext._ucx_info(); "
                             "print(i['version'] or '', i['why'] or '', sep='|')"],
                            env=env, capture_output=True, text=True, timeout=60)
+    assert probe.returncode == 0 and "|" in probe.stdout, probe.stdout + probe.stderr
     version, why = probe.stdout.strip().split("|", 1)
     if not version:
         if ucx_lib is None:
@@ -472,6 +473,12 @@ def test_hostile_bytes_on_every_listening_port_leave_the_publisher_serving(ucx_l
                        text=True, timeout=180)
     out = r.stdout + r.stderr
     major, minor = (int(x) for x in version.split(".")[:2])
+    if r.returncode != 0 and _UCX_113_ABORT.search(out) and (major, minor) < (1, 18) and ucx_lib is None:
+        import importlib.util
+
+        if importlib.util.find_spec("libucx") is None:  # (make venv installs it: then this must serve)
+            pytest.skip(f"the default UCX here is {version}, which aborts on crafted bytes, and the libucx wheel "
+                        "that tensorwire would prefer is not installed (pip install 'tensorwire[ucx]')")
     if r.returncode != 0 and _UCX_113_ABORT.search(out) and (major, minor) < (1, 18) and ucx_lib == "libucp.so.0":
         pytest.xfail(f"the system's UCX {version} aborts on crafted bytes sent to its listening ports (an "
                      "assertion in its TCP code, before tensorwire is involved); tensorwire prefers the libucx wheel")
