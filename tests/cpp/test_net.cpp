@@ -450,40 +450,83 @@ TEST(NetPubSub, ASpinningReceiverKeepsTheNetThreadOffTheWorkerAndABlockedOneBrin
   ASSERT_TRUE(wait_for([&] { return pub.remote_subscriber_count() == 1; }));
   Engine& engine = Engine::get();
   std::atomic<int> taken{0};
+  std::atomic<bool> stop{false};
   // One message in flight: the sender waits until the last was taken, then pauses (so the receiver polls and finds
-  // nothing a few times) before the next.
+  // nothing a few times) before the next. It stops before message n, or when told to.
   const auto sender = [&](int n, std::chrono::microseconds pause) {
     for (int i = 0; i < n; ++i) {
       const auto until = std::chrono::steady_clock::now() + 10s;
-      while (taken.load() < i && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+      while (taken.load() < i && !stop.load() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+      if (stop.load()) break;
       std::this_thread::sleep_for(pause);
       Tensor t = pub.loan({4}, DType::int64(), 5s);
       t.data<int64_t>()[0] = i;
       pub.send(std::move(t), {}, 5s);
     }
   };
-  constexpr int kSpun = 400;
-  taken = 0;
-  const uint64_t before = engine.event_sleeps();
-  std::thread a(sender, kSpun, 50us);
-  for (int i = 0; i < kSpun; ++i) {
+  // The hint lapses whenever this thread stops polling for longer than the engine's spin gap (1 ms): on a loaded
+  // machine (ctest -j, a build beside it) the scheduler takes it off its core that long now and then, and the net
+  // thread rightly goes back to the worker's events each time (and once more as it comes back). So the engine's sleeps
+  // are counted per message, and only the messages during which this thread and the one before kept polling are
+  // judged: with the hint working they cost no sleep; without it, about two each, loaded or not.
+  constexpr int kClean = 200;
+  constexpr int kMost = 4000;
+  int clean = 0;
+  uint64_t clean_sleeps = 0;
+  int received = 0;
+  bool lapsed_before = true;  // (the first message's window starts at the send of the one before: not judged)
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  std::thread a(sender, kMost, 50us);
+  struct Join {  // (an ASSERT below returns early: the sender is stopped and joined, never left running)
+    std::atomic<bool>& stop;
+    std::thread& t;
+    ~Join() {
+      stop = true;
+      if (t.joinable()) t.join();
+    }
+  } join_a{stop, a};
+  uint64_t sleeps = engine.event_sleeps();
+  auto last_poll = std::chrono::steady_clock::now();
+  for (int i = 0; i < kMost; ++i) {
     std::optional<Tensor> r;
+    bool lapsed = false;
     const auto until = std::chrono::steady_clock::now() + 10s;
-    while (!(r = sub.recv(0ns)) && std::chrono::steady_clock::now() < until) {
+    for (;;) {
+      r = sub.recv(0ns);
+      const auto now = std::chrono::steady_clock::now();
+      lapsed = lapsed || now - last_poll > 1ms;
+      last_poll = now;
+      if (r || now >= until) break;
     }
     ASSERT_TRUE(r) << i;
     EXPECT_EQ(static_cast<const int64_t*>(r->data_ptr())[0], i);
+    const uint64_t now_sleeps = engine.event_sleeps();
+    if (!lapsed && !lapsed_before) {
+      ++clean;
+      clean_sleeps += now_sleeps - sleeps;
+    }
+    sleeps = now_sleeps;
+    lapsed_before = lapsed;
+    received = i + 1;
+    if (clean >= kClean || std::chrono::steady_clock::now() >= deadline) stop = true;
     taken = i + 1;
+    if (stop) break;
   }
+  stop = true;
   a.join();
-  const uint64_t spun = engine.event_sleeps() - before;
-  EXPECT_LT(spun, uint64_t{kSpun / 4}) << "the net thread slept on the worker's events " << spun << " times in "
-                                       << kSpun << " messages received by a spinning caller";
+  const bool judged = clean >= kClean / 10;
+  if (judged) {
+    EXPECT_LT(clean_sleeps, static_cast<uint64_t>(clean / 4))
+        << "the net thread slept on the worker's events " << clean_sleeps << " times in " << clean << " of "
+        << received << " messages received by a caller that kept spinning";
+  }
 
   constexpr int kBlocked = 20;
   taken = 0;
+  stop = false;
   const uint64_t before_blocked = engine.event_sleeps();
   std::thread b(sender, kBlocked, 2000us);
+  Join join_b{stop, b};
   for (int i = 0; i < kBlocked; ++i) {
     auto r = sub.recv(5s);  // waits for the net thread to land it
     ASSERT_TRUE(r) << i;
@@ -493,6 +536,11 @@ TEST(NetPubSub, ASpinningReceiverKeepsTheNetThreadOffTheWorkerAndABlockedOneBrin
   b.join();
   EXPECT_GE(engine.event_sleeps() - before_blocked, 1u) << "a blocked receiver's messages were landed, but the "
                                                             "net thread never watched the worker for them";
+  if (!judged) {
+    GTEST_SKIP() << "the spin hint was not judged: this machine kept the receiving thread off its core for over 1 ms "
+                    "around all but "
+                 << clean << " of " << received << " messages";
+  }
 }
 
 // Over TCP tensorwire packs strided loan views (faster there); TW_NET_IOV=1 forces the iov of runs, as an RDMA or
