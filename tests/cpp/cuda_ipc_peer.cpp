@@ -85,6 +85,9 @@ int publish_side(const std::string& topic, int64_t nbytes) {
   o.stream = 1;  // the copy's stream: the subscriber waits on its event
   o.timeout = std::chrono::seconds(20);
   if (pub.send(std::move(loan), o) != 1) throw std::runtime_error("the message reached no subscriber");
+  // The copy and the interprocess event recorded after it done before the test may kill this process: what the
+  // killed-publisher test checks is that a finished message outlives its publisher, not a half-written one.
+  tw::device_runtime().synchronize_stream(tw::Device::cuda(0), 1);
   say("SENT");
   sleep_until_killed();
 }

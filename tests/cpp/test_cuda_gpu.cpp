@@ -416,6 +416,9 @@ TEST(CudaPin, KeepsShapeStridesMetadata) {
 TEST(CudaPool, DeviceBlockFreedAndAskedForAgainIsAHit) {
   TW_NEED_CUDA();
   const Shape shape{3, 1 << 18};  // 3 MiB of float32
+  // (earlier tests' copies may still hold blocks, released at the next allocation: all of them back first, so that
+  // `before` counts only what stays)
+  tw::cuda::empty_cache();
   const tw::cuda::PoolStats before = tw::cuda::device_pool_stats(0);
   {
     const Tensor a = Tensor::empty(shape, DType::float32(), Device::cuda(0));
@@ -438,6 +441,9 @@ TEST(CudaPool, DeviceBlockFreedAndAskedForAgainIsAHit) {
 TEST(CudaPool, PinnedBlockFreedAndAskedForAgainIsAHit) {
   TW_NEED_CUDA();
   const Shape shape{1 << 20};
+  // (earlier tests' copies may still hold blocks, released at the next allocation: all of them back first, so that
+  // `before` counts only what stays)
+  tw::cuda::empty_cache();
   const tw::cuda::PoolStats before = tw::cuda::pinned_pool_stats();
   {
     const Tensor a = Tensor::empty(shape, DType::uint8(), Device::cuda_host());
