@@ -342,6 +342,7 @@ def _stale_unless_ordered(torch, n):
 @pytest.mark.parametrize("via", ["cai", "dlpack", "cupy"])
 def test_import_is_ordered_after_the_producer_stream(via):
     torch = need_torch()
+    cp = need_cupy() if via == "cupy" else None  # (its first import takes longer than the producer's kernel)
     x, s = _stale_unless_ordered(torch, 1 << 22)
     if via == "cai":
         d = dict(x.__cuda_array_interface__, version=3, stream=s.cuda_stream)
@@ -351,7 +352,6 @@ def test_import_is_ordered_after_the_producer_stream(via):
         with torch.cuda.stream(s):  # torch's current stream is the producer's: the import orders on it
             t = tw.asarray(x)
     else:
-        cp = need_cupy()
         with cp.cuda.ExternalStream(s.cuda_stream):
             a = cp.asarray(x)
             cai = a.__cuda_array_interface__
@@ -403,8 +403,8 @@ def test_a_producers_stream_may_be_destroyed_once_its_tensor_is_imported(consume
         x.fill_(7.0)
     t = tw.asarray(CAI(dict(x.__cuda_array_interface__, version=3, stream=handle), keep=x))
     assert t.stream == handle  # still says whose stream it was
-    del s  # cudaStreamDestroy: the queued work still runs, the handle is gone
-    gc.collect()
+    del s  # cudaStreamDestroy: the queued work still runs, the handle is gone (no gc.collect: it takes longer
+    # than the producer's kernel, which must still run when the consumer reads)
     if consumer == "torch":
         got = torch.from_dlpack(t)  # torch's current stream waits on the import's event
         assert (got == 7).all().item(), "the consumer did not wait for the producer's work"
@@ -504,7 +504,12 @@ def test_jax_gpu_arrays_import_read_only():
     assert t.readonly
     assert t.data_ptr == x.unsafe_buffer_pointer()
     assert same_bits(host(t), a)
-    y = jax.numpy.from_dlpack(t)
+    # Back to JAX: a read-only tensor refuses JAX's legacy (unversioned) capsule, which cannot say read-only, with
+    # a BufferError naming why; tw.to_jax hands JAX a copy instead.
+    with pytest.raises(BufferError, match="read-only"):
+        jax.numpy.from_dlpack(t)
+    y = tw.to_jax(t)
+    assert y.devices() == {gpu}
     assert np.array_equal(np.asarray(y), a)
 
 
@@ -586,6 +591,7 @@ def test_copy_false_across_devices_raises_copy_error():
 
 def test_device_memory_is_returned_to_the_pool():
     gc.collect()
+    tw.cuda.empty_cache()  # (earlier tests' copies may still hold blocks until the next allocation polls them)
     before = tw.cuda.device_pool_stats(0)["in_use_bytes"]
     pinned_before = tw.cuda.pinned_pool_stats()["in_use_bytes"]
     a = random_array((256, 300), "float32", seed=29)
@@ -607,5 +613,6 @@ def test_device_memory_is_returned_to_the_pool():
     if torch is not None:
         del y
     gc.collect()
+    tw.cuda.empty_cache()  # (waits for this test's copies, whose buffers are held until they are done)
     assert tw.cuda.device_pool_stats(0)["in_use_bytes"] == before
     assert tw.cuda.pinned_pool_stats()["in_use_bytes"] == pinned_before
