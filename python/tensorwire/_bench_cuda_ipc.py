@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import statistics
 import time
+import traceback
 import uuid
 
 KiB, MiB = 1 << 10, 1 << 20
 SIZES = [4 * KiB, 64 * KiB, MiB, 16 * MiB, 256 * MiB]
-METHODS = ["tw-loan", "tw-send-resent", "tw-send-fresh", "torch-resent", "torch-fresh"]
-WAIT_S = 60.0
+# (each of tensorwire's methods right after the torch method it is judged against: a run cut short still has pairs)
+METHODS = ["tw-loan", "torch-resent", "tw-send-fresh", "torch-fresh", "tw-send-resent"]
+WAIT_S = 20.0
 
 
 def now() -> int:
@@ -55,7 +57,18 @@ def _usable(torch, device: str):
 
 
 def _consumer(method: str, topic: str, device: str, plan: list, q, conn, ready) -> None:
-    """The consumer process: receives every message of `plan` and reports through `conn`."""
+    """The consumer process: receives every message of `plan` and reports through `conn` (an error as ("error",
+    its traceback), which the producer raises at once instead of waiting out WAIT_S)."""
+    try:
+        _consume(method, topic, device, plan, q, conn, ready)
+    except BaseException:  # noqa: BLE001 - sent to the producer, which reports it
+        try:
+            conn.send(("error", traceback.format_exc()))
+        finally:
+            raise
+
+
+def _consume(method: str, topic: str, device: str, plan: list, q, conn, ready) -> None:
     import torch
 
     usable = _usable(torch, device)
@@ -146,10 +159,19 @@ class _Producer:
             self.pub.close()
 
 
-def _wait(conn, what: str):
-    if not conn.poll(WAIT_S):
-        raise TimeoutError(f"the consumer sent no {what} within {WAIT_S:.0f} s")
-    return conn.recv()
+def _wait(conn, what: str, proc):
+    """The consumer's next report, in slices: a consumer that died or failed is seen at once, not after WAIT_S."""
+    deadline = time.monotonic() + WAIT_S
+    while not conn.poll(0.25):
+        if proc.exitcode is not None and not conn.poll(0):
+            raise RuntimeError(f"the consumer exited with {proc.exitcode} before sending its {what}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the consumer sent no {what} within {WAIT_S:.0f} s")
+    msg = conn.recv()
+    if isinstance(msg, tuple) and msg[:1] == ("error",):
+        last = [line for line in str(msg[1]).strip().splitlines() if line.strip()][-1:]
+        raise RuntimeError(f"the consumer failed: {last[0] if last else '?'}")
+    return msg
 
 
 def run_method(method: str, sizes, n_lat: int, device: str = "cuda:0", log=print) -> list[dict]:
@@ -169,11 +191,18 @@ def run_method(method: str, sizes, n_lat: int, device: str = "cuda:0", log=print
     prod.q = q
     proc = ctx.Process(target=_consumer, args=(method, topic, device, plan, q, there, ready), daemon=True)
     proc.start()
+    there.close()  # (this process's copy: the consumer's end is its own now)
     rows = []
     ok = False
     try:
-        if not ready.wait(WAIT_S):
-            raise TimeoutError(f"{method}: the consumer did not start within {WAIT_S:.0f} s")
+        deadline = time.monotonic() + WAIT_S
+        while not ready.wait(0.25):
+            if proc.exitcode is not None:
+                msg = here.recv() if here.poll(0) else None
+                why = msg[1].strip().splitlines()[-1] if isinstance(msg, tuple) and msg[:1] == ("error",) else ""
+                raise RuntimeError(f"{method}: the consumer exited with {proc.exitcode} at start {why}".rstrip())
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{method}: the consumer did not start within {WAIT_S:.0f} s")
         if prod.pub is not None:
             deadline = time.monotonic() + WAIT_S
             while prod.pub.subscribers < 1:
@@ -184,13 +213,13 @@ def run_method(method: str, sizes, n_lat: int, device: str = "cuda:0", log=print
             prod.prepare(size)
             for _ in range(lat_n):
                 prod.send(size)
-                _wait(here, "acknowledgement")
+                _wait(here, "acknowledgement", proc)
             for _ in range(warm_n):
                 prod.send(size)
-            _wait(here, "end of the warm-up")
+            _wait(here, "end of the warm-up", proc)
             for _ in range(burst_n):
                 prod.send(size)
-            got_size, lat, first, last = _wait(here, "result")
+            got_size, lat, first, last = _wait(here, "result", proc)
             if got_size != size:
                 raise RuntimeError(f"{method}: results out of order ({got_size} for {size})")
             lat_us = sorted(v / 1e3 for v in lat)
@@ -212,12 +241,17 @@ def run_method(method: str, sizes, n_lat: int, device: str = "cuda:0", log=print
             proc.kill()
             proc.join(timeout=10)
     if proc.exitcode not in (0, None):
-        raise RuntimeError(f"{method}: the consumer exited with {proc.exitcode}")
+        if not rows:
+            raise RuntimeError(f"{method}: the consumer exited with {proc.exitcode}")
+        for r in rows:  # (measured before it failed at exit: kept, and the exit said)
+            r["consumer_exitcode"] = proc.exitcode
     return rows
 
 
-def run(sizes=None, methods=None, n_lat: int = 200, device: str = "cuda:0", log=print) -> list[dict]:
-    """Every method; a method that fails gives one row saying why (the others still run)."""
+def run(sizes=None, methods=None, n_lat: int = 200, device: str = "cuda:0", log=print,
+        on_rows=None) -> list[dict]:
+    """Every method; a method that fails gives one row saying why (the others still run). on_rows(rows so far) is
+    called after each method (the caller saves them: a run cut short keeps what it measured)."""
     rows: list[dict] = []
     for m in methods or METHODS:
         try:
@@ -225,6 +259,8 @@ def run(sizes=None, methods=None, n_lat: int = 200, device: str = "cuda:0", log=
         except Exception as e:  # noqa: BLE001 - reported as a row, never hidden
             rows.append({"row": "ipc", "method": m, "device": device, "error": f"{type(e).__name__}: {e}"})
             log(f"  {m}: failed: {type(e).__name__}: {e}")
+        if on_rows is not None:
+            on_rows(rows)
     return rows
 
 

@@ -548,6 +548,11 @@ def main(argv=None) -> int:
         return net_main([a for a in argv if a != "--net"])
     p = argparse.ArgumentParser(prog="tensorwire bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    # (--device and --net are taken before this parser: named here so that --help shows them)
+    p.add_argument("--device", choices=["cuda"], help="CUDA paths vs PyTorch's instead (tensorwire bench --device "
+                   "cuda --help: its own options, results with --out/--json FILE)")
+    p.add_argument("--net", action="store_true", help="across two network namespaces over UCX instead "
+                   "(tensorwire bench --net --help)")
     p.add_argument("--quick", action="store_true", help="fewer sizes and messages, about a minute (the default)")
     p.add_argument("--full", action="store_true", help="every size from 64 B to 256 MiB, more messages")
     p.add_argument("--sizes", help="comma-separated payload sizes, e.g. 64,4K,1M,256M")

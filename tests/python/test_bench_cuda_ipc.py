@@ -55,3 +55,41 @@ def test_a_method_that_cannot_run_is_a_row_saying_why(monkeypatch):
     assert "error" in rows[0] and rows[0]["error"], rows
     # the reason the device is missing (torch's or tensorwire's words), not a failure of the harness itself
     assert re.search(r"NVIDIA driver|CUDA|cuda:0", rows[0]["error"]), rows[0]["error"]
+
+
+def test_a_consumer_that_failed_or_died_is_reported_at_once_with_its_reason():
+    import multiprocessing
+    import time
+    from types import SimpleNamespace
+
+    here, there = multiprocessing.Pipe()
+    alive = SimpleNamespace(exitcode=None)
+    there.send(("error", "Traceback (most recent call last):\n  ...\nValueError: the consumer's own words\n"))
+    with pytest.raises(RuntimeError, match="the consumer failed: ValueError: the consumer's own words"):
+        ipc._wait(here, "acknowledgement", alive)
+    there.send(b"k")
+    assert ipc._wait(here, "acknowledgement", alive) == b"k"
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="exited with -9 before sending its result"):
+        ipc._wait(here, "result", SimpleNamespace(exitcode=-9))
+    assert time.monotonic() - t0 < 5, "a dead consumer must not cost WAIT_S"
+
+
+def test_the_cuda_benchmark_is_reachable_as_scripts_test_gpu_calls_it(tmp_path):
+    # scripts/test-gpu.sh looks for --device in `tensorwire bench --help`, then runs `bench --device cuda` with
+    # --out or --json: both must reach tensorwire._bench_cuda (without a GPU it says why and exits 2).
+    import subprocess
+    import sys
+
+    import tensorwire as tw
+
+    help_text = subprocess.run([sys.executable, "-m", "tensorwire", "bench", "--help"], capture_output=True,
+                               text=True, timeout=120, check=True).stdout
+    assert "--device" in help_text and "--json" in help_text
+    if tw.cuda.is_available():
+        pytest.skip("this machine has CUDA: the benchmark would run")
+    for flag in ("--out", "--json"):
+        r = subprocess.run([sys.executable, "-m", "tensorwire", "bench", "--device", "cuda", flag,
+                            str(tmp_path / "b.json")], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2, (r.returncode, r.stderr)
+        assert "no CUDA device" in r.stderr, r.stderr
