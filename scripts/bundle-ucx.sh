@@ -9,7 +9,8 @@ set -euo pipefail
 PY=$1
 DEST=$2
 WHEEL=${TW_UCX_WHEEL:-libucx-cu13==1.22.0}  # (the Makefile passes its UCX_WHEEL)
-if [[ -f $DEST/.tw-source && $(cat "$DEST/.tw-source") == "$WHEEL" ]]; then
+LAYOUT=2  # (2: the wheel's own libcudart beside the libraries: libucm_cuda needs it)
+if [[ -f $DEST/.tw-source && $(cat "$DEST/.tw-source") == "$WHEEL" && $(cat "$DEST/.tw-layout" 2>/dev/null) == "$LAYOUT" ]]; then
   exit 0
 fi
 tmp=$(mktemp -d)
@@ -32,7 +33,17 @@ copy() {  # copy DIR NAME: NAME.so.0.0.0, stripped, as NAME.so.0 (the name the l
 }
 for l in libucp libucs libuct libucm; do copy "$src" "$l"; done
 for m in libuct_cuda libucm_cuda libuct_cma; do copy "$src/ucx" "$m"; done
+# The libraries the wheel vendors (libucm_cuda needs its libcudart, found through an RPATH into the wheel's
+# libucx_cu13.libs/): beside the others, where LD_LIBRARY_PATH finds them. Without it UCX's CUDA memory hooks do
+# not load, and UCX cannot tell device memory from host memory (src/net/ucx.cpp then stages CUDA tensors).
+for f in "$tmp"/x/libucx_cu*.libs/libcudart*.so*; do
+  if [[ -f $f ]]; then
+    cp "$f" "$out/lib/"
+    strip --strip-debug "$out/lib/$(basename "$f")"
+  fi
+done
 echo "$WHEEL" >"$out/.tw-source"
+echo "$LAYOUT" >"$out/.tw-layout"
 rm -rf "$DEST"
 mkdir -p "$(dirname "$DEST")"
 mv "$out" "$DEST"

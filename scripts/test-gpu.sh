@@ -74,8 +74,10 @@ if [[ -f $ROOT/third_party/ucx/lib/libucp.so.0 ]]; then
        "(CUDA transports), first on LD_LIBRARY_PATH" >>"$FACTS"
   # Whether UCX's CUDA module loads here (it needs libcuda; without it UCX has no CUDA memory type, and the tests
   # that expect "ucx-cuda" get "ucx-staged"): the reason is in the facts, not guessed from a failed test.
-  if cuda_mod=$("${PY:-python3}" -c 'import ctypes, sys; ctypes.CDLL(sys.argv[1]); print("loads")' \
-                  "$ROOT/third_party/ucx/lib/ucx/libuct_cuda.so.0" 2>&1 | tail -n 1); then
+  # (both: the transport, and the memory hooks without which UCX takes device addresses for host ones)
+  if cuda_mod=$("${PY:-python3}" -c 'import ctypes, sys; [ctypes.CDLL(p) for p in sys.argv[1:]]; print("loads")' \
+                  "$ROOT/third_party/ucx/lib/ucx/libuct_cuda.so.0" "$ROOT/third_party/ucx/lib/ucx/libucm_cuda.so.0" \
+                  2>&1 | tail -n 1); then
     echo "- UCX's CUDA transport module: $cuda_mod" >>"$FACTS"
     if [[ $cuda_mod == loads ]]; then export TW_TEST_UCX_CUDA=1; fi
   else
@@ -478,7 +480,7 @@ for name, status, secs, note, junit, log in steps:
 bench_log = os.path.join(os.path.dirname(steps_tsv), "bench.log")
 if os.path.exists(bench_log):
     lines = open(bench_log, errors="replace").read().splitlines()
-    out += ["", "## bench output (last 40 lines)", "", "```"] + [l[:400] for l in lines[-40:]] + ["```"]
+    out += ["", "## bench output (last 100 lines)", "", "```"] + [l[:400] for l in lines[-100:]] + ["```"]
 open(summary, "w").write("\n".join(out) + "\n")
 EOF
 }
