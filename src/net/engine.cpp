@@ -337,6 +337,9 @@ void Engine::run() {
     }
     napping_.store(false, std::memory_order_relaxed);
     const int ms = closing_.empty() ? kIdleWaitMs : 5;
+    // (UCX's CUDA transports query their events when arming: a first device receive this round may have left
+    // the thread without the context it binds; binding again only looks once it has one)
+    bind_cuda();
     const bool armed = ucx().worker_arm(worker_) == UCS_OK;  // BUSY: events arrived meanwhile
     const int efd = efd_;
     worker_lock.unlock();

@@ -175,7 +175,23 @@ std::string ucx_status(ucs_status_t s) {
 }
 
 namespace {
-std::atomic<bool> g_cuda_memory{false};  // the context's memory types include CUDA (set with the context)
+std::atomic<bool> g_cuda_memory{false};  // UCX moves CUDA memory itself, and can tell it from host memory
+
+// Whether UCX can tell a device address from a host one. It finds out through its memory-type cache, which its
+// CUDA memory hooks (libucm_cuda) fill as the driver maps memory; when that module failed to load (a library it
+// needs is missing), the cache stays empty and UCX takes every device address for a host one, whatever the
+// request declares: it would read device memory with the CPU. Unless the cache is off (UCX_MEMTYPE_CACHE=n: then
+// UCX asks the driver about every address), no module, no direct path: CUDA tensors are staged.
+bool ucx_tells_cuda_memory() noexcept {
+  if (void* h = ::dlopen("libucm_cuda.so.0", RTLD_NOW | RTLD_NOLOAD)) {  // (loaded by UCX at ucp_init)
+    ::dlclose(h);
+    return true;
+  }
+  const char* c = std::getenv("UCX_MEMTYPE_CACHE");
+  if (!c) return false;
+  const std::string v = c;
+  return v == "n" || v == "no" || v == "N" || v == "NO" || v == "0" || v == "off" || v == "false";
+}
 }  // namespace
 
 CudaPath ucx_cuda_path() {
@@ -225,7 +241,7 @@ ucp_context_h ucx_context() {
   ucp_context_attr_t attr{};
   attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
   const bool cuda = api.context_query(c, &attr) == UCS_OK && (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
-  g_cuda_memory.store(cuda, std::memory_order_release);
+  g_cuda_memory.store(cuda && ucx_tells_cuda_memory(), std::memory_order_release);
   ctx = c;
   owner = ::getpid();
   return ctx;
