@@ -486,10 +486,8 @@ class ClientImpl final : public Client, public Session {
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     rp.cb.recv_am = &ClientImpl::recv_done;
     rp.user_data = lp;
-    if (lp->device >= 0) {
-      rp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
-      rp.memory_type = cuda_path_.memory_type;
-    }
+    rp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;  // (said, as the publisher does: see Server::post)
+    rp.memory_type = lp->device >= 0 ? cuda_path_.memory_type : UCS_MEMORY_TYPE_HOST;
     const void* buf = nullptr;
     size_t count = 0;
     if (lp->iov.size() == 1) {

@@ -429,9 +429,11 @@ class ServerImpl final : public Server, public Session {
     rp.cb.send = &ServerImpl::send_done;
     rp.user_data = ctx;
     rp.flags = UCP_AM_SEND_FLAG_REPLY;  // the subscriber's engine tells its sessions apart by the reply endpoint
-    if (ctx->msg && ctx->msg->device_memory && count > 0) {
+    if (count > 0) {
+      // Said, never left to UCX to detect: a declared host type is trusted as it is (no lookup per send), and a
+      // device one is checked by UCX against what it knows of the address.
       rp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
-      rp.memory_type = cuda_path_.memory_type;
+      rp.memory_type = ctx->msg && ctx->msg->device_memory ? cuda_path_.memory_type : UCS_MEMORY_TYPE_HOST;
     }
     if (iov) {
       rp.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;

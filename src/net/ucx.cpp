@@ -38,6 +38,13 @@ std::string dl_error(const char* fallback) {
 const Loaded& loaded() {
   static const Loaded l = [] {
     Loaded r;
+    // UCX finds a buffer's memory type in a cache its CUDA memory hooks fill as the driver maps memory; an address
+    // the hooks did not see (mapped before they were installed, or through an entry point they do not patch) is
+    // taken for host memory. With the cache off, UCX asks its CUDA memory domain about each device buffer instead:
+    // one driver query per device send or receive, always right (tensorwire declares its host buffers as host,
+    // which UCX trusts without asking). Read by libucs as it loads: set before, unless the user set it. (A UCX
+    // loaded by someone else first keeps its own setting; ucx_tells_cuda_memory then decides.)
+    if (!std::getenv("UCX_MEMTYPE_CACHE")) ::setenv("UCX_MEMTYPE_CACHE", "n", 0);
     std::string preferred;
     {
       std::lock_guard lock(g_pref_mu);
