@@ -5,10 +5,12 @@ way with host tensors, which is how the harness is tested on machines without a 
 Methods (a producer in this process, a consumer in a process started with the "spawn" method):
   tw-loan          ``pub.loan(n, "uint8", device="cuda:0")`` + ``send``: tensorwire's own IPC-capable pool
   tw-send-resent   ``pub.send(x)`` of the same PyTorch CUDA tensor every message (its IPC handle opened once)
-  tw-send-fresh    ``pub.send(torch.empty(n, device="cuda"))``: a new PyTorch tensor every message
+  tw-send-fresh    ``pub.send(torch.empty(n, device="cuda"))``: a new PyTorch tensor every message (PyTorch's
+                   caching allocator may hand back the block the last one freed: a new tensor, not always a new
+                   allocation)
   torch-resent     ``torch.multiprocessing`` Queue, the same CUDA tensor every message
   torch-fresh      ``torch.multiprocessing`` Queue, a new CUDA tensor every message
-Latency: one message in flight. The producer takes ``time.perf_counter_ns()`` (CLOCK_MONOTONIC, one clock for
+Latency: one message in flight, after PRIMING untimed ones of the same size. The producer takes ``time.perf_counter_ns()`` (CLOCK_MONOTONIC, one clock for
 every process) just before sending (before ``loan()`` for tw-loan) and sends the stamp with the message (metadata;
 the queue's tuple); the consumer reads its clock once the tensor is usable: a PyTorch tensor on it
 (``torch.from_dlpack`` for tensorwire, ``Queue.get`` for torch) whose stream has waited for the producer's work, and
@@ -34,6 +36,10 @@ SIZES = [4 * KiB, 64 * KiB, MiB, 16 * MiB, 256 * MiB]
 # (each of tensorwire's methods right after the torch method it is judged against: a run cut short still has pairs)
 METHODS = ["tw-loan", "torch-resent", "tw-send-fresh", "torch-fresh", "tw-send-resent"]
 WAIT_S = 20.0
+# Messages of each size sent one at a time, acknowledged and not timed, before its latency series: the first
+# message of a size pays for the consumer's first CUDA use, for opening a new allocation's handle, for a pool's
+# growth (with 20 samples at 256 MiB, p99 would be that one cold message).
+PRIMING = 3
 
 
 def now() -> int:
@@ -104,6 +110,9 @@ def _consume(method: str, topic: str, device: str, plan: list, q, conn, ready) -
             return stamp, t1
 
     for size, n_lat, n_warm, n_burst in plan:
+        for _ in range(PRIMING):  # (untimed: the first of a size opens handles and grows pools)
+            get()
+            conn.send(b"p")
         lat = []
         for _ in range(n_lat):
             stamp, t1 = get()
@@ -211,6 +220,9 @@ def run_method(method: str, sizes, n_lat: int, device: str = "cuda:0", log=print
                 time.sleep(0.001)
         for size, lat_n, warm_n, burst_n in plan:
             prod.prepare(size)
+            for _ in range(PRIMING):
+                prod.send(size)
+                _wait(here, "acknowledgement", proc)
             for _ in range(lat_n):
                 prod.send(size)
                 _wait(here, "acknowledgement", proc)
