@@ -24,6 +24,26 @@ std::chrono::milliseconds keepalive_from(double s) {
   return std::chrono::milliseconds(static_cast<int64_t>(s * 1000.0));
 }
 
+// listen= / connect=: 'host:port', ':port', or a port number (an int, as users of socket APIs write it; a bare
+// port listens on loopback and connects to it). None is "no address".
+std::string address_from(nb::handle h, const char* what) {
+  if (h.is_none()) return {};
+  if (PyUnicode_Check(h.ptr())) return nb::cast<std::string>(h);
+  if (PyIndex_Check(h.ptr()) && !PyBool_Check(h.ptr())) {
+    nb::object i = nb::steal(PyNumber_Index(h.ptr()));
+    if (!i) throw nb::python_error();
+    const long long v = PyLong_AsLongLong(i.ptr());
+    const bool overflow = v == -1 && PyErr_Occurred();
+    if (overflow) PyErr_Clear();
+    if (overflow || v < 0 || v > 65535)
+      throw nb::value_error((std::string(what) + "=" + nb::cast<std::string>(nb::str(i)) +
+                             ": the port must be a number from 0 to 65535").c_str());
+    return std::to_string(v);
+  }
+  throw nb::type_error((std::string(what) + " must be 'host:port', ':port' or a port number, not " +
+                        Py_TYPE(h.ptr())->tp_name).c_str());
+}
+
 tw::Dims shape_from(nb::handle h) {
   tw::Dims d;
   auto one = [](nb::handle x) -> int64_t {
@@ -312,7 +332,7 @@ void register_ipc(nb::module_& m) {
       .def("__init__",
            [](tw::Publisher* self, const std::string& name, size_t depth, const std::string& on_full,
               size_t max_metadata_bytes, size_t max_buffers, size_t pool_bytes, size_t max_subscribers,
-              bool protect_sent_loans, std::optional<std::string> listen, std::optional<std::string> token,
+              bool protect_sent_loans, nb::handle listen, std::optional<std::string> token,
               bool insecure, double keepalive) {
              tw::PublisherOptions o;
              o.depth = depth;
@@ -322,7 +342,7 @@ void register_ipc(nb::module_& m) {
              o.pool_bytes = pool_bytes;
              o.max_subscribers = max_subscribers;
              o.protect_sent_loans = protect_sent_loans;
-             o.listen = listen.value_or("");
+             o.listen = address_from(listen, "listen");
              o.token = token.value_or("");
              if (token && token->empty()) throw nb::value_error("token must not be empty (omit it, or give a secret)");
              o.insecure = insecure;
@@ -481,12 +501,12 @@ void register_ipc(nb::module_& m) {
                              "The receiving end of a shared-memory topic: Subscriber(name). recv(timeout=None) "
                              "returns a read-only tw.Tensor (zero-copy), raising TimeoutError or EOFError at "
                              "end-of-stream; iterate until end-of-stream; fileno() for selectors and asyncio.")
-      .def("__init__", [](tw::Subscriber* self, const std::string& name, std::optional<std::string> connect,
+      .def("__init__", [](tw::Subscriber* self, const std::string& name, nb::handle connect,
                           std::optional<std::string> token, double keepalive, uint64_t max_message_bytes,
                           nb::handle device) {
              tw::SubscriberOptions o;
              o.device = parse_device(device);
-             o.connect = connect.value_or("");
+             o.connect = address_from(connect, "connect");
              o.token = token.value_or("");
              if (token && token->empty()) throw nb::value_error("token must not be empty (omit it, or give a secret)");
              o.keepalive = keepalive_from(keepalive);

@@ -608,6 +608,30 @@ def test_a_listener_other_machines_can_reach_needs_a_token_or_insecure():
             assert pub.address is None and pub.remote_subscribers == 0
 
 
+def test_a_port_number_is_an_address_on_loopback_for_listen_and_connect():
+    # listen=7447 / connect=7447, as socket APIs take a port: loopback on both ends, like ':7447'.
+    with tw.Publisher(topic("intport"), listen=0) as pub:
+        assert pub.address.startswith("127.0.0.1:")
+        port = int(pub.address.rsplit(":", 1)[1])
+        with tw.Subscriber(pub.name, connect=port) as sub:
+            wait_until(lambda: pub.remote_subscribers == 1, what="the subscriber that connected to a port number")
+            pub.send(np.arange(6, dtype=np.int32), metadata={"port": port})
+            t = sub.recv(timeout=TIMEOUT)
+            assert np.asarray(t).tolist() == list(range(6)) and t.metadata["port"] == port
+    for bad in (65536, -1, 2**70):
+        with pytest.raises(ValueError, match="listen=.*port must be a number from 0 to 65535"):
+            tw.Publisher(topic("intport"), listen=bad)
+        with pytest.raises(ValueError, match="connect=.*port must be a number from 0 to 65535"):
+            tw.Subscriber(topic("intport"), connect=bad)
+    for bad in (7447.0, True, b"127.0.0.1:7447", ("127.0.0.1", 7447)):
+        with pytest.raises(TypeError, match="'host:port', ':port' or a port number"):
+            tw.Publisher(topic("intport"), listen=bad)
+        with pytest.raises(TypeError, match="'host:port', ':port' or a port number"):
+            tw.Subscriber(topic("intport"), connect=bad)
+    with pytest.raises(ValueError, match="connect="):
+        tw.Subscriber(topic("intport"), connect=0)  # nothing is ever at port 0
+
+
 def test_connect_to_a_port_nobody_listens_on_times_out_unconnected():
     with tw.Subscriber(topic("nobody"), connect=f"127.0.0.1:{free_port()}") as sub:
         t0 = time.monotonic()
