@@ -4,7 +4,8 @@ modes:
   demo      each tensor-crossing hazard tensorwire removes, and whether it came out right
   bench     inter-process transfer benchmark against multiprocessing, torch.multiprocessing and shared_memory
             (quick by default; `tensorwire bench --full` measures every size; `tensorwire bench --net`: across
-            two network namespaces over UCX against ucx_perftest, torch.distributed and pickle — root only)
+            two network namespaces over UCX against ucx_perftest, torch.distributed and pickle — root only;
+            `tensorwire bench --device cuda`: device copies and CUDA tensors between processes against PyTorch)
   doctor    what this machine supports, and why not (`--json` for a machine-readable report)
   version   versions (also `tensorwire --version`)
 """
