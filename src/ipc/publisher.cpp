@@ -183,6 +183,9 @@ class PublisherImpl {
     validate_topic_name(name);
     if (opt_.max_subscribers < 1)
       throw Error(ErrorCode::invalid_argument, "max_subscribers must be at least 1");
+    if (opt_.on_full != OnFull::block && opt_.on_full != OnFull::drop_oldest && opt_.on_full != OnFull::raise)
+      throw Error(ErrorCode::invalid_argument, "on_full must be OnFull::block, drop_oldest or raise, not " +
+                                                   std::to_string(static_cast<int>(opt_.on_full)));
     channel_proto_ = make_channel_header(opt_.depth, opt_.max_metadata_bytes, opt_.max_buffers,
                                          static_cast<uint32_t>(pid_));
     pool_ = std::make_shared<Pool>(host_segment_source(), opt_.max_buffers, opt_.pool_bytes, name_);

@@ -159,6 +159,10 @@ TEST(IpcWire, TopicNames) {
   TW_EXPECT_ERROR(Subscriber(std::string(100, 'x')), tw::ErrorCode::invalid_argument);
   EXPECT_EQ(tw::on_full_from_string("drop_oldest"), tw::OnFull::drop_oldest);
   TW_EXPECT_ERROR(tw::on_full_from_string("sometimes"), tw::ErrorCode::invalid_argument);
+  // An OnFull that is none of the three (a cast integer) is refused, not taken for one of them.
+  PublisherOptions o;
+  o.on_full = static_cast<tw::OnFull>(99);
+  TW_EXPECT_ERROR_MSG(Publisher("bad-on-full", o), tw::ErrorCode::invalid_argument, "on_full must be");
 }
 
 ipc::MessageDescriptor good_descriptor() {
