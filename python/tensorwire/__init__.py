@@ -91,10 +91,21 @@ Tensor.__array__ = _numpy.tensor_array
 Tensor.numpy = _numpy.tensor_numpy
 def _tolist(self):
     """The values as nested Python lists (a Python scalar for a 0-d tensor), as ndarray.tolist()."""
+    if _numpy.is_packed(self):
+        return _numpy.unpacked(self).tolist()
     return _numpy.tensor_numpy(self).tolist()
 
 
 Tensor.tolist = _tolist
+
+
+def _jax_array(self):
+    """jnp.asarray(t), jnp.array(t) and jnp functions take a tensor through this: tw.to_jax(t) (zero-copy where XLA
+    can take the layout). Without it, JAX asks NumPy for the dtype of `t.dtype`, a tw.DType NumPy 2 refuses."""
+    return to_jax(self)
+
+
+Tensor.__jax_array__ = _jax_array
 Tensor.__eq__ = _scalars.tensor_eq
 Tensor.__ne__ = _scalars.tensor_eq
 Tensor.__hash__ = object.__hash__  # identity, as before: tensors stay usable as dict keys and set members

@@ -45,10 +45,16 @@ def _jax_cannot(t):
 
 
 def to_numpy(x, *, copy=None):
-    """x as a numpy.ndarray; NumPy takes every strided layout, so this copies only when copy=True."""
-    from ._numpy import ndarray_view
+    """x as a numpy.ndarray; NumPy takes every strided layout, so this copies only when copy=True, or when the
+    tensor is a packed sub-byte one (int4...), which NumPy holds one element per byte (refused with copy=False)."""
+    from ._numpy import is_packed, ndarray_view, unpacked
 
     t = asarray(x)
+    if is_packed(t):
+        if copy is False:
+            raise CopyError(f"NumPy cannot take a packed {t.dtype.name} tensor (it stores one element per byte) and "
+                            "copy=False forbids the copy")
+        return unpacked(t)
     a = ndarray_view(t)
     return a.copy() if copy else a
 
@@ -67,5 +73,13 @@ def to_jax(x, *, copy=None):
     negative strides) and asks for legacy capsules: anything else is copied (or refused with copy=False)."""
     import jax.numpy as jnp
 
-    t, _ = _prepare(asarray(x), copy, "JAX", _jax_cannot)
+    t = asarray(x)
+    if t.dtype.bits < 8:
+        # XLA's DLPack import has no sub-byte types (int4, float4_e2m1fn...): through NumPy (ml_dtypes), a copy.
+        if copy is False:
+            raise CopyError(f"JAX cannot take a {t.dtype.name} tensor through DLPack and copy=False forbids the copy")
+        from ._numpy import tensor_array
+
+        return jnp.array(tensor_array(t))
+    t, _ = _prepare(t, copy, "JAX", _jax_cannot)
     return jnp.from_dlpack(t)

@@ -44,18 +44,56 @@ def ndarray_view(t) -> np.ndarray:
         raise BufferError(f"NumPy has no vector type for {name}")
     if name in _NATIVE:
         return np.asarray(memoryview(t))
-    if t.dtype.bits < 8 and not t.subbyte_padded:
+    if is_packed(t):
         raise BufferError(
             f"a packed {name} tensor stores two or more elements per byte; NumPy (ml_dtypes) stores one per byte, "
-            "so it cannot be viewed without unpacking"
+            "so it cannot be viewed without unpacking (np.asarray(t), tw.to_numpy(t) and t.tolist() unpack a copy)"
         )
     mld = _ml_dtype(name)
     raw = t._reinterpret(_UINT_OF_SIZE[t.dtype.itemsize], False)
     return np.asarray(memoryview(raw)).view(mld)
 
 
+def is_packed(t) -> bool:
+    """Sub-byte elements (int4, float4_e2m1fn, float6...) stored packed, several per byte."""
+    return t.dtype.bits < 8 and not t.subbyte_padded
+
+
+def unpacked(t) -> np.ndarray:
+    """A packed sub-byte tensor's values in a new ndarray of ml_dtypes' type (one element per byte, its value in the
+    low bits, as ml_dtypes stores it): a copy, since NumPy cannot view packed elements. DLPack packs little
+    bit-endian: element k of the dense tensor lives in bits [k * bits, (k + 1) * bits) of its bytes."""
+    dev = t.device
+    if not dev.host_accessible:
+        raise BufferError(f"a tensor on {dev} is not in host memory; NumPy cannot read it")
+    dt = t.dtype
+    if dt.lanes != 1:
+        raise BufferError(f"NumPy has no vector type for {dt.name}")
+    mld = _ml_dtype(dt.name)
+    n = t.size
+    if n == 0:
+        return np.empty(t.shape, mld)
+    dense = t if t.is_contiguous() else t.contiguous()
+    raw = np.asarray(memoryview(dense._byte_view()))
+    bits = dt.bits
+    if 8 % bits == 0:  # whole elements per byte (1, 2, 4 bits)
+        shifts = np.arange(8 // bits, dtype=np.uint8) * np.uint8(bits)
+        values = ((raw[:, None] >> shifts) & np.uint8((1 << bits) - 1)).reshape(-1)[:n]
+    else:  # elements that straddle bytes (6 bits)
+        b = np.unpackbits(raw, bitorder="little")[: n * bits].reshape(n, bits)
+        values = np.packbits(b, axis=1, bitorder="little")[:, 0]
+    return np.ascontiguousarray(values, dtype=np.uint8).view(mld).reshape(t.shape)
+
+
 def tensor_array(self, dtype=None, copy=None):
-    """ndarray protocol: zero-copy unless copy=True or a dtype conversion is asked for."""
+    """ndarray protocol: zero-copy unless copy=True or a dtype conversion is asked for (or the tensor is a packed
+    sub-byte one, which NumPy can only hold unpacked: a copy, refused with copy=False)."""
+    if is_packed(self):
+        if copy is False:
+            raise ValueError(f"a packed {self.dtype.name} tensor needs a copy to become an ndarray (NumPy stores one "
+                             "element per byte), but copy=False")
+        a = unpacked(self)
+        return a.astype(dtype) if dtype is not None and np.dtype(dtype) != a.dtype else a
     a = ndarray_view(self)
     if dtype is not None and np.dtype(dtype) != a.dtype:
         if copy is False:

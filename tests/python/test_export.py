@@ -322,6 +322,77 @@ def test_ml_dtypes_out_to_numpy_never_void(name):
     assert not hasattr(t, "__array_interface__")
 
 
+_SUBBYTE = ["int4", "uint4", "int2", "uint2", "int1", "uint1", "float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn"]
+
+
+def _pack_little(codes: list[int], bits: int) -> bytes:
+    """The reference packing, one bit at a time: element k's bit j is bit k*bits+j of the stream, little-endian."""
+    out = bytearray((len(codes) * bits + 7) // 8)
+    for k, c in enumerate(codes):
+        for j in range(bits):
+            if (c >> j) & 1:
+                pos = k * bits + j
+                out[pos // 8] |= 1 << (pos % 8)
+    return bytes(out)
+
+
+@pytest.mark.parametrize("name", _SUBBYTE)
+def test_packed_sub_byte_tensors_unpack_bit_exactly_into_numpy_copies(name):
+    # NumPy (ml_dtypes) stores one element per byte, its bits in the low bits of the byte: a packed tensor cannot be
+    # viewed, so np.asarray / np.array / tw.to_numpy / tolist unpack it into a copy (copy=False refuses), for every
+    # layout a view of it can have.
+    bits = tw.zeros(1, name).dtype.bits
+    mld = np.dtype(getattr(ml_dtypes, name))
+    rng = np.random.default_rng(bits)
+    for shape in [(37,), (5, 8), (3, 4, 8), (), (0, 3)]:
+        n = int(np.prod(shape, dtype=np.int64))
+        codes = rng.integers(0, 1 << bits, n).tolist()
+        t = tw.asarray(_pack_little(codes, bits))._from_bytes(name, shape, False) if n else tw.zeros(shape, name)
+        assert not t.subbyte_padded
+        want = np.array(codes, np.uint8).reshape(shape)
+        for out in (np.asarray(t), np.array(t), np.array(t, copy=True), tw.to_numpy(t)):
+            assert out.dtype == mld and out.shape == tuple(shape) and out.flags.writeable
+            assert out.view(np.uint8).tolist() == want.tolist()
+        if "float" not in name:  # (float codes include NaNs, which compare unequal)
+            assert t.tolist() == want.view(mld).tolist()
+        with pytest.raises(ValueError, match=f"packed {name} .* copy=False"):
+            np.asarray(t, copy=False)
+        with pytest.raises(tw.CopyError, match=f"packed {name}"):
+            tw.to_numpy(t, copy=False)
+        with pytest.raises(BufferError, match="without unpacking"):
+            t.numpy()
+        if len(shape) >= 2 and n:
+            views = {"transposed": (t.T, want.T), "reversed": (t[::-1], want[::-1]), "rows": (t[1:], want[1:])}
+            if shape[-1] * bits % 16 == 0:  # every other byte-aligned column block
+                k = 8 // bits if 8 % bits == 0 else 4
+                views["column block"] = (t[..., k:], want[..., k:])
+            for what, (v, w) in views.items():
+                assert np.asarray(v).view(np.uint8).tolist() == w.tolist(), what
+
+
+def test_jax_takes_tensors_through_jax_array_sub_byte_ones_through_numpy():
+    jnp = pytest.importorskip("jax.numpy", reason="JAX is not installed")
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    t = tw.asarray(a)
+    # NumPy 2 refuses a .dtype that is not an np.dtype, and JAX asks NumPy for it unless the object says
+    # __jax_array__: with it, jnp.asarray / jnp.array take a tensor in any layout.
+    for src, want in ((t, a), (t[:, ::-1], a[:, ::-1]), (t.T, a.T), (t[::2, 1::2], a[::2, 1::2])):
+        j = jnp.asarray(src)
+        assert j.dtype == jnp.float32 and np.array_equal(np.asarray(j), want)
+    assert jnp.array(t, dtype=jnp.int32).dtype == jnp.int32
+    for name in ("int4", "uint4", "int2", "float4_e2m1fn"):
+        mld = np.dtype(getattr(ml_dtypes, name))
+        padded = np.arange(6).astype(mld).reshape(2, 3)
+        codes = np.asarray(padded).view(np.uint8).reshape(-1).tolist()
+        bits = tw.zeros(1, name).dtype.bits
+        packed = tw.asarray(_pack_little([c & ((1 << bits) - 1) for c in codes], bits))._from_bytes(name, (2, 3), False)
+        for src in (tw.asarray(padded), packed):
+            j = jnp.asarray(src)
+            assert j.dtype == mld and np.array_equal(np.asarray(j).astype(np.float32), padded.astype(np.float32))
+        with pytest.raises(tw.CopyError, match=f"{name} tensor through DLPack"):
+            tw.to_jax(packed, copy=False)
+
+
 def test_bfloat16_to_torch():
     a = np.arange(6).astype(ml_dtypes.bfloat16)
     t = tw.asarray(a)

@@ -265,7 +265,10 @@ def test_one_element_of_a_packed_sub_byte_tensor_converts():
     packed = tw.asarray(np.array([0x21, 0xF3], np.uint8))._from_bytes("int4", (4,), False)
     assert not packed.subbyte_padded
     with pytest.raises(BufferError, match="packed int4"):
-        np.asarray(packed)
+        packed.numpy()  # a zero-copy view cannot be
+    with pytest.raises(ValueError, match="packed int4 .* copy=False"):
+        np.asarray(packed, copy=False)
+    assert np.asarray(packed).tolist() == packed.tolist() == [1, 2, 3, -1]  # unpacked into a copy
     assert [packed[i].item() for i in (0, 2)] == [1, 3]  # a view starts on a byte boundary: even indices only
     assert int(packed.reshape(2, 2)[1, 0]) == 3 and operator.index(packed[2]) == 3 and float(packed[0]) == 1.0
     last = tw.asarray(np.array([0xF3], np.uint8))._from_bytes("int4", (1,), False)  # the high nibble is padding
