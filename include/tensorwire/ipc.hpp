@@ -124,7 +124,8 @@ struct PublisherOptions {
   bool allow_other_users = false;
 
   // -- across machines (UCX; see "Across machines" in the README) --
-  /// Also serve remote subscribers: "host:port" to listen on ("[v6]:port"; port 0 picks a free one, see
+  /// Also serve remote subscribers: "host:port" to listen on ("[v6]:port" only with UCX_TCP_AF_PRIO=inet6: see
+  /// "Across machines" in the README; port 0 picks a free one, see
   /// Publisher::address). A missing host (":7447" or "7447") binds to loopback only. Empty: shared memory only.
   std::string listen{};
   /// A shared secret remote subscribers must prove (challenge-response; it never crosses the network). Required

@@ -82,17 +82,48 @@ bool is_loopback(const sockaddr_storage& ss) {
 
 }  // namespace
 
-/// Resolves a listen or connect address (numeric or a name); a missing host is 127.0.0.1.
+/// The address family of UCX's TCP interfaces: the first of UCX_TCP_AF_PRIO ("inet,inet6" when unset: IPv4).
+int ucx_tcp_family() {
+  const char* prio = std::getenv("UCX_TCP_AF_PRIO");
+  std::string first = prio ? std::string(prio).substr(0, std::string(prio).find(',')) : "";
+  first.erase(std::remove_if(first.begin(), first.end(), [](char c) { return c == ' ' || c == '\t'; }), first.end());
+  return first == "inet6" ? AF_INET6 : AF_INET;
+}
+
+/// Resolves a listen or connect address (numeric or a name); a missing host is 127.0.0.1. Only addresses of the
+/// family of UCX's TCP interfaces are taken: when the connection manager's family differs from theirs, UCX's TCP
+/// transport reads a peer's IPv4 interface address as an IPv6 one and corrupts the heap (UCX 1.13 and 1.22, both
+/// ends, as soon as a subscriber connects); with IPv6 interfaces (UCX_TCP_AF_PRIO=inet6), an IPv4 connection
+/// never completes. A name resolves in that family; an address of the other one is refused saying so.
 sockaddr_storage resolve(const HostPort& hp, bool passive, const std::string& what) {
+  const int family = ucx_tcp_family();
   addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
+  hints.ai_family = family;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = passive ? AI_PASSIVE : 0;
   addrinfo* res = nullptr;
-  const std::string host = hp.host.empty() ? "127.0.0.1" : hp.host;
-  const int rc = ::getaddrinfo(host.c_str(), std::to_string(hp.port).c_str(), &hints, &res);
-  if (rc != 0 || !res)
+  const std::string host = hp.host.empty() ? (family == AF_INET6 ? "::1" : "127.0.0.1") : hp.host;
+  const std::string port = std::to_string(hp.port);
+  const int rc = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &res);
+  if (rc != 0 || !res) {
+    addrinfo other = hints;
+    other.ai_family = family == AF_INET6 ? AF_INET : AF_INET6;
+    addrinfo* o = nullptr;
+    if (::getaddrinfo(host.c_str(), port.c_str(), &other, &o) == 0 && o) {
+      ::freeaddrinfo(o);
+      if (family == AF_INET)
+        throw Error(ErrorCode::invalid_argument,
+                    what + ": '" + host + "' is an IPv6 address (or a name with IPv6 addresses only), but UCX's TCP "
+                    "transport uses IPv4 interfaces here, and UCX corrupts its memory when the two families differ. "
+                    "For IPv6, set UCX_TCP_AF_PRIO=inet6 in the environment of every process before its first "
+                    "listen=/connect= (UCX 1.22 then works; 1.13 does not; IPv4 addresses are refused then)");
+      throw Error(ErrorCode::invalid_argument,
+                  what + ": '" + host + "' is an IPv4 address (or a name with IPv4 addresses only), but "
+                  "UCX_TCP_AF_PRIO=" + std::getenv("UCX_TCP_AF_PRIO") + " gives UCX's TCP transport IPv6 interfaces, "
+                  "with which an IPv4 connection never completes; use an IPv6 address, or unset UCX_TCP_AF_PRIO");
+    }
     throw Error(ErrorCode::invalid_argument, what + ": cannot resolve host '" + host + "': " + ::gai_strerror(rc));
+  }
   sockaddr_storage ss{};
   std::memcpy(&ss, res->ai_addr, std::min<size_t>(res->ai_addrlen, sizeof ss));
   ::freeaddrinfo(res);

@@ -400,6 +400,19 @@ std::vector<uint8_t> elements(const Tensor& t) {  // the values, C order, bytes
   return std::vector<uint8_t>(p, p + c.nbytes());
 }
 
+TEST(NetUcx, AnAddressOfTheOtherFamilyThanUcxsTcpInterfacesIsRefusedNotCorruptingTheHeap) {
+  // UCX's TCP transport reads a peer's IPv4 interface address as IPv6 when its connection manager's is IPv6 (heap
+  // corruption as a subscriber connects): with UCX_TCP_AF_PRIO unset (IPv4 interfaces), IPv6 addresses are refused.
+  SKIP_WITHOUT_UCX();
+  if (std::getenv("UCX_TCP_AF_PRIO")) GTEST_SKIP() << "UCX_TCP_AF_PRIO is set in this environment";
+  TW_EXPECT_ERROR_MSG(Publisher(topic("v6"), PublisherOptions{.listen = "[::1]:0"}), ErrorCode::invalid_argument,
+                      "UCX_TCP_AF_PRIO=inet6");
+  TW_EXPECT_ERROR_MSG(Subscriber(topic("v6"), SubscriberOptions{.connect = "[::1]:7447"}), ErrorCode::invalid_argument,
+                      "'::1' is an IPv6 address");
+  Publisher v4(topic("v4"), PublisherOptions{.listen = ":0"});  // no host: IPv4 loopback
+  EXPECT_EQ(v4.address().rfind("127.0.0.1:", 0), 0u) << v4.address();
+}
+
 TEST(NetPubSub, EveryLayoutArrivesBitExactWithItsMetadata) {
   SKIP_WITHOUT_UCX();
   const std::string name = topic("layouts");
