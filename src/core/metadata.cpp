@@ -143,7 +143,12 @@ void put_u64(std::string& out, uint64_t v) {
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
 }
 
-void encode(std::string& out, const Value& v) {
+void encode(std::string& out, const Value& v, int depth) {
+  // The decoder refuses deeper nesting (a hostile peer's stack): what it would refuse is never encoded, so a
+  // publisher cannot send its subscribers a message that ends their streams.
+  if (depth > kMaxDepth)
+    throw Error(ErrorCode::invalid_argument, "metadata nested deeper than " + std::to_string(kMaxDepth) +
+                                                 " levels cannot be encoded (receivers refuse it)");
   switch (v.kind()) {
     case Value::Kind::none: out.push_back(kNone); break;
     case Value::Kind::boolean: out.push_back(v.as_bool() ? kTrue : kFalse); break;
@@ -162,7 +167,7 @@ void encode(std::string& out, const Value& v) {
     case Value::Kind::tuple:
       out.push_back(v.kind() == Value::Kind::list ? kList : kTuple);
       put_u32(out, v.items().size());
-      for (const auto& x : v.items()) encode(out, x);
+      for (const auto& x : v.items()) encode(out, x, depth + 1);
       break;
     case Value::Kind::dict:
       out.push_back(kDict);
@@ -170,7 +175,7 @@ void encode(std::string& out, const Value& v) {
       for (size_t i = 0; i < v.keys().size(); ++i) {
         put_u32(out, v.keys()[i].size());
         out += v.keys()[i];
-        encode(out, v.values()[i]);
+        encode(out, v.values()[i], depth + 1);
       }
       break;
   }
@@ -256,7 +261,7 @@ struct Reader {
 std::string encode_metadata(const Metadata& m) {
   std::string out(kMagic, 4);
   out.push_back(static_cast<char>(kVersion));
-  encode(out, m.as_value());
+  encode(out, m.as_value(), 0);
   return out;
 }
 

@@ -264,6 +264,15 @@ TEST(MetadataEncoding, DeepNestingIsRefusedWithoutExhaustingTheStack) {
   for (int i = 0; i < 40; ++i) v = Value::tuple({v, i});
   Metadata m{{"deep", v}};
   EXPECT_EQ(tw::decode_metadata(tw::encode_metadata(m)), m);
+  // Encode refuses exactly what decode would: the deepest encodable metadata decodes, one level more is refused at
+  // the sender (a publisher must not send what ends every subscriber's stream).
+  auto chain = [](int levels) {  // the root dict, then `levels` nested dicts under "k"
+    Value x = Value::dict();
+    for (int i = 1; i < levels; ++i) x = Value::dict({"k"}, {x});
+    return Metadata{{"k", x}};
+  };
+  EXPECT_EQ(tw::decode_metadata(tw::encode_metadata(chain(64))), chain(64));
+  TW_EXPECT_ERROR_MSG(tw::encode_metadata(chain(65)), ErrorCode::invalid_argument, "nested deeper than 64");
 }
 
 TEST(MetadataEncoding, MutatedInputNeverCrashes) {
