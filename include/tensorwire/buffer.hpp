@@ -65,6 +65,12 @@ class Buffer {
   }
   bool escaped() const noexcept { return escaped_.load(std::memory_order_relaxed); }
 
+  /// Makes every tensor over this memory read-only from now on (Tensor::readonly()): a loan sent while a handle to
+  /// it lived on, whose pages the publisher write-protects. tensorwire's own writes (copy into it, data<T>(), the C
+  /// ABI) then fail with Error(read_only) instead of faulting. One way: a buffer is never unsealed.
+  void seal() const noexcept { sealed_.store(true, std::memory_order_release); }
+  bool sealed() const noexcept { return sealed_.load(std::memory_order_acquire); }
+
   /// How this memory arrived, when a transport made it: "shm" (a publisher's loan, no copy), "shm-copy",
   /// "cuda-ipc", "cuda-vmm", "cuda-copy" (CUDA memory between processes), "ucx" (across machines, layout kept),
   /// "ucx-packed" (across machines, packed by the sender), "ucx-cuda" (a CUDA tensor, device memory to device
@@ -88,6 +94,7 @@ class Buffer {
   Device device_;
   std::shared_ptr<const void> owner_;
   mutable std::atomic<bool> escaped_{false};
+  mutable std::atomic<bool> sealed_{false};
   const char* transport_ = nullptr;
   std::shared_ptr<StreamUses> uses_;
 };

@@ -75,7 +75,7 @@ class Tensor {
   int64_t nbytes() const { return layout().nbytes(); }
   int64_t size(int64_t dim) const;
   Device device() const { return buffer().device(); }
-  bool readonly() const noexcept { return readonly_; }
+  bool readonly() const noexcept { return readonly_ || (buffer_ && buffer_->sealed()); }
   bool subbyte_padded() const { return layout().subbyte_padded; }
   const Buffer& buffer() const;
   const std::shared_ptr<Buffer>& buffer_ptr() const noexcept { return buffer_; }
@@ -202,7 +202,10 @@ T* Tensor::data() const {
     throw Error(ErrorCode::type_mismatch, "Tensor::data<T>: T is " + DType::of<U>().name() + " but the tensor is " +
                                               dtype().name());
   if constexpr (!std::is_const_v<T>) {
-    if (readonly_) throw Error(ErrorCode::read_only, "Tensor::data<T>: the tensor is read-only; use data<const T>()");
+    if (readonly())
+      throw Error(ErrorCode::read_only, std::string("Tensor::data<T>: the tensor is read-only") +
+                                            (readonly_ ? "" : " (a loan already sent: loan again to write)") +
+                                            "; use data<const T>()");
   }
   if (!device().is_host_accessible())
     throw Error(ErrorCode::unsupported, "Tensor::data<T>: memory on " + device().str() + " is not host-accessible");

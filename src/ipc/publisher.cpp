@@ -907,8 +907,11 @@ class PublisherImpl {
         // is alive, or a raw pointer escaped (an __array_interface__ consumer, torch.frombuffer). The loan's
         // memory is read-only here from now on (until loaned again), so such a write faults instead of changing
         // what subscribers hold. A loan handed over whole (send(std::move(loan)), Python's send) skips the two
-        // mprotect calls, which cost O(pages) (bench/RESULTS.md).
+        // mprotect calls, which cost O(pages) (bench/RESULTS.md). Every tensor over the loan reads as read-only
+        // from now on, so tensorwire's own writes into it fail with an error instead of faulting (device loans,
+        // which the host cannot protect, too: nothing of tensorwire's writes a message subscribers hold).
         pool_->protect_sent(p.slot);
+        p.t->buffer().seal();
       }
     }
     const uint64_t seqno = ++sequence_;

@@ -757,6 +757,12 @@ TEST(IpcPublisher, ASentLoanIsReadOnlyExactlyWhenSomethingCouldStillWriteIt) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->data<const uint8_t>()[63], 5);
   EXPECT_FALSE(writable_here(keep.data_ptr()));
+  // ...and every tensor over it says so: tensorwire's own writes are errors, not faults.
+  EXPECT_TRUE(keep.readonly());
+  EXPECT_TRUE(keep.slice(0, 8, 16).readonly());
+  TW_EXPECT_ERROR_MSG(keep.data<uint8_t>(), tw::ErrorCode::read_only, "a loan already sent");
+  TW_EXPECT_ERROR(tw::copy(Tensor::zeros({64}, DType::uint8()), keep), tw::ErrorCode::read_only);
+  EXPECT_EQ(keep.data<const uint8_t>()[0], 5);
   // Handed over whole, alone or in a message: nothing can write it, so no mprotect is paid for.
   Tensor whole = pub.loan({1 << 20}, DType::uint8());
   const void* whole_addr = whole.data_ptr();
