@@ -20,7 +20,10 @@ struct CopyOptions {
 /// Thread-safe for disjoint destinations. Throws Error naming the mismatch.
 void copy(const Tensor& src, const Tensor& dst, CopyOptions options = {});
 
-/// Threads used by large copies (the calling thread included). n <= 0 resets to the number of CPUs.
+/// Most threads set_num_threads takes.
+inline constexpr int kMaxThreads = 1024;
+/// Threads used by large copies (the calling thread included). n <= 0 resets to the number of CPUs; more than
+/// kMaxThreads throws Error(invalid_argument). Fewer threads run when the system refuses to start more.
 void set_num_threads(int n);
 int get_num_threads() noexcept;
 

@@ -202,6 +202,8 @@ tw_status tw_tensor_reshape(const tw_tensor* t, int32_t ndim, const int64_t* sha
 tw_status tw_tensor_clone(const tw_tensor* t, tw_tensor** out);
 /* Copies every element of src into dst (same shape and dtype). */
 tw_status tw_copy(const tw_tensor* src, const tw_tensor* dst);
+/* Threads used by large copies (the caller included): n <= 0 restores the number of CPUs; more than 1024 is taken
+   as 1024 (tw::kMaxThreads). */
 void tw_set_num_threads(int n);
 /* The buffer cache of recently freed large host blocks (tw::set_buffer_cache_limit): 0 disables it. */
 void tw_set_buffer_cache_limit(size_t nbytes);

@@ -849,7 +849,8 @@ NB_MODULE(_tensorwire, m) {
   register_arrow(m);
 
   m.def("set_num_threads", &tw::set_num_threads, "n"_a,
-        "Threads used by large copies (the caller included); n <= 0 restores the number of CPUs.");
+        "Threads used by large copies (the caller included); n <= 0 restores the number of CPUs; at most 1024 "
+        "(ValueError above).");
   m.def("get_num_threads", &tw::get_num_threads, "Threads large copies use (set_num_threads changes it).");
   m.def("set_buffer_cache_limit", [](nb::handle nbytes) {
     const int64_t n = int64_arg(nbytes, "set_buffer_cache_limit: nbytes");

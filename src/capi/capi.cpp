@@ -516,7 +516,7 @@ tw_status tw_copy(const tw_tensor* src, const tw_tensor* dst) {
   return guarded([&] { tw::copy(src->t, dst->t); });
 }
 
-void tw_set_num_threads(int n) { tw::set_num_threads(n); }
+void tw_set_num_threads(int n) { tw::set_num_threads(n > tw::kMaxThreads ? tw::kMaxThreads : n); }
 void tw_set_buffer_cache_limit(size_t nbytes) { tw::set_buffer_cache_limit(nbytes); }
 size_t tw_buffer_cache_limit(void) { return tw::buffer_cache_limit(); }
 

@@ -6,10 +6,13 @@
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
+#include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
 #include "tensorwire/copy.hpp"
+#include "tensorwire/error.hpp"
 
 namespace tw {
 namespace detail {
@@ -29,8 +32,13 @@ std::atomic<int> g_requested{0};  // 0 = hardware default
 
 class Pool {
  public:
-  explicit Pool(int workers) {
-    for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { work(); });
+  explicit Pool(int workers) : requested_(static_cast<size_t>(workers)) {
+    try {
+      for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { work(); });
+    } catch (const std::exception&) {  // std::system_error (EAGAIN), or std::bad_alloc for the thread's state
+      // The system gave fewer threads than asked for (a thread or memory limit): copies run on those it gave
+      // (and the caller), never fail for it.
+    }
   }
   ~Pool() {
     {
@@ -41,6 +49,8 @@ class Pool {
     for (auto& t : threads_) t.join();
   }
   size_t workers() const noexcept { return threads_.size(); }
+  /// The workers asked for (workers() may be fewer: those the system gave).
+  size_t requested() const noexcept { return requested_; }
 
   // Caller holds job_mu_. Returns when every index ran and no worker still references the job.
   void run(int64_t n, const std::function<void(int64_t)>& fn) {
@@ -91,6 +101,7 @@ class Pool {
     }
   }
 
+  size_t requested_;
   std::vector<std::thread> threads_;
   std::mutex mu_;
   std::condition_variable cv_, done_cv_;
@@ -132,7 +143,7 @@ void parallel_for(int64_t n, const std::function<void(int64_t)>& fn) {
     // The job lock is taken while g_pool_mu is held, and a pool is only deleted under both: no caller can be
     // left holding a pointer to a deleted pool.
     std::lock_guard<std::mutex> lk(g_pool_mu);
-    if (g_pool && g_pool->workers() != static_cast<size_t>(want - 1)) {
+    if (g_pool && g_pool->requested() != static_cast<size_t>(want - 1)) {
       std::unique_lock<std::mutex> resize(g_pool->job_mu_, std::try_to_lock);
       if (resize.owns_lock()) {
         resize.unlock();
@@ -153,7 +164,12 @@ void parallel_for(int64_t n, const std::function<void(int64_t)>& fn) {
 
 }  // namespace detail
 
-void set_num_threads(int n) { detail::g_requested.store(n > 0 ? n : 0); }
+void set_num_threads(int n) {
+  if (n > kMaxThreads)
+    throw Error(ErrorCode::invalid_argument, "set_num_threads: at most " + std::to_string(kMaxThreads) +
+                                                 " threads (the calling thread included), not " + std::to_string(n));
+  detail::g_requested.store(n > 0 ? n : 0);
+}
 int get_num_threads() noexcept { return detail::num_threads(); }
 
 }  // namespace tw

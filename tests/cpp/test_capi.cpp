@@ -10,6 +10,7 @@
 #include <thread>
 #include <unistd.h>
 
+#include "tensorwire/copy.hpp"  // tw::get_num_threads, to check what tw_set_num_threads set
 #include "tensorwire/ipc.hpp"  // the C++ peer of one test (a message of several tensors)
 #include "tensorwire/tensorwire.h"
 #include "net/net_internal.hpp"  // ucx_unavailable_reason: the remote test skips where UCX cannot run
@@ -129,6 +130,14 @@ TEST(CApi, VersionQueries) {
 
 std::atomic<int> g_released{0};
 void count_release(void*) { g_released.fetch_add(1); }
+
+TEST(CApi, AThreadCountPastTheLimitIsTakenAsTheLimit) {
+  // (tw_set_num_threads returns nothing: more than tw::kMaxThreads means the most it takes, not an error.)
+  tw_set_num_threads(100000);
+  EXPECT_EQ(tw::get_num_threads(), tw::kMaxThreads);
+  tw_set_num_threads(1);
+  EXPECT_EQ(tw::get_num_threads(), 1);
+}
 
 TEST(CApi, AdoptReleasesExactlyOnceAfterTheLastView) {
   g_released = 0;

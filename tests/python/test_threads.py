@@ -251,3 +251,15 @@ def test_multiprocessing_fork_context():
 def _mp_child(v, expected):
     tw.set_num_threads(2)
     sys.exit(0 if np.asarray(tw.asarray(v).contiguous()).tobytes() == expected else 1)
+
+
+def test_a_thread_count_past_the_limit_is_a_value_error_and_changes_nothing():
+    # 100000 threads once stalled the process (and the machine's thread limit) at the next large copy.
+    tw.set_num_threads(2)
+    try:
+        for n in (1025, 100000):
+            with pytest.raises(ValueError, match="at most 1024 threads"):
+                tw.set_num_threads(n)
+        assert tw.get_num_threads() == 2
+    finally:
+        tw.set_num_threads(0)
