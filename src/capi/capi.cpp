@@ -172,9 +172,17 @@ tw_status tensor_op(const tw_tensor* t, tw_tensor** out, Result kind, F&& op) {
   });
 }
 
+// The rank is checked before a single entry is read: a caller's array is only as long as a valid rank.
+void rank_arg(int32_t ndim) {
+  if (ndim > static_cast<int32_t>(tw::kMaxRank))
+    throw tw::Error(tw::ErrorCode::invalid_argument, "ndim " + std::to_string(ndim) + " exceeds the maximum rank of " +
+                                                         std::to_string(tw::kMaxRank));
+}
+
 tw::Shape shape_arg(int32_t ndim, const int64_t* shape) {
   if (ndim < 0 || (ndim > 0 && !shape))
     throw tw::Error(tw::ErrorCode::invalid_argument, "shape is NULL or ndim is negative");
+  rank_arg(ndim);
   return tw::Shape(shape, static_cast<size_t>(ndim));
 }
 
@@ -485,6 +493,7 @@ tw_status tw_tensor_permute(const tw_tensor* t, const int64_t* dims, int32_t ndi
   return tensor_op(t, out, Result::view, [&](const tw::Tensor& x) {
     if (ndim < 0 || (ndim > 0 && !dims))
       throw tw::Error(tw::ErrorCode::invalid_argument, "dims is NULL or ndim is negative");
+    rank_arg(ndim);
     return x.permute(tw::Dims(dims, static_cast<size_t>(ndim)));
   });
 }

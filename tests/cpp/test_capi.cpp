@@ -139,6 +139,28 @@ TEST(CApi, AThreadCountPastTheLimitIsTakenAsTheLimit) {
   EXPECT_EQ(tw::get_num_threads(), 1);
 }
 
+TEST(CApi, ARankPastTheMaximumIsRefusedBeforeItsEntriesAreRead) {
+  // The caller's array holds two entries: a wild ndim must be refused before one past them is read (ASan would
+  // report the read), with a short message, for every call that takes a shape or a permutation.
+  int64_t dims[2] = {1, 0};
+  tw_tensor* t = nullptr;
+  ASSERT_EQ(tw_tensor_zeros(2, dims, DLDataType{2, 32, 1}, &t), TW_OK);
+  tw_tensor* out = nullptr;
+  for (int32_t ndim : {65, 1000000}) {
+    const std::string want = "ndim " + std::to_string(ndim) + " exceeds the maximum rank of 64";
+    EXPECT_EQ(tw_tensor_view(t, ndim, dims, &out), TW_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(std::string(tw_last_error()), want);
+    EXPECT_EQ(tw_tensor_reshape(t, ndim, dims, &out), TW_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(std::string(tw_last_error()), want);
+    EXPECT_EQ(tw_tensor_permute(t, dims, ndim, &out), TW_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(std::string(tw_last_error()), want);
+    EXPECT_EQ(tw_tensor_zeros(ndim, dims, DLDataType{2, 32, 1}, &out), TW_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(std::string(tw_last_error()), want);
+    EXPECT_EQ(out, nullptr);
+  }
+  tw_tensor_free(t);
+}
+
 TEST(CApi, AdoptReleasesExactlyOnceAfterTheLastView) {
   g_released = 0;
   alignas(8) static float data[6] = {0, 1, 2, 3, 4, 5};
