@@ -28,6 +28,9 @@
 //     pending). An import with a non-null CUDA `sync_event` waits on the event (host-side) before returning, and
 //     needs the driver to do so (Error(device_unavailable) otherwise).
 #pragma once
+#if defined(__cplusplus) && __cplusplus < 202002L && !(defined(_MSVC_LANG) && _MSVC_LANG >= 202002L)
+#error "tensorwire's C++ headers need C++20 (-std=c++20); C and older C++ take the C API, tensorwire/tensorwire.h"
+#endif
 
 #include <cstddef>
 #include <cstdint>

@@ -3,6 +3,9 @@
 // whatever keeps that memory valid (the producer's object, a container, a mapping). Views of one buffer share it;
 // the memory is released when the last view and the last Buffer reference are gone.
 #pragma once
+#if defined(__cplusplus) && __cplusplus < 202002L && !(defined(_MSVC_LANG) && _MSVC_LANG >= 202002L)
+#error "tensorwire's C++ headers need C++20 (-std=c++20); C and older C++ take the C API, tensorwire/tensorwire.h"
+#endif
 
 #include <array>
 #include <atomic>

@@ -5,6 +5,9 @@
 // and 4x4 (8-byte) AVX2 transposes, or a gather loop. Copies of more than a few MiB are split across a thread pool
 // (`set_num_threads`). Overlapping source and destination are handled through a temporary.
 #pragma once
+#if defined(__cplusplus) && __cplusplus < 202002L && !(defined(_MSVC_LANG) && _MSVC_LANG >= 202002L)
+#error "tensorwire's C++ headers need C++20 (-std=c++20); C and older C++ take the C API, tensorwire/tensorwire.h"
+#endif
 
 #include "tensorwire/tensor.hpp"
 

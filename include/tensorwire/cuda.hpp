@@ -10,6 +10,9 @@
 // Tensor::to, Tensor::pin, Tensor::empty(..., device) and copies of device tensors reach this layer through
 // tw::DeviceRuntime (installed when the library loads).
 #pragma once
+#if defined(__cplusplus) && __cplusplus < 202002L && !(defined(_MSVC_LANG) && _MSVC_LANG >= 202002L)
+#error "tensorwire's C++ headers need C++20 (-std=c++20); C and older C++ take the C API, tensorwire/tensorwire.h"
+#endif
 
 #include <cstddef>
 #include <cstdint>

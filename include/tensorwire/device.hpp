@@ -1,5 +1,8 @@
 // tensorwire/device.hpp — where a tensor's memory lives, as a DLPack device descriptor.
 #pragma once
+#if defined(__cplusplus) && __cplusplus < 202002L && !(defined(_MSVC_LANG) && _MSVC_LANG >= 202002L)
+#error "tensorwire's C++ headers need C++20 (-std=c++20); C and older C++ take the C API, tensorwire/tensorwire.h"
+#endif
 
 #include <cstdint>
 #include <string>

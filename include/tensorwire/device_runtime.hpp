@@ -6,6 +6,9 @@
 // C ABI do so when they load; a C++ program that hands CUDA memory to interop calls it once). Without one
 // installed, every question gets a clear "no device runtime is installed" answer, never a silent skip.
 #pragma once
+#if defined(__cplusplus) && __cplusplus < 202002L && !(defined(_MSVC_LANG) && _MSVC_LANG >= 202002L)
+#error "tensorwire's C++ headers need C++20 (-std=c++20); C and older C++ take the C API, tensorwire/tensorwire.h"
+#endif
 
 #include <array>
 #include <cstddef>

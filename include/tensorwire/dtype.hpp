@@ -1,6 +1,9 @@
 // tensorwire/dtype.hpp — element types, as DLPack encodes them (code, bits, lanes).
 // Names follow NumPy / PyTorch / ml_dtypes spelling ("float32", "bfloat16", "float8_e4m3fn", "bool").
 #pragma once
+#if defined(__cplusplus) && __cplusplus < 202002L && !(defined(_MSVC_LANG) && _MSVC_LANG >= 202002L)
+#error "tensorwire's C++ headers need C++20 (-std=c++20); C and older C++ take the C API, tensorwire/tensorwire.h"
+#endif
 
 #include <cstddef>
 #include <cstdint>

@@ -2,6 +2,9 @@
 // Every failure throws tw::Error with a code saying which kind of failure it is and a message that names the
 // offending value and what to do about it. Non-errors (a timeout, an empty queue) are return values instead.
 #pragma once
+#if defined(__cplusplus) && __cplusplus < 202002L && !(defined(_MSVC_LANG) && _MSVC_LANG >= 202002L)
+#error "tensorwire's C++ headers need C++20 (-std=c++20); C and older C++ take the C API, tensorwire/tensorwire.h"
+#endif
 
 #include <stdexcept>
 #include <string>

@@ -9,6 +9,9 @@
 //  4. Exports always fill `strides`; `data` is the address of the first element and byte_offset is 0 (the most
 //     widely consumed form; all DLPack consumers we test add byte_offset correctly, but several older ones did not).
 #pragma once
+#if defined(__cplusplus) && __cplusplus < 202002L && !(defined(_MSVC_LANG) && _MSVC_LANG >= 202002L)
+#error "tensorwire's C++ headers need C++20 (-std=c++20); C and older C++ take the C API, tensorwire/tensorwire.h"
+#endif
 
 #include <optional>
 #include <string>

@@ -21,6 +21,9 @@
 //     whose socket closes (exit, crash, SIGKILL) loses its leases at once. When the publisher closes or dies, its
 //     subscribers drain their ring, keep every tensor they hold valid, and then see end-of-stream.
 #pragma once
+#if defined(__cplusplus) && __cplusplus < 202002L && !(defined(_MSVC_LANG) && _MSVC_LANG >= 202002L)
+#error "tensorwire's C++ headers need C++20 (-std=c++20); C and older C++ take the C API, tensorwire/tensorwire.h"
+#endif
 
 #include <chrono>
 #include <cstddef>

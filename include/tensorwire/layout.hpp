@@ -1,6 +1,9 @@
 // tensorwire/layout.hpp — shape, strides (in elements) and byte offset, and the predicates over them.
 // Every arithmetic step that could overflow is checked; validate() is the one place a layout is proven sound.
 #pragma once
+#if defined(__cplusplus) && __cplusplus < 202002L && !(defined(_MSVC_LANG) && _MSVC_LANG >= 202002L)
+#error "tensorwire's C++ headers need C++20 (-std=c++20); C and older C++ take the C API, tensorwire/tensorwire.h"
+#endif
 
 #include <concepts>
 #include <cstdint>

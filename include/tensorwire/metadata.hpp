@@ -2,6 +2,9 @@
 // A Value is JSON-like plus bytes and tuples, so Python values round-trip with their exact types. Metadata is an
 // insertion-ordered map from string keys to Values. Both are plain value types: copying deep-copies.
 #pragma once
+#if defined(__cplusplus) && __cplusplus < 202002L && !(defined(_MSVC_LANG) && _MSVC_LANG >= 202002L)
+#error "tensorwire's C++ headers need C++20 (-std=c++20); C and older C++ take the C API, tensorwire/tensorwire.h"
+#endif
 
 #include <cstdint>
 #include <initializer_list>

@@ -1,6 +1,9 @@
 // tensorwire/net.hpp — which UCX carries tensors across machines (PublisherOptions::listen,
 // SubscriberOptions::connect in tensorwire/ipc.hpp; "Across machines" in the README).
 #pragma once
+#if defined(__cplusplus) && __cplusplus < 202002L && !(defined(_MSVC_LANG) && _MSVC_LANG >= 202002L)
+#error "tensorwire's C++ headers need C++20 (-std=c++20); C and older C++ take the C API, tensorwire/tensorwire.h"
+#endif
 
 #include <string>
 

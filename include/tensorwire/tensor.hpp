@@ -4,6 +4,9 @@
 // `reshape` copy once. Views (slice, select, permute, transpose, view, expand) share the buffer and carry a deep
 // copy of the metadata. A Tensor is a cheap value type: copying one shares the buffer and copies the metadata.
 #pragma once
+#if defined(__cplusplus) && __cplusplus < 202002L && !(defined(_MSVC_LANG) && _MSVC_LANG >= 202002L)
+#error "tensorwire's C++ headers need C++20 (-std=c++20); C and older C++ take the C API, tensorwire/tensorwire.h"
+#endif
 
 #include <cstdint>
 #include <cstring>
