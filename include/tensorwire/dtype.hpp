@@ -5,10 +5,12 @@
 #error "tensorwire's C++ headers need C++20 (-std=c++20); C and older C++ take the C API, tensorwire/tensorwire.h"
 #endif
 
+#include <complex>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "tensorwire/dlpack.hpp"
 
@@ -60,7 +62,8 @@ struct DType {
   static constexpr DType int2() noexcept { return make(kDLInt, 2); }
   static constexpr DType uint2() noexcept { return make(kDLUInt, 2); }
 
-  /// The element type of C++ type T (arithmetic types, bool, std::complex<float/double>).
+  /// The element type of C++ type T: every integer type (by size and signedness), bool, float, double,
+  /// std::complex<float/double>, _Float16 where the compiler has it; anything else fails to compile, saying so.
   template <class T>
   static constexpr DType of() noexcept;
 
@@ -87,18 +90,32 @@ struct DType {
 };
 
 namespace detail {
-template <class T> struct dtype_of;
+template <class> inline constexpr bool kNoDType = false;
+template <class T> struct dtype_of {
+  static_assert(kNoDType<T>, "tw::DType::of<T>: T has no tensorwire dtype (integers, bool, float, double, "
+                             "std::complex<float>, std::complex<double>, _Float16)");
+};
+template <class T> inline constexpr bool kCharacter =
+    std::is_same_v<T, wchar_t> || std::is_same_v<T, char8_t> || std::is_same_v<T, char16_t> || std::is_same_v<T, char32_t>;
+// Every integer type by its size and signedness: int64_t, long long and long all map to int64 (char by its
+// signedness on the platform: int8 on x86).
+template <class T>
+  requires(std::is_integral_v<T> && !std::is_same_v<T, bool> && !kCharacter<T>)
+struct dtype_of<T> {
+  static constexpr DType v = std::is_signed_v<T>
+                                 ? (sizeof(T) == 1 ? DType::int8() : sizeof(T) == 2 ? DType::int16()
+                                    : sizeof(T) == 4 ? DType::int32() : DType::int64())
+                                 : (sizeof(T) == 1 ? DType::uint8() : sizeof(T) == 2 ? DType::uint16()
+                                    : sizeof(T) == 4 ? DType::uint32() : DType::uint64());
+};
 template <> struct dtype_of<bool> { static constexpr DType v = DType::boolean(); };
-template <> struct dtype_of<int8_t> { static constexpr DType v = DType::int8(); };
-template <> struct dtype_of<int16_t> { static constexpr DType v = DType::int16(); };
-template <> struct dtype_of<int32_t> { static constexpr DType v = DType::int32(); };
-template <> struct dtype_of<int64_t> { static constexpr DType v = DType::int64(); };
-template <> struct dtype_of<uint8_t> { static constexpr DType v = DType::uint8(); };
-template <> struct dtype_of<uint16_t> { static constexpr DType v = DType::uint16(); };
-template <> struct dtype_of<uint32_t> { static constexpr DType v = DType::uint32(); };
-template <> struct dtype_of<uint64_t> { static constexpr DType v = DType::uint64(); };
 template <> struct dtype_of<float> { static constexpr DType v = DType::float32(); };
 template <> struct dtype_of<double> { static constexpr DType v = DType::float64(); };
+template <> struct dtype_of<std::complex<float>> { static constexpr DType v = DType::complex64(); };
+template <> struct dtype_of<std::complex<double>> { static constexpr DType v = DType::complex128(); };
+#if defined(__FLT16_MAX__)
+template <> struct dtype_of<_Float16> { static constexpr DType v = DType::float16(); };
+#endif
 }  // namespace detail
 
 template <class T>

@@ -26,6 +26,12 @@ class Value {
   Value(int v) noexcept : kind_(Kind::integer), int_(v) {}
   Value(long v) noexcept : kind_(Kind::integer), int_(v) {}
   Value(long long v) noexcept : kind_(Kind::integer), int_(v) {}
+  /// Unsigned integers (a size(), a uint64_t id) are stored as int64: one past INT64_MAX throws Error(overflow).
+  Value(unsigned v) noexcept : kind_(Kind::integer), int_(v) {}
+  Value(unsigned long v) : kind_(Kind::integer), int_(from_unsigned(v)) {}
+  Value(unsigned long long v) : kind_(Kind::integer), int_(from_unsigned(v)) {}
+  /// A char is text or a number only the caller knows: Value(std::string(1, c)) or Value(int{c}).
+  Value(char) = delete;
   Value(double v) noexcept : kind_(Kind::floating), float_(v) {}
   Value(const char* s) : kind_(Kind::string), str_(s) {}
   Value(std::string s) noexcept : kind_(Kind::string), str_(std::move(s)) {}
@@ -64,6 +70,8 @@ class Value {
   friend bool operator==(const Value& a, const Value& b) noexcept;
 
  private:
+  static int64_t from_unsigned(unsigned long long v);
+
   Kind kind_ = Kind::none;
   int64_t int_ = 0;
   double float_ = 0.0;

@@ -45,6 +45,12 @@ class Tensor {
   /// Throws Error(invalid_argument) when the shape's element count differs from v.size().
   template <class T, class A>
   static Tensor adopt(std::vector<T, A>&& v, Shape shape);
+  /// The same, 1-D of v.size() elements.
+  template <class T, class A>
+  static Tensor adopt(std::vector<T, A>&& v) {
+    const auto n = static_cast<int64_t>(v.size());
+    return adopt(std::move(v), Shape{n});
+  }
 
   /// Copies `data` into a new C-contiguous tensor of `shape`.
   template <class T>

@@ -9,6 +9,12 @@
 
 namespace tw {
 
+int64_t Value::from_unsigned(unsigned long long v) {
+  if (v > static_cast<unsigned long long>(INT64_MAX))
+    throw Error(ErrorCode::overflow, "metadata integers are int64: " + std::to_string(v) + " does not fit");
+  return static_cast<int64_t>(v);
+}
+
 const char* value_kind_name(Value::Kind k) noexcept {
   switch (k) {
     case Value::Kind::none: return "none";

@@ -138,6 +138,17 @@ TEST(DType, OfCppTypes) {
   EXPECT_EQ(DType::of<double>(), DType::float64());
   static_assert(DType::of<float>().itemsize() == 4);
   static_assert(DType::int4().is_subbyte() && DType::int4().itemsize() == 1);
+  // Every integer type by size and signedness, not only the <cstdint> aliases; complex; _Float16.
+  static_assert(DType::of<long long>() == DType::int64() && DType::of<unsigned long long>() == DType::uint64());
+  static_assert(DType::of<long>() == DType::int64() && DType::of<unsigned long>() == DType::uint64());
+  static_assert(DType::of<signed char>() == DType::int8() && DType::of<unsigned char>() == DType::uint8());
+  static_assert(DType::of<char>() == (std::is_signed_v<char> ? DType::int8() : DType::uint8()));
+  static_assert(DType::of<short>() == DType::int16() && DType::of<unsigned>() == DType::uint32());
+  static_assert(DType::of<std::complex<float>>() == DType::complex64());
+  static_assert(DType::of<std::complex<double>>() == DType::complex128());
+#if defined(__FLT16_MAX__)
+  static_assert(DType::of<_Float16>() == DType::float16());
+#endif
 }
 
 TEST(DType, UnknownNamesAreInvalidArgumentAndListTheKnownOnes) {

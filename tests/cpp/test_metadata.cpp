@@ -1,6 +1,7 @@
 // Metadata values and their binary encoding: kinds and accessors, an exact round trip (nested tuples, dicts, bytes,
 // special floats), a frozen wire format, and hostile input that must end in Error(invalid_argument), never a crash.
 #include <cmath>
+#include <type_traits>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -123,6 +124,19 @@ TEST(Metadata, MapOperations) {
   EXPECT_EQ(m.keys(), (std::vector<std::string>{"format", "scale"}));
   EXPECT_EQ(m.at("format").as_string(), "cxcywh");
   TW_EXPECT_ERROR(m.find("scale")->items(), ErrorCode::type_mismatch);  // not a list
+}
+
+TEST(Metadata, UnsignedIntegersAreStoredAsInt64AndOnePastItOverflows) {
+  std::vector<int> v(3);
+  Metadata m;
+  m.set("size", v.size());  // (size_t: ambiguous before, a compile error)
+  m.set("u", 5u);
+  m.set("max", uint64_t{INT64_MAX});
+  EXPECT_EQ(m.at("size").as_int(), 3);
+  EXPECT_EQ(m.at("u").as_int(), 5);
+  EXPECT_EQ(m.at("max").as_int(), INT64_MAX);
+  TW_EXPECT_ERROR_MSG(Value(uint64_t{INT64_MAX} + 1), ErrorCode::overflow, "9223372036854775808 does not fit");
+  static_assert(!std::is_constructible_v<Value, char>);  // text or a number: the caller says which
 }
 
 TEST(Metadata, MapOperationsContinued) {

@@ -155,6 +155,18 @@ TEST(Tensor, AdoptIsZeroCopy) {
   EXPECT_EQ(at<int32_t>(row, {99}), 999);
 }
 
+TEST(Tensor, AdoptWithoutAShapeIsOneDimensionalAndTakesComplex) {
+  std::vector<std::complex<float>> v{{1, 2}, {3, 4}, {5, 6}};
+  const void* before = v.data();
+  Tensor t = Tensor::adopt(std::move(v));
+  EXPECT_EQ(t.data_ptr(), before);
+  EXPECT_EQ(t.shape(), (tw::Shape{3}));
+  EXPECT_EQ(t.dtype(), DType::complex64());
+  EXPECT_EQ(t.data<const std::complex<float>>()[2], std::complex<float>(5, 6));
+  std::vector<long long> w{7, 8};
+  EXPECT_EQ(Tensor::adopt(std::move(w)).dtype(), DType::int64());
+}
+
 TEST(Tensor, AdoptRefusesWrongElementCount) {
   std::vector<double> v(6);
   TW_EXPECT_ERROR_MSG(Tensor::adopt(std::move(v), {2, 4}), ErrorCode::invalid_argument, "(2, 4)");
