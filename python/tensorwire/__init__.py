@@ -106,6 +106,16 @@ def _jax_array(self):
 
 
 Tensor.__jax_array__ = _jax_array
+
+
+def _iter(self):
+    """Iterates over the first dimension (views), as NumPy and PyTorch do; a 0-d tensor raises TypeError."""
+    if self.ndim == 0:
+        raise TypeError("iteration over a 0-d tensor")
+    return (self[i] for i in range(self.shape[0]))
+
+
+Tensor.__iter__ = _iter
 Tensor.__eq__ = _scalars.tensor_eq
 Tensor.__ne__ = _scalars.tensor_eq
 Tensor.__hash__ = object.__hash__  # identity, as before: tensors stay usable as dict keys and set members

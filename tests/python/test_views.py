@@ -273,3 +273,17 @@ def test_views_share_memory_and_readonly(a):
 def test_repr_mentions_layout(a):
     r = repr(tw.asarray(a)[:, ::2])
     assert "shape=(2, 2, 4, 5)" in r and "float64" in r and "strides=" in r
+
+
+def test_iteration_walks_the_first_dimension_and_a_0d_tensor_refuses_it():
+    a = np.arange(24, dtype=np.int32).reshape(4, 6)[::-1, ::2]
+    t = tw.asarray(a)
+    rows = list(t)
+    assert len(rows) == 4 and all(isinstance(r, tw.Tensor) for r in rows)
+    assert [np.asarray(r).tolist() for r in rows] == a.tolist()
+    assert list(tw.asarray(np.zeros((0, 3)))) == []
+    # NumPy and PyTorch raise for a 0-d array; an empty iteration would silently lose the value.
+    with pytest.raises(TypeError, match="iteration over a 0-d tensor"):
+        list(tw.asarray(np.array(7)))
+    with pytest.raises(TypeError, match="iteration over a 0-d tensor"):
+        iter(tw.asarray(np.array(7)))
