@@ -756,6 +756,21 @@ nb::object asarray(nb::handle obj_in, nb::handle device, nb::handle copy, nb::ha
     });
     if (t) return wrap(std::move(*t));
   }
+  // A layout no tensor can view (byte strides that are not whole items: a field of a NumPy record array, an
+  // ndarray made over a buffer with odd strides) when the caller allows a copy: the producer makes one (DLPack's
+  // copy=True), as copy=True would have asked, so copy=None copies exactly when no zero-copy view exists.
+  if (req.policy.copy == CopyMode::if_needed && has_attr_on_type(obj, names().dlpack) &&
+      std::any_of(refusals.begin(), refusals.end(),
+                  [](const Refusal& r) { return r.reason.find("is not a multiple of the item size") != std::string::npos; })) {
+    Request again = req;
+    again.policy.copy = CopyMode::always;
+    auto t = attempt("__dlpack__(copy=True)", [&] {
+      bool copied = false;
+      tw::Tensor r = via_dlpack(obj, again, copied);
+      return finish(std::move(r), req, {true, false});
+    });
+    if (t) return wrap(annotate(obj_in, ti, std::move(*t)));
+  }
   // A device= naming CUDA on a machine where CUDA is unavailable explains every protocol's refusal: say it first
   // (it cannot be refused up front: a foreign CUDA array may still be imported as it is).
   std::string why;

@@ -720,3 +720,20 @@ def test_a_device_tensorwire_does_not_move_to_is_named_as_such_not_as_missing_cu
     head = str(e.value).splitlines()[0]
     assert f"device={device}: tensorwire moves tensors to cpu, cuda:N and cuda_host (pinned) only" in head, head
     assert "needs CUDA" not in str(e.value)
+
+
+def test_byte_strides_no_tensor_can_view_are_copied_when_a_copy_is_allowed():
+    # A field of a record array (byte stride 12 for 8-byte items) or an ndarray over a buffer with odd strides has
+    # no element strides: copy=None takes the producer's copy (as copy=True does), copy=False refuses.
+    rec = np.zeros(5, dtype=[("a", "i4"), ("b", "f8")])
+    rec["b"] = np.linspace(-1.5, 2.5, 5)
+    field = rec["b"]
+    assert field.strides == (12,)
+    t = tw.asarray(field)
+    assert t.dtype == tw.float64 and t.shape == (5,) and same_bits(np.asarray(t), field.copy())
+    rec["b"] = 0  # a copy: the record array's later writes do not show
+    assert np.asarray(t).tolist() == np.linspace(-1.5, 2.5, 5).tolist()
+    odd = np.ndarray((3,), np.int32, np.arange(20, dtype=np.int16).tobytes(), 0, (6,))
+    assert np.asarray(tw.asarray(odd)).tolist() == odd.tolist()
+    with pytest.raises(BufferError, match="not a multiple of the item size"):
+        tw.asarray(field, copy=False)
