@@ -112,6 +112,9 @@ Tensor Tensor::make(std::shared_ptr<Buffer> buffer, Layout layout, bool readonly
 
 Tensor Tensor::from_blob(void* data, Shape shape, DType dtype, Device device, std::shared_ptr<const void> keep_alive,
                          Strides strides, bool readonly) {
+  // The same device check as every other way in (DLPack, the C ABI): a type DLPack does not define, or a negative
+  // id, is refused here rather than printed as "unknown:0" by every later message.
+  device = Device::from_dlpack(DLDevice{device.type, device.id});
   Layout l{dtype, std::move(shape), std::move(strides), 0, false};
   if (l.strides.empty() && !l.shape.empty()) l.strides = Layout::contiguous_strides(l.shape);
   l.validate();

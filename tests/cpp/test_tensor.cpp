@@ -103,6 +103,15 @@ TEST(Tensor, FromBlobKeepAliveReleasedWhenFactoryThrows) {
   EXPECT_EQ(c.released, 1);
 }
 
+TEST(Tensor, FromBlobRefusesADeviceDLPackDoesNotDefineOrANegativeId) {
+  float x[4] = {};
+  TW_EXPECT_ERROR_MSG(Tensor::from_blob(x, {4}, DType::float32(), tw::Device{static_cast<DLDeviceType>(99), 0}, nullptr),
+                      ErrorCode::unsupported, "device type 99");
+  TW_EXPECT_ERROR_MSG(Tensor::from_blob(x, {4}, DType::float32(), tw::Device::cuda(-1), nullptr),
+                      ErrorCode::invalid_argument, "device id -1 is negative");
+  EXPECT_EQ(Tensor::from_blob(x, {4}, DType::float32(), tw::Device::cpu(), nullptr).device(), tw::Device::cpu());
+}
+
 TEST(Tensor, FromBlobWithNegativeStridesAddressesElementZero) {
   std::vector<float> storage = iota_f(12);
   // Rows reversed: element (0, j) is the last row in memory.
