@@ -1017,7 +1017,7 @@ class PublisherImpl {
   }
 
   // Says who holds the pool's buffers: the message of a timeout on an exhausted pool.
-  std::string exhausted_message(const char* what, uint64_t total) const {
+  std::string exhausted_message(const char* what, uint64_t total, uint64_t nbytes) const {
     std::map<int32_t, uint64_t> by_pid;
     uint64_t loaned = 0, buffers = 0;
     for (size_t i = 0; i < pool_->end(); ++i) {
@@ -1037,6 +1037,9 @@ class PublisherImpl {
                                                   std::to_string(n) + " received tensor(s)' buffers");
     if (loaned) holders += (holders.empty() ? "" : ", ") + std::to_string(loaned) + " loan(s) alive in this process";
     if (!holders.empty()) m += ": " + holders;
+    if (nbytes > opt_.pool_bytes)  // served only by an empty pool (a buffer larger than pool_bytes stands alone)
+      m += ". This request alone (" + mib(nbytes) + ") is larger than pool_bytes: it is served once the pool holds "
+           "no other buffer";
     return m + ". A subscriber that keeps received tensors for long should keep copies (np.array(t)) so their "
                "buffers return to the pool; or raise max_buffers/pool_bytes";
   }
@@ -1075,7 +1078,7 @@ class PublisherImpl {
       waiting_for_ = "the buffer pool is exhausted";
       if (deadline.expired()) {
         waiting_for_.clear();
-        throw TimeoutError(exhausted_message(what, pool_->bytes()));
+        throw TimeoutError(exhausted_message(what, pool_->bytes(), nbytes));
       }
       lock.unlock();
       backoff.pause(deadline);

@@ -582,3 +582,14 @@ def test_100k_messages_with_checksums():
 @pytest.mark.skipif(os.environ.get("TW_IPC_1M") != "1", reason="release-build run: set TW_IPC_1M=1 (about a minute)")
 def test_1m_messages_with_checksums():
     _checksum_run(1_000_000)
+
+
+def test_a_request_larger_than_pool_bytes_waits_for_an_empty_pool_and_the_timeout_says_so():
+    with tw.Publisher(topic("oversize"), pool_bytes=4 << 20) as pub, tw.Subscriber(pub.name) as sub:
+        pub.send(np.zeros(10))
+        held = sub.recv(timeout=5)
+        with pytest.raises(TimeoutError, match=r"This request alone \(8\.0 MiB\) is larger than pool_bytes"):
+            pub.send(np.zeros(8 << 20, np.uint8), timeout=0.3)
+        del held  # the pool empties: the same request is served
+        assert pub.send(np.zeros(8 << 20, np.uint8), timeout=5) == 1
+        assert sub.recv(timeout=5).shape == (8 << 20,)
