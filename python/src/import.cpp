@@ -680,6 +680,28 @@ nb::object asarray(nb::handle obj_in, nb::handle device, nb::handle copy, nb::ha
     } catch (const Refused&) {
     }
   }
+  // Python values with no memory to view (nested lists and tuples, scalars): NumPy builds an array of them, as
+  // np.asarray / torch.as_tensor do. That is a copy: copy=False refuses it.
+  if (PyList_Check(obj.ptr()) || PyTuple_Check(obj.ptr()) || PyLong_Check(obj.ptr()) || PyFloat_Check(obj.ptr()) ||
+      PyComplex_Check(obj.ptr())) {
+    if (req.policy.copy == CopyMode::never) {
+      PyErr_Format(g_copy_error, "tensorwire.asarray: a %s has no memory a tensor can view; making an array of it is "
+                   "a copy, and copy=False forbids it", Py_TYPE(obj.ptr())->tp_name);
+      throw nb::python_error();
+    }
+    nb::object arr = nb::module_::import_("numpy").attr("asarray")(obj);
+    nb::object kind = arr.attr("dtype").attr("kind");
+    nb::object dtype_name = nb::steal(PyObject_Str(arr.attr("dtype").ptr()));
+    if (!dtype_name) throw nb::python_error();
+    const char* k = PyUnicode_AsUTF8(kind.ptr());
+    if (!k || std::strlen(k) != 1 || !std::strchr("biufc", k[0]))
+      throw nb::type_error((std::string("tensorwire.asarray: this ") + Py_TYPE(obj.ptr())->tp_name +
+                            " holds values that are not all numbers (NumPy makes a " + PyUnicode_AsUTF8(dtype_name.ptr()) +
+                            " array of it), which no tensor can hold").c_str());
+    Request fresh = req;
+    if (fresh.policy.copy == CopyMode::always) fresh.policy.copy = CopyMode::if_needed;  // (the array is the copy)
+    return asarray(arr, device, fresh.policy.copy == CopyMode::if_needed ? nb::handle(Py_None) : copy, stream);
+  }
   // What the type says beyond its protocols: an immutable producer, PyTorch's lazy bits, an exchange API.
   const TypeInfo& ti = type_info(Py_TYPE(obj.ptr()));
   req.immutable = ti.immutable;
@@ -794,7 +816,9 @@ void register_import(nb::module_& m) {
   nb::module_::import_("atexit").attr("register")(nb::cpp_function([] { g_subclass_hook = nb::object(); }));
   m.def("asarray", &asarray, "obj"_a.none(), nb::kw_only(), "device"_a = nb::none(), "copy"_a = nb::none(),
         "stream"_a = nb::none(),
-        "Any array-like as a tensorwire.Tensor. copy=None copies only when no zero-copy view exists; copy=False "
+        "Any array-like as a tensorwire.Tensor: an object with an array protocol (zero-copy where the layout "
+        "allows), or nested lists/tuples and Python numbers (as np.asarray makes them: a copy). copy=None copies only "
+        "when no zero-copy view exists; copy=False "
         "never copies (raises tensorwire.CopyError instead); copy=True always copies.");
   m.def("from_dlpack", [](nb::handle x, nb::handle device, nb::handle copy) -> nb::object {
     if (PyCapsule_CheckExact(x.ptr())) {

@@ -543,8 +543,7 @@ def test_no_protocol_is_type_error():
     msg = str(ei.value)
     for proto in ["__dlpack__", "__cuda_array_interface__", "__array_interface__", "buffer protocol"]:
         assert proto in msg
-    with pytest.raises(TypeError):
-        tw.asarray([1, 2, 3])  # lists are not arrays: tensorwire never guesses
+    # (lists, tuples and Python scalars are converted as NumPy converts them: test_python_lists_tuples_and_...)
 
 
 class Everything:
@@ -737,3 +736,20 @@ def test_byte_strides_no_tensor_can_view_are_copied_when_a_copy_is_allowed():
     assert np.asarray(tw.asarray(odd)).tolist() == odd.tolist()
     with pytest.raises(BufferError, match="not a multiple of the item size"):
         tw.asarray(field, copy=False)
+
+
+@pytest.mark.parametrize("value", [[1, 2, 3], [[1.5, -2.0], [3.0, 4.25]], (1, 2), 2.5, 7, True, 1 - 2j, []])
+def test_python_lists_tuples_and_scalars_become_tensors_as_numpy_makes_them(value):
+    want = np.asarray(value)
+    t = tw.asarray(value)
+    assert t.dtype == tw.asarray(want).dtype and t.shape == want.shape
+    assert same_bits(np.asarray(t), want) and not t.readonly
+    assert tw.asarray(value, copy=True).shape == want.shape
+    with pytest.raises(tw.CopyError, match="copy=False forbids it"):
+        tw.asarray(value, copy=False)
+
+
+@pytest.mark.parametrize("value", [["a", "b"], [1, "a"], [None, 1.0]])
+def test_lists_of_values_that_are_not_numbers_are_a_type_error_naming_numpys_dtype(value):
+    with pytest.raises(TypeError, match=r"not all numbers \(NumPy makes a .* array of it\)"):
+        tw.asarray(value)
