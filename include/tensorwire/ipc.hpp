@@ -68,7 +68,8 @@ class TimeoutError : public Error {
   explicit TimeoutError(const std::string& message) : Error(ErrorCode::timeout, message) {}
 };
 
-/// A wait bound: std::nullopt waits as long as it takes (a dead subscriber is still never waited for).
+/// A wait bound: std::nullopt waits as long as it takes (a dead subscriber is still never waited for); zero or a
+/// negative duration does not wait at all (the C ABI's negative timeouts mean "forever" instead: C has no nullopt).
 using Timeout = std::optional<std::chrono::nanoseconds>;
 
 /// One message of several tensors, delivered atomically (all or none, never interleaved with other messages):
