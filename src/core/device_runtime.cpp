@@ -11,7 +11,11 @@ namespace {
 class NoRuntime final : public DeviceRuntime {
  public:
   bool available() const noexcept override { return false; }
-  std::string status() const override { return "no device runtime is installed (tw::cuda::install_runtime())"; }
+  std::string status() const override {
+    return "no device runtime is installed: call tw::cuda::install_runtime(), or link the static libtensorwire.a "
+           "with -Wl,--undefined=tensorwire_cuda_runtime_anchor (CMake's tensorwire::tensorwire target adds it; the "
+           "shared library needs neither)";
+  }
   std::optional<int> device_of_pointer(uintptr_t) const noexcept override { return std::nullopt; }
   void synchronize_stream(Device, intptr_t) const override { fail(); }
   void* record_event(Device, intptr_t) const override { fail(); }
