@@ -20,7 +20,11 @@ class HostSegments final : public SegmentSource {
  public:
   MemoryKind kind() const noexcept override { return MemoryKind::host; }
   Segment create(size_t bytes, const std::string& debug_name) override {
-    os::check_memory_available(bytes, debug_name);
+    // (The segment's name is "tensorwire:<topic>:<id> (<who asked>)": the error names who asked.)
+    const size_t open = debug_name.find(" (");
+    os::check_memory_available(bytes, open != std::string::npos && debug_name.back() == ')'
+                                          ? debug_name.substr(open + 2, debug_name.size() - open - 3)
+                                          : debug_name);
     Segment s;
     s.fd = os::make_memfd(debug_name, bytes);
     s.map = os::Mapping::map(s.fd.get(), bytes, true, true);  // pre-faulted within bounds: a fresh page costs ~10 us

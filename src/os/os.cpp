@@ -116,7 +116,7 @@ uint64_t memory_headroom() noexcept {
 void check_memory_available(uint64_t bytes, const std::string& what) {
   const uint64_t room = memory_headroom();
   if (bytes > room)
-    throw Error(ErrorCode::out_of_memory, "tensorwire: " + what + " needs " + std::to_string(bytes) +
+    throw Error(ErrorCode::out_of_memory, what + " needs " + std::to_string(bytes) +
                                               " bytes of shared memory but this process can get about " +
                                               std::to_string(room) + " (available memory, cgroup and address-space "
                                               "limits); ask for less, or free memory first");
