@@ -139,7 +139,8 @@ def test_threads_receiving_on_one_subscriber_all_make_progress():
 
 def test_a_huge_loan_raises_memory_error():
     with tw.Publisher(topic("huge")) as pub:
-        with pytest.raises(MemoryError, match=r"^tensorwire\.Publisher\.loan on .* needs 1099511627776 bytes of shared memory"):
+        want = r"^tensorwire\.Publisher\.loan on .* needs 1099511627776 bytes of shared memory"
+        with pytest.raises(MemoryError, match=want):
             pub.loan((1 << 40,), "uint8")
         assert pub.pool_buffers == 0
         small = pub.loan((16,), "uint8")  # the publisher still works
