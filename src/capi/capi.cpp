@@ -175,8 +175,8 @@ tw_status tensor_op(const tw_tensor* t, tw_tensor** out, Result kind, F&& op) {
 // The rank is checked before a single entry is read: a caller's array is only as long as a valid rank.
 void rank_arg(int32_t ndim) {
   if (ndim > static_cast<int32_t>(tw::kMaxRank))
-    throw tw::Error(tw::ErrorCode::invalid_argument, "ndim " + std::to_string(ndim) + " exceeds the maximum rank of " +
-                                                         std::to_string(tw::kMaxRank));
+    throw tw::Error(tw::ErrorCode::invalid_argument, "rank " + std::to_string(ndim) + " exceeds the maximum of " +
+                                                         std::to_string(tw::kMaxRank));  // (the core's words)
 }
 
 tw::Shape shape_arg(int32_t ndim, const int64_t* shape) {
