@@ -699,6 +699,9 @@ NB_MODULE(_tensorwire, m) {
             throw tw::Error(tw::ErrorCode::type_mismatch, "Tensor.to: copy must be None, True or False");
           c = copy.ptr() == Py_True;
         }
+        if (s && dev->type == kDLCPU && t.device().type == kDLCPU)
+          throw nb::value_error(("tensorwire.Tensor.to: stream=" + std::to_string(*s) + " orders CUDA work, and a "
+                                 "move from cpu to cpu has none; leave stream unset").c_str());
         if (*dev == t.device() && c != true) return nb::borrow(self);
         return wrap(as_python("tensorwire.Tensor.to", [&] {
           nb::gil_scoped_release nogil;  // a copy may wait for a stream

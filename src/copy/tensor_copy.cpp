@@ -75,6 +75,9 @@ Tensor Tensor::copy(MemoryOrder order) const {
 
 Tensor Tensor::to(Device target, std::optional<intptr_t> stream_arg, std::optional<bool> copy_arg) const {
   const Device dev = device();
+  if (stream_arg && dev.type == kDLCPU && target.type == kDLCPU)  // (DLPack export refuses one on the CPU too)
+    throw Error(ErrorCode::invalid_argument, "Tensor::to: stream=" + std::to_string(*stream_arg) + " orders CUDA "
+                                             "work, and a move from cpu to cpu has none; leave stream unset");
   if (target == dev && copy_arg != true) return *this;
   if (target != dev && copy_arg == false)
     throw Error(ErrorCode::copy_required, "Tensor::to: moving from " + dev.str() + " to " + target.str() +

@@ -176,6 +176,13 @@ TEST(Tensor, AdoptWithoutAShapeIsOneDimensionalAndTakesComplex) {
   EXPECT_EQ(Tensor::adopt(std::move(w)).dtype(), DType::int64());
 }
 
+TEST(Tensor, ToTheCpuWithAStreamIsRefused) {
+  const Tensor t = Tensor::zeros({3}, DType::float32());
+  TW_EXPECT_ERROR_MSG(t.to(tw::Device::cpu(), intptr_t{1}), ErrorCode::invalid_argument, "orders CUDA work");
+  TW_EXPECT_ERROR_MSG(t.to(tw::Device::cpu(), intptr_t{2}, true), ErrorCode::invalid_argument, "cpu to cpu");
+  EXPECT_EQ(t.to(tw::Device::cpu()).buffer_ptr(), t.buffer_ptr());
+}
+
 TEST(Tensor, AdoptRefusesWrongElementCount) {
   std::vector<double> v(6);
   TW_EXPECT_ERROR_MSG(Tensor::adopt(std::move(v), {2, 4}), ErrorCode::invalid_argument, "(2, 4)");

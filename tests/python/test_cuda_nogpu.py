@@ -93,6 +93,11 @@ def test_to_cpu_on_cpu():
     assert c.device == tw.Device("cpu")
     assert np.array_equal(np.asarray(c), a)
     assert not t.pinned and t.stream is None
+    # A stream orders CUDA work: naming one for a host-to-host move is a mistake said at once (as DLPack export
+    # on the CPU says it), not ignored.
+    for copy in (None, True):
+        with pytest.raises(ValueError, match=r"stream=1 orders CUDA work, and a move from cpu to cpu has none"):
+            t.to("cpu", stream=1, copy=copy)
 
 
 def test_to_another_device_without_copy_raises_copy_error():
