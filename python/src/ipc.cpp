@@ -376,8 +376,15 @@ void register_ipc(nb::module_& m) {
       .def("send",
            [](tw::Publisher& p, nb::handle obj, nb::handle metadata, nb::handle timeout, std::optional<bool> copy,
               nb::handle stream) -> size_t {
-             if (p.closed())
+             if (p.closed()) {
+               // The publisher says why (closed, or inherited by a fork()ed child, which its message explains):
+               // a send of nothing reaches its check before anything else.
+               {
+                 nb::gil_scoped_release nogil;
+                 p.send(tw::Tensor::zeros({0}, tw::DType::uint8()));
+               }
                throw tw::Error(tw::ErrorCode::invalid_argument, "send on a closed tensorwire.Publisher('" + p.name() + "')");
+             }
              if (PyDict_Check(obj.ptr()) || PyList_Check(obj.ptr()) || PyTuple_Check(obj.ptr()))
                return send_message(p, obj, metadata, timeout, copy, stream);
              nb::object converted;
