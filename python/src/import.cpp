@@ -698,9 +698,7 @@ nb::object asarray(nb::handle obj_in, nb::handle device, nb::handle copy, nb::ha
       throw nb::type_error((std::string("tensorwire.asarray: this ") + Py_TYPE(obj.ptr())->tp_name +
                             " holds values that are not all numbers (NumPy makes a " + PyUnicode_AsUTF8(dtype_name.ptr()) +
                             " array of it), which no tensor can hold").c_str());
-    Request fresh = req;
-    if (fresh.policy.copy == CopyMode::always) fresh.policy.copy = CopyMode::if_needed;  // (the array is the copy)
-    return asarray(arr, device, fresh.policy.copy == CopyMode::if_needed ? nb::handle(Py_None) : copy, stream);
+    return asarray(arr, device, nb::none(), stream);  // (copy=True: the new array is that copy)
   }
   // What the type says beyond its protocols: an immutable producer, PyTorch's lazy bits, an exchange API.
   const TypeInfo& ti = type_info(Py_TYPE(obj.ptr()));

@@ -100,8 +100,9 @@ Tensor.tolist = _tolist
 
 
 def _jax_array(self):
-    """jnp.asarray(t), jnp.array(t) and jnp functions take a tensor through this: tw.to_jax(t) (zero-copy where XLA
-    can take the layout). Without it, JAX asks NumPy for the dtype of `t.dtype`, a tw.DType NumPy 2 refuses."""
+    """jnp.asarray(t) and jnp.array(t) take a tensor through this: tw.to_jax(t) (zero-copy where XLA can take the
+    layout). Without it, JAX asks NumPy for the dtype of `t.dtype`, a tw.DType NumPy 2 refuses. (JAX 0.10 no longer
+    calls it inside jnp functions such as jnp.sin: convert first.)"""
     return to_jax(self)
 
 

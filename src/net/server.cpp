@@ -90,7 +90,8 @@ int ucx_tcp_family() {
   return first == "inet6" ? AF_INET6 : AF_INET;
 }
 
-/// Resolves a listen or connect address (numeric or a name); a missing host is 127.0.0.1. Only addresses of the
+/// Resolves a listen or connect address (numeric or a name); a missing host is loopback (127.0.0.1, or ::1 with
+/// IPv6 interfaces). Only addresses of the
 /// family of UCX's TCP interfaces are taken: when the connection manager's family differs from theirs, UCX's TCP
 /// transport reads a peer's IPv4 interface address as an IPv6 one and corrupts the heap (UCX 1.13 and 1.22, both
 /// ends, as soon as a subscriber connects); with IPv6 interfaces (UCX_TCP_AF_PRIO=inet6), an IPv4 connection
