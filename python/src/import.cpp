@@ -230,6 +230,7 @@ struct TypeInfo {
   PyObject* resolve_conj = nullptr;
   PyObject* resolve_neg = nullptr;
   bool torch_subclass = false;             // a subclass of torch.Tensor (not torch.Tensor itself)
+  bool torch = false;                      // torch.Tensor or a subclass: requires_grad is asked (see detached)
 };
 
 // tensorwire.torch installs this: called with a torch.Tensor subclass instance, it returns None or the JSON-like
@@ -272,6 +273,7 @@ const TypeInfo& type_info(PyTypeObject* tp) {
   PyErr_Clear();
   info.immutable = type_named(tp, "jaxlib.") || type_named(tp, "jax.");
   if (type_named(tp, "torch._C.TensorBase")) {
+    info.torch = true;
     info.is_conj = method_of(tp, "is_conj");
     info.is_neg = method_of(tp, "is_neg");
     info.resolve_conj = method_of(tp, "resolve_conj");
@@ -330,6 +332,25 @@ nb::object resolve_lazy_bits(nb::handle obj, const TypeInfo& ti, const Request& 
   }
   copied = true;
   return r;
+}
+
+// A PyTorch tensor that requires grad is imported through detach() (the same memory, outside autograd: what
+// torch's own __dlpack__, __cuda_array_interface__ and numpy() demand, each refusing such a tensor) and read-only,
+// since a write through tensorwire would change values autograd saved without bumping their version counter (wrong
+// gradients, silently). Returns the object to import; sets req.immutable for such a tensor.
+nb::object detached(nb::handle obj, const TypeInfo& ti, Request& req) {
+  if (!ti.torch) return nb::borrow(obj);
+  static PyObject* requires_grad = PyUnicode_InternFromString("requires_grad");
+  static PyObject* detach = PyUnicode_InternFromString("detach");
+  PyObject* rg = PyObject_GetAttr(obj.ptr(), requires_grad);
+  if (!rg) throw nb::python_error();
+  const bool grad = rg == Py_True;
+  Py_DECREF(rg);
+  if (!grad) return nb::borrow(obj);
+  PyObject* d = PyObject_CallMethodNoArgs(obj.ptr(), detach);
+  if (!d) throw nb::python_error();
+  req.immutable = true;
+  return nb::steal(d);
 }
 
 // The DLPack C exchange API: one C call instead of __dlpack__'s method call, capsule and keyword parsing.
@@ -703,6 +724,8 @@ nb::object asarray(nb::handle obj_in, nb::handle device, nb::handle copy, nb::ha
   // What the type says beyond its protocols: an immutable producer, PyTorch's lazy bits, an exchange API.
   const TypeInfo& ti = type_info(Py_TYPE(obj.ptr()));
   req.immutable = ti.immutable;
+  nb::object grad_free = detached(obj, ti, req);
+  obj = grad_free;
   std::vector<Refusal> refusals;
   auto attempt = [&](const char* proto, auto&& fn) -> std::optional<tw::Tensor> {
     try {
@@ -840,9 +863,10 @@ void register_import(nb::module_& m) {
     try {
       const TypeInfo& ti = type_info(Py_TYPE(x.ptr()));
       req.immutable = ti.immutable;
+      const nb::object src_in = detached(x, ti, req);
       if (ti.api && !req.policy.device) {
         try {
-          return wrap(via_exchange(x, ti, req));
+          return wrap(via_exchange(src_in, ti, req));
         } catch (nb::python_error& e) {  // the exchange API refused: __dlpack__ may still serve (and say why not)
           if (!e.matches(PyExc_Exception)) throw;
         } catch (const tw::Error& e) {
@@ -850,7 +874,7 @@ void register_import(nb::module_& m) {
         }
       }
       bool lazy_copied = false;
-      nb::object src = resolve_lazy_bits(x, ti, req, lazy_copied);
+      nb::object src = resolve_lazy_bits(src_in, ti, req, lazy_copied);
       bool copied = false;
       tw::Tensor t = via_dlpack(src, req, copied);
       return wrap(finish(std::move(t), req, {copied || lazy_copied, false}));

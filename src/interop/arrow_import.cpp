@@ -7,6 +7,7 @@
 
 #include "arrow_internal.hpp"
 #include "core/checked.hpp"
+#include "core/text.hpp"
 #include "tensorwire/copy.hpp"
 #include "tensorwire/device_runtime.hpp"
 
@@ -72,8 +73,8 @@ void check_node(const ArrowArray& a, int64_t n_buffers, int64_t n_children, cons
   if (a.null_count < -1) malformed(where, "invalid null_count " + std::to_string(a.null_count));
   add(a.offset, a.length, "the array's offset plus length");
   if (a.n_buffers != n_buffers)
-    malformed(where, "n_buffers is " + std::to_string(a.n_buffers) + " but the type has " + std::to_string(n_buffers) +
-                         " buffers");
+    malformed(where, "n_buffers is " + std::to_string(a.n_buffers) + " but the type has " +
+                         tw::detail::counted(int64_t(n_buffers), "buffer"));
   if (n_buffers > 0 && !a.buffers) malformed(where, "buffers is NULL");
   if (a.n_children != n_children)
     malformed(where, "n_children is " + std::to_string(a.n_children) + " but the type has " +

@@ -32,6 +32,7 @@
 #include <unordered_set>
 
 #include "tensorwire/copy.hpp"
+#include "core/text.hpp"
 #include "ipc/ipc_internal.hpp"
 #include "ipc/channel_internal.hpp"
 #include "ipc/fork_internal.hpp"
@@ -1029,7 +1030,7 @@ class PublisherImpl {
         if (!sub->dead.load() && sub->holds(i)) by_pid[sub->pid] += 1;
     }
     std::string m = "Publisher::" + std::string(what) + " on '" + name_ + "' timed out: the buffer pool is exhausted (" +
-                    std::to_string(buffers) + " buffers, " + mib(total) + "; max_buffers " +
+                    tw::detail::counted(int64_t(buffers), "buffer") + ", " + mib(total) + "; max_buffers " +
                     std::to_string(opt_.max_buffers) + ", pool_bytes " + mib(opt_.pool_bytes) + ")";
     std::string holders;
     for (auto& [pid, n] : by_pid)
@@ -1066,7 +1067,7 @@ class PublisherImpl {
                     mib(opt_.pool_bytes) + ") allow together; raise them, or send the tensors apart");
       if (opt_.on_full == OnFull::raise)
         throw WouldBlockError("tensorwire publisher '" + name_ + "': the buffer pool is exhausted (" +
-                              std::to_string(pool_->capacity()) + " buffers at most, pool_bytes " +
+                              tw::detail::counted(int64_t(pool_->capacity()), "buffer") + " at most, pool_bytes " +
                               std::to_string(opt_.pool_bytes) + "); subscribers hold every buffer (on_full='raise')");
       if (opt_.on_full == OnFull::drop_oldest && (drop_one_queued() || (net_ && net_->drop_oldest_pending())))
         continue;

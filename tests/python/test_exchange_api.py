@@ -189,6 +189,48 @@ def test_exchange_import_keeps_the_torch_memory_alive():
     assert np.asarray(t)[-1] == (1 << 16) - 1
 
 
+@pytest.mark.parametrize("route", ["asarray", "asarray-device", "asarray-never", "from_dlpack", "dunder"])
+def test_a_tensor_that_requires_grad_arrives_read_only_and_zero_copy(route):
+    # torch's own __dlpack__ and numpy() refuse such a tensor; its exchange API once handed out a writable view, and
+    # a write through it changed what autograd saved without bumping the version counter (wrong gradients).
+    p = torch.nn.Parameter(torch.arange(6.0))
+    x = p.as_subclass(NoExchange) if route == "dunder" else p
+    version = p._version
+    t = {"asarray": lambda: tw.asarray(x), "asarray-device": lambda: tw.asarray(x, device="cpu"),
+         "asarray-never": lambda: tw.asarray(x, copy=False), "from_dlpack": lambda: tw.from_dlpack(x),
+         "dunder": lambda: tw.asarray(x)}[route]()
+    assert t.readonly and t.data_ptr == p.data_ptr()
+    assert np.asarray(t).tolist() == list(range(6))
+    with pytest.raises(ValueError, match="read-only"):
+        np.asarray(t)[0] = 5.0
+    with torch.no_grad():  # the optimizer's in-place step: the view sees it (same memory)
+        p.add_(1.0)
+    assert np.asarray(t).tolist() == [float(i + 1) for i in range(6)]
+    assert p._version == version + 1 and p.requires_grad
+
+
+def test_an_activation_that_requires_grad_is_read_only_and_detach_is_the_writable_view():
+    w = torch.ones(4, requires_grad=True)
+    y = w * 3.0
+    t = tw.asarray(y)
+    assert t.readonly and t.data_ptr == y.data_ptr() and np.asarray(t).tolist() == [3.0] * 4
+    d = tw.asarray(y.detach())
+    assert not d.readonly and d.data_ptr == y.data_ptr()
+    c = tw.asarray(w, copy=True)  # a copy is the caller's own: writable
+    assert not c.readonly and c.data_ptr != w.data_ptr()
+    y.sum().backward()  # autograd is untouched by the imports
+    assert w.grad.tolist() == [3.0] * 4
+
+
+def test_a_tensor_that_requires_grad_can_be_sent():
+    p = torch.nn.Parameter(torch.arange(4.0))
+    name = f"tw-test-grad-{id(p)}"
+    with tw.Publisher(name) as pub, tw.Subscriber(name) as sub:
+        pub.send({"w": p})
+        got = sub.recv(timeout=5.0)
+    assert np.asarray(got["w"]).tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
 def test_device_or_stream_requests_go_through_dunder_dlpack():
     x = torch.arange(4.0).as_subclass(NoDunderDLPack)
     with pytest.raises(BufferError, match="__dlpack__ was called"):

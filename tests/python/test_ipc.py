@@ -311,6 +311,16 @@ def test_exhausted_pool_follows_on_full():
         pub.send(np.zeros(1))  # released buffers return to the pool
 
 
+def test_exhausted_pool_message_counts_its_buffers_in_english():
+    name = topic("pool1")
+    with tw.Publisher(name, on_full="raise", max_buffers=1) as pub, tw.Subscriber(name) as sub:
+        pub.send(np.zeros(1))
+        held = sub.recv(timeout=1)
+        with pytest.raises(BlockingIOError, match=r"\(1 buffer at most, pool_bytes"):
+            pub.send(np.zeros(1))
+        del held
+
+
 def test_fileno_with_selectors_and_asyncio():
     name = topic("fileno")
     with tw.Publisher(name) as pub, tw.Subscriber(name) as sub:
