@@ -319,7 +319,10 @@ impl Publisher {
     }
 
     /// A writable, C-contiguous buffer from the shared-memory pool (waits while the pool is exhausted, under the
-    /// `OnFull` policy).
+    /// `OnFull` policy), for as long as it takes. Buffers come back when subscribers release what they received,
+    /// or when a `Loan` of this process is dropped; a thread whose own live loans hold every buffer (`max_buffers`,
+    /// `pool_bytes`) waits forever, since only another thread could drop one: use `loan_timeout`, whose error
+    /// counts the loans alive in this process.
     pub fn loan<T: Pod>(&self, shape: &[usize]) -> Result<Loan<T>> {
         self.loan_timeout(shape, None)
     }

@@ -1,6 +1,6 @@
 //! `Tensor`: a strided view of memory plus the owner that keeps it alive, shared by every view and export.
 use std::fmt;
-use std::os::raw::c_void;
+use std::os::raw::{c_int, c_void};
 use std::ptr::NonNull;
 
 use crate::dtype::{DType, Element, Pod};
@@ -167,20 +167,32 @@ impl Tensor {
     /// Python's `__dlpack__()`: a view with negative strides is exported as a copy (PyTorch aborts on them), every
     /// other layout as it is, without copying.
     ///
+    /// The export is writable only when this tensor was the memory's only owner (`is_exclusive()`: ownership is
+    /// handed over whole, as `as_mut_slice` would have allowed); memory that other tensors still share is exported
+    /// with DLPack's read-only flag set, since they may be handing out `&[T]` over it. (PyTorch ignores that flag:
+    /// a consumer must not write such memory, whatever it does with the flag.)
+    ///
     /// # Panics
     /// When the export fails: the memory for such a copy cannot be allocated, or the copy is not possible (a
     /// device tensor with negative strides: the host copy engine cannot make it). `to_dlpack` returns those as
     /// errors instead.
     pub fn into_dlpack(self) -> *mut DLManagedTensorVersioned {
-        match self.to_dlpack(&ExportOptions::default()) {
+        let exclusive = self.is_exclusive();
+        match self.export(&ExportOptions::default(), exclusive) {
             Ok(p) => p,
             Err(e) => panic!("Tensor::into_dlpack: {e}"),
         }
     }
 
     /// A DLPack export under explicit options (copy policy, consumer profile, highest version understood). The
-    /// tensor stays usable; the export shares its memory.
+    /// tensor stays usable and the export shares its memory, so the export is read-only (DLPack's read-only flag:
+    /// `&[T]` slices of this tensor may be alive while the consumer holds it) unless it is a copy made for the
+    /// consumer alone (its IS_COPIED flag: negative strides, or `CopyMode::Always`).
     pub fn to_dlpack(&self, options: &ExportOptions) -> Result<*mut DLManagedTensorVersioned> {
+        self.export(options, false)
+    }
+
+    fn export(&self, options: &ExportOptions, writable: bool) -> Result<*mut DLManagedTensorVersioned> {
         let mut o = ffi::default_options(ffi::tw_export_options_init_sized);
         o.copy = options.copy as i32;
         o.consumer = if options.strided_consumer { ffi::TW_CONSUMER_STRIDED } else { ffi::TW_CONSUMER_PORTABLE };
@@ -188,8 +200,13 @@ impl Tensor {
             o.max_version = ffi::DLPackVersion { major, minor };
         }
         let mut out = std::ptr::null_mut();
-        // SAFETY: o and out outlive the call.
-        check(unsafe { ffi::tw_tensor_export_dlpack(self.as_raw(), &o, &mut out, std::ptr::null_mut()) })?;
+        let mut copied: c_int = 0;
+        // SAFETY: o, out and copied outlive the call.
+        check(unsafe { ffi::tw_tensor_export_dlpack(self.as_raw(), &o, &mut out, &mut copied) })?;
+        if !writable && copied == 0 {
+            // SAFETY: a successful export returns a valid struct that the caller (this function) owns.
+            unsafe { (*out).flags |= ffi::DLPACK_FLAG_BITMASK_READ_ONLY };
+        }
         Ok(out)
     }
 
@@ -361,6 +378,49 @@ impl Tensor {
         // and allocation, alive as long as &self; nobody writes them while &self exists, because writers need
         // exclusive access, which a live &self to a shared handle rules out.
         Ok(unsafe { std::slice::from_raw_parts(self.data_ptr() as *const T, n) })
+    }
+
+    /// The raw bytes of a C-contiguous host tensor of any dtype, zero-copy: `nbytes()` of them, in memory order
+    /// (for dtypes with no Rust element type here: complex, float8, sub-byte packed integers, ...). `to_bytes()`
+    /// reads any layout.
+    pub fn as_bytes(&self) -> Result<&[u8]> {
+        if !self.device().is_host_accessible() {
+            return Err(Error::new(ErrorKind::Unsupported, "the bytes of device memory cannot be read from the host"));
+        }
+        if !self.is_contiguous() {
+            return Err(Error::new(
+                ErrorKind::CopyRequired,
+                format!(
+                    "a tensor of shape {:?} and strides {:?} is not C-contiguous: use contiguous() or to_bytes()",
+                    self.shape(),
+                    self.strides()
+                ),
+            ));
+        }
+        let n = self.nbytes();
+        if n == 0 {
+            return Ok(&[]);
+        }
+        // SAFETY: a C-contiguous tensor's nbytes bytes start at its data pointer and live as long as &self; nobody
+        // writes them while &self exists (as for as_slice).
+        Ok(unsafe { std::slice::from_raw_parts(self.data_ptr() as *const u8, n) })
+    }
+
+    /// `as_bytes`, writable: when this handle is the only owner of writable memory (as `as_mut_slice`).
+    pub fn as_mut_bytes(&mut self) -> Result<&mut [u8]> {
+        let n = self.as_bytes()?.len();
+        self.require_exclusive()?;
+        if n == 0 {
+            return Ok(&mut []);
+        }
+        // SAFETY: as for as_bytes, and no other owner exists while &mut self does.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.data_ptr() as *mut u8, n) })
+    }
+
+    /// The bytes of a dense C-order copy as a new `Vec` (from any layout), for any dtype.
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        let dense = self.contiguous()?;
+        Ok(dense.as_bytes()?.to_vec())
     }
 
     /// The elements as a mutable slice, zero-copy, when this handle is the only owner of writable memory

@@ -209,3 +209,65 @@ fn metadata_round_trips_every_kind() {
     assert_eq!(v.metadata().unwrap().get("step"), Some(&Value::Int(7)));
     assert_eq!(t.metadata().unwrap().len(), 1);
 }
+
+fn flags(dl: *mut DLManagedTensorVersioned) -> u64 {
+    unsafe { (*dl).flags }
+}
+
+fn delete(dl: *mut DLManagedTensorVersioned) {
+    unsafe { ((*dl).deleter.unwrap())(dl) }
+}
+
+#[test]
+fn an_export_is_writable_only_when_it_takes_the_only_owner() {
+    const RO: u64 = ffi::DLPACK_FLAG_BITMASK_READ_ONLY;
+    const COPIED: u64 = ffi::DLPACK_FLAG_BITMASK_IS_COPIED;
+    // to_dlpack(&self): the tensor stays, and may hand out &[T] while the consumer holds the export.
+    let t = Tensor::from_vec(vec![1.0f32; 4], &[4]).unwrap();
+    let s = t.as_slice::<f32>().unwrap();
+    let dl = t.to_dlpack(&ExportOptions::default()).unwrap();
+    assert_eq!(flags(dl) & (RO | COPIED), RO, "a shared export is read-only");
+    assert_eq!(unsafe { (*dl).dl_tensor.data } as *const f32, s.as_ptr(), "and zero-copy");
+    let back = unsafe { Tensor::from_dlpack(dl) }.unwrap();
+    assert!(back.is_readonly(), "the flag is honoured on the way back in");
+    assert_eq!(s, &[1.0; 4]);
+    // A copy made for the consumer is its own: writable.
+    let dl = t.to_dlpack(&ExportOptions { copy: CopyMode::Always, ..Default::default() }).unwrap();
+    assert_eq!(flags(dl) & (RO | COPIED), COPIED);
+    delete(dl);
+    // into_dlpack of the only owner hands the memory over whole: writable, as as_mut_slice was.
+    let mut only = Tensor::from_vec(vec![2u8; 8], &[8]).unwrap();
+    only.as_mut_slice::<u8>().unwrap()[0] = 3;
+    let dl = only.into_dlpack();
+    assert_eq!(flags(dl) & RO, 0);
+    delete(dl);
+    // into_dlpack while a view (or a clone) still shares the memory: read-only.
+    let a = Tensor::from_vec(vec![5i32; 6], &[2, 3]).unwrap();
+    let view = a.transpose(0, 1).unwrap();
+    let dl = a.into_dlpack();
+    assert_eq!(flags(dl) & RO, RO);
+    delete(dl);
+    assert_eq!(view.to_vec::<i32>().unwrap(), vec![5; 6]);
+}
+
+#[test]
+fn bytes_of_any_dtype() {
+    // complex64 has no Rust element type here: its bytes are still reachable, and writable, without unsafe.
+    let mut c = Tensor::zeros(DType::C64, &[2]).unwrap();
+    assert_eq!(c.as_bytes().unwrap(), &[0u8; 16]);
+    c.as_mut_bytes().unwrap()[4..8].copy_from_slice(&(-2.0f32).to_ne_bytes()); // element 0's imaginary part
+    let b = c.as_bytes().unwrap();
+    assert_eq!(b.len(), 16);
+    assert_eq!(&b[4..8], &(-2.0f32).to_ne_bytes());
+    let shared = c.clone();
+    assert_eq!(c.as_mut_bytes().unwrap_err().kind(), ErrorKind::Shared);
+    drop(shared);
+    let t = Tensor::from_vec((0u16..6).collect(), &[2, 3]).unwrap();
+    let tt = t.transpose(0, 1).unwrap();
+    let err = tt.as_bytes().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::CopyRequired);
+    assert!(err.message().contains("to_bytes()"), "{err}");
+    let expect: Vec<u8> = [0u16, 3, 1, 4, 2, 5].iter().flat_map(|v| v.to_ne_bytes()).collect();
+    assert_eq!(tt.to_bytes().unwrap(), expect);
+    assert_eq!(Tensor::zeros(DType::U8, &[0]).unwrap().as_bytes().unwrap(), &[] as &[u8]);
+}
