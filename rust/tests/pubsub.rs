@@ -161,6 +161,7 @@ fn would_block_and_timeouts_are_errors_not_hangs() {
     let e = lonely.recv(Some(Duration::from_millis(50))).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Timeout);
     assert!(e.message().contains("no message on"), "{e}");
+    assert!(e.message().contains("within 50 ms (no publisher of"), "{e}");
     assert!(t0.elapsed() < Duration::from_secs(5));
     assert!(lonely.try_recv().unwrap().is_none());
     blocking.close();

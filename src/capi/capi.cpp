@@ -11,6 +11,7 @@
 #include <string>
 
 #include "tensorwire/tensorwire.hpp"
+#include "core/text.hpp"
 #include "core/utf8.hpp"
 
 struct tw_tensor {
@@ -893,8 +894,10 @@ tw_status tw_subscriber_recv(tw_subscriber* s, int64_t timeout_ns, tw_tensor** o
                                   "every message was received");
   }
   return guarded([&] {
+    const std::string why = s->s.waiting_for();
     throw tw::Error(tw::ErrorCode::timeout, "no message on \"" + s->s.name() + "\" within " +
-                                                std::to_string(timeout_ns) + " ns");
+                                                tw::detail::duration_text(timeout_ns) +
+                                                (why.empty() ? std::string() : " (" + why + ")"));
   });
 }
 

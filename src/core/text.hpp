@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <string>
 
 namespace tw::detail {
@@ -9,6 +10,24 @@ namespace tw::detail {
 /// "1 buffer", "2 buffers": a count and its noun, the noun made plural by an "s" when the count is not one.
 inline std::string counted(int64_t n, const char* noun) {
   return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
+}
+
+/// A duration in nanoseconds as a person writes it: "0 s", "250 ms", "1.5 s", "20 us", "3 min 20 s".
+inline std::string duration_text(int64_t ns) {
+  auto num = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3g", v);
+    return std::string(buf);
+  };
+  if (ns < 0) return "-" + duration_text(ns == INT64_MIN ? INT64_MAX : -ns);
+  if (ns == 0) return "0 s";
+  if (ns < 1000) return std::to_string(ns) + " ns";
+  if (ns < 1000000) return num(double(ns) / 1e3) + " us";
+  if (ns < 1000000000) return num(double(ns) / 1e6) + " ms";
+  if (ns < 120 * int64_t(1000000000)) return num(double(ns) / 1e9) + " s";
+  const int64_t s = ns / 1000000000;
+  if (s < 7200) return std::to_string(s / 60) + " min" + (s % 60 ? " " + std::to_string(s % 60) + " s" : "");
+  return num(double(s) / 3600.0) + " h";
 }
 
 }  // namespace tw::detail

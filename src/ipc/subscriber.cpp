@@ -199,6 +199,17 @@ class SubscriberImpl {
     return !user_closed_ && !forked_ && !eos_ && welcomed_ && !peer_gone_ && chan_ && !chan_->ring.closed();
   }
 
+  // Why nothing has arrived, for a timeout's message (Subscriber::waiting_for).
+  std::string waiting_for() const {
+    std::lock_guard lock(mu_);
+    if (user_closed_ || eos_) return "";
+    if (!welcomed_) return "no publisher of '" + name_ + "' is running";
+    if (received_ == 0)
+      return "connected to its publisher (pid " + std::to_string(publisher_pid_) + "), which has sent nothing since "
+             "this subscriber joined: a subscriber receives only the messages sent after it subscribed";
+    return "";
+  }
+
   uint64_t dropped() const noexcept {
     std::lock_guard lock(mu_);
     if (!chan_ || !welcomed_) return dropped_;  // kept at close() and end-of-stream: the count stays readable
@@ -335,7 +346,10 @@ class SubscriberImpl {
       }
       if (!welcomed_ && !peer_gone_) wait_for_publisher(0);  // accept / read the welcome without blocking
       if (welcomed_) {
-        if ((out = try_take())) return Step::message;
+        if ((out = try_take())) {
+          ++received_;
+          return Step::message;
+        }
         if (peer_gone_ || chan_->ring.closed()) {
           if (chan_->ring.empty()) {
             set_eos();
@@ -735,6 +749,7 @@ class SubscriberImpl {
   uint64_t dropped_ = 0;
   int32_t publisher_pid_ = 0;
   std::atomic<bool> user_closed_flag_{false};
+  uint64_t received_ = 0;  // messages taken (for waiting_for)
   bool welcomed_ = false, peer_gone_ = false, user_closed_ = false, eos_ = false, fd_mode_ = false, forked_ = false;
   bool broken_ = false;  // the publisher broke the protocol: reported once, then end-of-stream
 };
@@ -900,7 +915,10 @@ void Subscriber::close() noexcept {
   if (remote_) remote_->close();
   if (impl_) impl_->close();
 }
-std::string Subscriber::waiting_for() const { return remote_ ? remote_->waiting_for() : std::string(); }
+std::string Subscriber::waiting_for() const {
+  if (remote_) return remote_->waiting_for();
+  return impl_ ? impl_->waiting_for() : std::string();
+}
 const std::string& Subscriber::name() const noexcept {
   static const std::string empty;
   if (remote_) return remote_->name();

@@ -348,6 +348,33 @@ TEST(IpcThreadPubSub, SameProcessThreadsChecksums) {
   EXPECT_LE(pub.pool_buffers(), 8u);
 }
 
+// A timeout says why nothing came: no publisher yet, or one that has sent nothing since this subscriber joined (a
+// subscriber created after a send does not receive it: there is no history).
+TEST(IpcThreadPubSub, WaitingForSaysWhyNothingArrived) {
+  const std::string name = topic("waitingfor");
+  Subscriber early(name);
+  EXPECT_FALSE(early.recv(10ms));
+  EXPECT_EQ(early.waiting_for(), "no publisher of '" + name + "' is running");
+  Publisher pub(name);
+  ASSERT_TRUE(early.recv(10ms) == std::nullopt);  // (completes the connection)
+  Tensor x = Tensor::zeros({4}, DType::float32());
+  pub.send(x);
+  Subscriber late(name);
+  ASSERT_TRUE(late.connected());
+  EXPECT_FALSE(late.recv(20ms));
+  EXPECT_NE(late.waiting_for().find("has sent nothing since this subscriber joined: a subscriber receives only the "
+                                    "messages sent after it subscribed"),
+            std::string::npos)
+      << late.waiting_for();
+  ASSERT_TRUE(early.recv(1s));
+  EXPECT_EQ(early.waiting_for(), "");  // it has received: a later silence is not explained by joining late
+  pub.send(x);
+  ASSERT_TRUE(late.recv(1s));
+  EXPECT_EQ(late.waiting_for(), "");
+  late.close();
+  EXPECT_EQ(late.waiting_for(), "");
+}
+
 TEST(IpcThreadPubSub, ConcurrentSendersAndLoanReleaseOnOtherThreads) {
   const std::string name = topic("senders");
   Publisher pub(name, PublisherOptions{.depth = 16});

@@ -321,6 +321,20 @@ def test_exhausted_pool_message_counts_its_buffers_in_english():
         del held
 
 
+def test_a_timeout_says_why_nothing_arrived():
+    name = topic("why")
+    with tw.Subscriber(name) as early:
+        with pytest.raises(TimeoutError, match=f"no message within the timeout \\(no publisher of '{name}' is running\\)"):
+            early.recv(timeout=0.01)
+    with tw.Publisher(name) as pub:
+        pub.send(np.zeros(3))  # nobody subscribed yet: nobody receives it (there is no history)
+        with tw.Subscriber(name) as late:
+            with pytest.raises(TimeoutError, match="a subscriber receives only the messages sent after it subscribed"):
+                late.recv(timeout=0.02)
+            pub.send(np.ones(3))
+            assert np.asarray(late.recv(timeout=5)).tolist() == [1.0, 1.0, 1.0]
+
+
 def test_fileno_with_selectors_and_asyncio():
     name = topic("fileno")
     with tw.Publisher(name) as pub, tw.Subscriber(name) as sub:
