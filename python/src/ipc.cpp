@@ -175,6 +175,21 @@ tw::SendOptions send_options(nb::handle metadata, std::optional<bool> copy, nb::
   return o;
 }
 
+// A non-empty list / tuple whose leaves are all Python numbers (nested lists and tuples of them): array data, which
+// send takes as tw.asarray does ([1, 2, 3] is one 1-d tensor), not a message of several 0-d tensors. A list holding
+// any array (or anything else) is a message of several tensors.
+bool numbers_only(PyObject* o, int depth) {
+  if (depth > 64) return false;
+  if (PyLong_Check(o) || PyFloat_Check(o) || PyComplex_Check(o)) return depth > 0;
+  if (!PyList_Check(o) && !PyTuple_Check(o)) return false;
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
+  if (n == 0) return depth > 0;  // [[], []] is array data (shape (2, 0)); [] alone is an empty message
+  PyObject** items = PySequence_Fast_ITEMS(o);
+  for (Py_ssize_t i = 0; i < n; ++i)
+    if (!numbers_only(items[i], depth + 1)) return false;
+  return true;
+}
+
 size_t send_message(tw::Publisher& p, nb::handle obj, nb::handle metadata, nb::handle timeout,
                     std::optional<bool> copy, nb::handle stream) {
   tw::Message m;
@@ -194,7 +209,9 @@ size_t send_message(tw::Publisher& p, nb::handle obj, nb::handle metadata, nb::h
     m.kind = PyTuple_Check(obj.ptr()) ? tw::Message::Kind::tuple : tw::Message::Kind::list;
     for (nb::handle v : obj) values.push_back(nb::borrow(v));
   }
-  if (values.empty()) throw tw::Error(tw::ErrorCode::invalid_argument, "Publisher.send: an empty message");
+  if (values.empty())
+    throw tw::Error(tw::ErrorCode::invalid_argument, "Publisher.send: an empty message (a dict, list or tuple of no "
+                                                     "tensors); to send an empty array, send np.empty(0)");
   nb::object asarray = nb::module_::import_("tensorwire").attr("asarray");
   std::vector<tw::Tensor*> srcs;  // the tw.Tensor behind each value
   std::vector<bool> loaned;
@@ -385,7 +402,8 @@ void register_ipc(nb::module_& m) {
                }
                throw tw::Error(tw::ErrorCode::invalid_argument, "send on a closed tensorwire.Publisher('" + p.name() + "')");
              }
-             if (PyDict_Check(obj.ptr()) || PyList_Check(obj.ptr()) || PyTuple_Check(obj.ptr()))
+             if (PyDict_Check(obj.ptr()) ||
+                 ((PyList_Check(obj.ptr()) || PyTuple_Check(obj.ptr())) && !numbers_only(obj.ptr(), 0)))
                return send_message(p, obj, metadata, timeout, copy, stream);
              nb::object converted;
              const bool is_t = is_tensor(obj);

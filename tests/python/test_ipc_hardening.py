@@ -522,6 +522,25 @@ def test_messages_of_several_tensors_are_dropped_whole_and_never_interleave():
         assert got == [18, 19] and sub.dropped == 18
 
 
+def test_a_list_of_numbers_is_array_data_and_a_list_of_arrays_a_message():
+    # send takes what tw.asarray takes: [1, 2, 3] is one 1-d tensor, as tw.asarray([1, 2, 3]) is; a list or tuple
+    # holding arrays is a message of several tensors.
+    name = topic("numbers")
+    with tw.Publisher(name) as pub, tw.Subscriber(name) as sub:
+        for x in ([1, 2, 3], [[1.5, 2.5], [3.5, 4.5]], (True, False), [1 + 2j, 3], [[], []]):
+            pub.send(x)
+            got = sub.recv(timeout=5)
+            assert isinstance(got, tw.Tensor)
+            want = np.asarray(x)
+            assert got.shape == want.shape and np.asarray(got).dtype == want.dtype
+            assert np.array_equal(np.asarray(got), want)
+        pub.send([np.zeros(2), 1])
+        got = sub.recv(timeout=5)
+        assert isinstance(got, list) and [t.shape for t in got] == [(2,), ()]
+        with pytest.raises(ValueError, match="np.empty"):
+            pub.send([])
+
+
 def test_a_message_larger_than_the_ring_is_refused_clearly():
     name = topic("groupbig")
     with tw.Publisher(name, depth=2) as pub, tw.Subscriber(name):
