@@ -236,6 +236,8 @@ DeviceExport allocate_exportable(int device, size_t nbytes) {
   prop.requested_handle_types = kMemHandleTypePosixFd;
   prop.location = MemLocation{kMemLocationTypeDevice, device};
   prop.gpu_direct_rdma_capable = rdma ? 1 : 0;
+  // (Asked before anything is made: nothing below may throw between cuMemCreate and the owner that frees it.)
+  const std::array<uint8_t, 16> uuid = device_uuid(device);
   size_t gran = 0;
   check(a.cuMemGetAllocationGranularity(&gran, &prop, kMemGranularityRecommended), "cuMemGetAllocationGranularity");
   if (gran == 0) gran = size_t{2} << 20;
@@ -268,7 +270,7 @@ DeviceExport allocate_exportable(int device, size_t nbytes) {
   DeviceExport e;
   e.kind = DeviceExport::Kind::vmm;
   e.device = device;
-  e.device_uuid = device_uuid(device);
+  e.device_uuid = uuid;
   e.base = static_cast<uintptr_t>(va);
   e.bytes = bytes;
   e.fd = fd;
