@@ -170,6 +170,14 @@ tw::Tensor via_dlpack(nb::handle obj, const Request& req, bool& made_copy, bool 
     src_dev = dlpack_device_of(d);
   }
   const bool host = !src_dev || src_dev->type == kDLCPU;
+  // The stream passed on: the caller's, else, for CUDA memory, 1 (the legacy default stream) said explicitly. The
+  // import records stream 1 for a None request; a producer that reads a missing stream= as "no synchronisation"
+  // (PyTorch's __dlpack__ defaults to -1 since 2.x) would otherwise hand over data its current side stream has not
+  // finished writing.
+  nb::handle stream = req.stream;
+  static PyObject* legacy_stream = PyLong_FromLong(1);  // (immortal for the life of the process)
+  if (stream.is_none() && src_dev && (src_dev->type == kDLCUDA || src_dev->type == kDLCUDAManaged))
+    stream = legacy_stream;
   // Keyword arguments for the versioned call.
   std::pair<PyObject*, PyObject*> kw[4];
   size_t nkw = 0;
@@ -181,7 +189,7 @@ tw::Tensor via_dlpack(nb::handle obj, const Request& req, bool& made_copy, bool 
   }
   if (req.policy.copy != CopyMode::if_needed)
     kw[nkw++] = {names().copy, req.policy.copy == CopyMode::always ? Py_True : Py_False};
-  if (!req.stream.is_none() && !host) kw[nkw++] = {names().stream, req.stream.ptr()};
+  if (!stream.is_none() && !host) kw[nkw++] = {names().stream, stream.ptr()};
   nb::object cap;
   bool producer_copied_on_request = false;
   try {
@@ -190,9 +198,18 @@ tw::Tensor via_dlpack(nb::handle obj, const Request& req, bool& made_copy, bool 
   } catch (nb::python_error& e) {
     if (!e.matches(PyExc_TypeError)) throw;
     // A producer from before DLPack 1.0 rejects the keywords: ask for a legacy capsule the old way.
-    if (!req.stream.is_none() && !host) {
-      std::pair<PyObject*, PyObject*> skw[1] = {{names().stream, req.stream.ptr()}};
-      cap = call_dlpack(obj, skw, 1);
+    if (!stream.is_none() && !host) {
+      std::pair<PyObject*, PyObject*> skw[1] = {{names().stream, stream.ptr()}};
+      try {
+        cap = call_dlpack(obj, skw, 1);
+      } catch (nb::python_error& e2) {
+        // One that takes no stream= at all: only the stream this function chose (1) may be dropped, since None
+        // means the same to a producer that follows DLPack; the caller's own stream may not.
+        if (!e2.matches(PyExc_TypeError) || !req.stream.is_none()) throw;
+        PyObject* r = PyObject_CallMethodNoArgs(obj.ptr(), names().dlpack);
+        if (!r) throw nb::python_error();
+        cap = nb::steal(r);
+      }
     } else {
       PyObject* r = PyObject_CallMethodNoArgs(obj.ptr(), names().dlpack);
       if (!r) throw nb::python_error();

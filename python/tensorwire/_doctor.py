@@ -136,13 +136,18 @@ def _ucx() -> dict[str, Any]:
     return d
 
 
-def _cuda_driver() -> str:
+def _cuda() -> dict[str, Any]:
+    """The CUDA section: tensorwire.cuda's own answers (status() names the reason when it is unusable)."""
     from . import _tensorwire as ext
 
     try:
-        return ext.cuda_driver_status()
+        available = bool(ext._cuda_is_available())
+        out: dict[str, Any] = {"driver": ext._cuda_status(), "available": available}
+        if available:
+            out.update(devices=ext._cuda_device_count(), kernels_built=bool(ext._cuda_kernels_built()))
+        return out
     except Exception as e:  # noqa: BLE001
-        return f"unknown: cuda_driver_status() failed: {type(e).__name__}: {e}"
+        return {"driver": f"unknown: tensorwire.cuda failed: {type(e).__name__}: {e}", "available": False}
 
 
 def _shm() -> dict[str, Any]:
@@ -166,7 +171,6 @@ def collect() -> dict[str, Any]:
     import tensorwire as tw
 
     meminfo = _meminfo()
-    driver = _cuda_driver()
     cpus = os.cpu_count()
     return {
         "tensorwire": {"version": tw.__version__, "dlpack": "%d.%d" % tw.DLPACK_VERSION,
@@ -175,12 +179,7 @@ def collect() -> dict[str, Any]:
         "platform": _section(system=(platform.platform(), None), machine=(platform.machine(), None),
                              cpus=(cpus, None if cpus else "os.cpu_count() cannot tell")),
         "dependencies": {name: _version_of(name) for name in _DEPENDENCIES},
-        "cuda": {
-            "driver": driver,
-            "available": driver == "ok",
-            **_section(devices=("listed by tensorwire.cuda once the CUDA layer lands", None) if driver == "ok"
-                       else (None, f"the CUDA driver is not usable: {driver}")),
-        },
+        "cuda": _cuda(),
         "memfd": _guarded("memfd_create", _memfd, {"ok": False}),
         "limits": _section(**{
             "RLIMIT_NOFILE": _nofile(),
@@ -229,7 +228,10 @@ def render(d: dict[str, Any]) -> str:
     for k, v in d["dependencies"].items():
         lines.append(f"  {k:14s} {v or 'not installed'}")
     c = d["cuda"]
-    lines += ["", f"CUDA:            {'available' if c['available'] else 'unavailable'} — driver: {c['driver']}"]
+    cuda_line = f"CUDA:            {'available' if c['available'] else 'unavailable'} — {c['driver']}"
+    if c["available"]:
+        cuda_line += "; strided copy kernels " + ("built in" if c.get("kernels_built") else "not built (no nvcc)")
+    lines += ["", cuda_line]
     m = d["memfd"]
     lines.append("memfd + seals:   " + (f"yes (F_SEAL_FUTURE_WRITE: {'yes' if m.get('future_write_seal') else 'no'})"
                                        if m["ok"] else f"no — {m['why']}"))

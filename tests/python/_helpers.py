@@ -6,11 +6,26 @@ import ctypes
 import os
 
 import numpy as np
+import pytest
 
 UNDER_ASAN = os.environ.get("TW_UNDER_ASAN") == "1" or "libasan" in os.environ.get("LD_PRELOAD", "")
 
 # A fake device pointer for CUDA Array Interface tests: nothing may ever dereference it.
 FAKE_PTR = 0xDEAD0000
+
+
+def _no_cuda_driver() -> bool:
+    import tensorwire as tw
+
+    return "could not be loaded" in tw._tensorwire.cuda_driver_status()
+
+
+# True where no NVIDIA driver loads (CI, this project's machines). Tests that build CUDA tensors over FAKE_PTR or
+# made-up stream handles run only there: with a driver, those would reach it (a copy from a made-up address, an
+# event on a made-up stream; the driver checks neither). test_cuda*.py test the real producers on a GPU.
+NO_CUDA_DRIVER = _no_cuda_driver()
+needs_no_cuda_driver = pytest.mark.skipif(
+    not NO_CUDA_DRIVER, reason="a CUDA driver is loaded: this test's fake device pointers and streams would reach it")
 
 
 def ptr(a: np.ndarray) -> int:

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import tensorwire as tw
+from _helpers import needs_no_cuda_driver
 
 pa = pytest.importorskip("pyarrow")
 na = pytest.importorskip("nanoarrow")
@@ -578,6 +579,7 @@ def test_pyarrow_device_export_imports():
     np.testing.assert_array_equal(np.asarray(back), x)
 
 
+@needs_no_cuda_driver
 def test_cuda_tensors_export_through_the_device_interface_only():
     """A CUDA tensor over a fake device pointer (nothing may read it): CPU capsules are refused, device capsules
     carry the device, and importing them gives the same pointer back on the same device."""

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tensorwire as tw
-from _helpers import flip_first, ptr, same_bits
+from _helpers import flip_first, ptr, same_bits, NO_CUDA_DRIVER, needs_no_cuda_driver
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 ml_dtypes = pytest.importorskip("ml_dtypes", reason="ml_dtypes is not installed")
@@ -463,8 +463,11 @@ def test_device_strings():
     assert tw.Device(torch.device("cpu")) == "cpu"
     t = tw.asarray(np.zeros(2), device="cpu")
     assert str(t.device) == "cpu" and t.device.type == "cpu"
-    with pytest.raises(BufferError):
-        tw.asarray(np.zeros(2), device="cuda:0")
+    if NO_CUDA_DRIVER:
+        with pytest.raises(BufferError):
+            tw.asarray(np.zeros(2), device="cuda:0")
+    else:  # a GPU machine: the array is copied there
+        assert str(tw.asarray(np.zeros(2), device="cuda:0").device) == "cuda:0"
     with pytest.raises((ValueError, TypeError)):
         tw.asarray(np.zeros(2), device="tpu:x")
     with pytest.raises(ValueError):
@@ -677,6 +680,7 @@ def test_asarray_falls_back_to_legacy_producers():
     assert tw.from_dlpack(LegacyProducer(a)).data_ptr == ptr(a)
 
 
+@needs_no_cuda_driver
 def test_asarray_passes_the_stream_to_a_cuda_producer():
     class CAI:
         __cuda_array_interface__ = {"shape": (3,), "typestr": "<f4", "data": (0xDEAD0000, False), "version": 3}
@@ -686,8 +690,28 @@ def test_asarray_passes_the_stream_to_a_cuda_producer():
     t = tw.asarray(p, stream=7)
     assert p.calls[0]["stream"] == 7 and t.data_ptr == 0xDEAD0000 and str(t.device) == "cuda:0"
     p.calls.clear()
-    tw.asarray(p)  # stream=None is DLPack's "legacy default stream" on CUDA: left to the producer
-    assert "stream" not in p.calls[0] or p.calls[0]["stream"] is None
+    tw.asarray(p)  # no stream: the legacy default stream, said explicitly (PyTorch reads a missing one as -1: no sync)
+    assert p.calls[0]["stream"] == 1
+
+
+@needs_no_cuda_driver
+def test_a_cuda_producer_without_a_stream_keyword_still_imports():
+    class CAI:
+        __cuda_array_interface__ = {"shape": (3,), "typestr": "<f4", "data": (0xDEAD0000, False), "version": 3}
+
+    dev = tw.asarray(CAI(), device="cuda:0")
+
+    class Bare:  # takes no keyword at all: the implicit stream=1 is dropped, a caller's stream is not
+        def __dlpack__(self):
+            return dev.__dlpack__()
+
+        def __dlpack_device__(self):
+            return (2, 0)
+
+    t = tw.asarray(Bare())
+    assert t.data_ptr == 0xDEAD0000 and str(t.device) == "cuda:0" and t.stream == 1
+    with pytest.raises(TypeError):
+        tw.asarray(Bare(), stream=7)
 
 
 @pytest.mark.parametrize("device_type", [2, 3, 4, 7, 10, 13])

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import tensorwire as tw
-from _helpers import ptr, same_bits
+from _helpers import ptr, same_bits, needs_no_cuda_driver
 
 ml_dtypes = pytest.importorskip("ml_dtypes", reason="ml_dtypes is not installed")
 
@@ -152,6 +152,7 @@ def test_nan_payloads_survive():
         assert np.asarray(r).view(np.uint32).tolist() == bits.tolist()
 
 
+@needs_no_cuda_driver
 def test_device_tensor_refuses_to_pickle():
     class CAI:
         __cuda_array_interface__ = {"shape": (2,), "typestr": "<f4", "data": (0xDEAD0000, False), "version": 3}

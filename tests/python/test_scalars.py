@@ -331,7 +331,11 @@ def test_doctor_reports_this_machine():
     assert d["limits"]["RLIMIT_NOFILE"] == {"soft": shown[0], "hard": shown[1]}
     with open("/proc/sys/vm/max_map_count") as f:
         assert d["limits"]["vm.max_map_count"] == int(f.read())
-    assert isinstance(d["cuda"]["driver"], str) and d["cuda"]["available"] == (d["cuda"]["driver"] == "ok")
+    assert d["cuda"]["available"] is tw.cuda.is_available() and d["cuda"]["driver"] == tw.cuda.status()
+    if tw.cuda.is_available():
+        assert d["cuda"]["devices"] == tw.cuda.device_count() >= 1
+    else:
+        assert d["cuda"]["driver"]  # the reason, e.g. "no NVIDIA driver (libcuda.so.1 could not be loaded)"
     ucx = tw._ext._ucx_info()  # the UCX listen=/connect= load, as the doctor must report it
     assert d["ucx"]["present"] == (ucx["version"] is not None)
     assert (d["ucx"]["version"], d["ucx"]["library"]) == (ucx["version"], ucx["library"])
