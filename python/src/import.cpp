@@ -248,6 +248,7 @@ struct TypeInfo {
   PyObject* resolve_neg = nullptr;
   bool torch_subclass = false;             // a subclass of torch.Tensor (not torch.Tensor itself)
   bool torch = false;                      // torch.Tensor or a subclass: requires_grad is asked (see detached)
+  PyObject* requires_grad = nullptr;       // its requires_grad descriptor, when a data descriptor (called directly)
 };
 
 // tensorwire.torch installs this: called with a torch.Tensor subclass instance, it returns None or the JSON-like
@@ -291,6 +292,13 @@ const TypeInfo& type_info(PyTypeObject* tp) {
   info.immutable = type_named(tp, "jaxlib.") || type_named(tp, "jax.");
   if (type_named(tp, "torch._C.TensorBase")) {
     info.torch = true;
+    // A data descriptor (PyTorch's getset) wins over any instance attribute: calling its getter is what getattr
+    // does, without the lookups (~40 ns of a ~1 us import).
+    static PyObject* rg_name = PyUnicode_InternFromString("requires_grad");
+    if (PyObject* d = _PyType_Lookup(tp, rg_name); d && Py_TYPE(d)->tp_descr_get && Py_TYPE(d)->tp_descr_set) {
+      Py_INCREF(d);  // kept for the life of the process, as the type is
+      info.requires_grad = d;
+    }
     info.is_conj = method_of(tp, "is_conj");
     info.is_neg = method_of(tp, "is_neg");
     info.resolve_conj = method_of(tp, "resolve_conj");
@@ -359,7 +367,9 @@ nb::object detached(nb::handle obj, const TypeInfo& ti, Request& req) {
   if (!ti.torch) return nb::borrow(obj);
   static PyObject* requires_grad = PyUnicode_InternFromString("requires_grad");
   static PyObject* detach = PyUnicode_InternFromString("detach");
-  PyObject* rg = PyObject_GetAttr(obj.ptr(), requires_grad);
+  PyObject* rg = ti.requires_grad ? Py_TYPE(ti.requires_grad)->tp_descr_get(ti.requires_grad, obj.ptr(),
+                                                                            reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr())))
+                                   : PyObject_GetAttr(obj.ptr(), requires_grad);
   if (!rg) throw nb::python_error();
   const bool grad = rg == Py_True;
   Py_DECREF(rg);

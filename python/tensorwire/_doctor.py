@@ -141,13 +141,12 @@ def _cuda() -> dict[str, Any]:
     from . import _tensorwire as ext
 
     try:
-        available = bool(ext._cuda_is_available())
-        out: dict[str, Any] = {"driver": ext._cuda_status(), "available": available}
-        if available:
-            out.update(devices=ext._cuda_device_count(), kernels_built=bool(ext._cuda_kernels_built()))
-        return out
+        available, status = bool(ext._cuda_is_available()), ext._cuda_status()
+        kernels = bool(ext._cuda_kernels_built())  # (what the build compiled: known without a GPU)
     except Exception as e:  # noqa: BLE001
-        return {"driver": f"unknown: tensorwire.cuda failed: {type(e).__name__}: {e}", "available": False}
+        available, status, kernels = False, f"unknown: tensorwire.cuda failed: {type(e).__name__}: {e}", False
+    return {"driver": status, "available": available, "kernels_built": kernels,
+            **_section(devices=(ext._cuda_device_count() if available else None, f"CUDA is unavailable: {status}"))}
 
 
 def _shm() -> dict[str, Any]:
@@ -228,10 +227,9 @@ def render(d: dict[str, Any]) -> str:
     for k, v in d["dependencies"].items():
         lines.append(f"  {k:14s} {v or 'not installed'}")
     c = d["cuda"]
-    cuda_line = f"CUDA:            {'available' if c['available'] else 'unavailable'} — {c['driver']}"
-    if c["available"]:
-        cuda_line += "; strided copy kernels " + ("built in" if c.get("kernels_built") else "not built (no nvcc)")
-    lines += ["", cuda_line]
+    kernels = "built in" if c["kernels_built"] else "not built (the build had no nvcc)"
+    lines += ["", f"CUDA:            {'available' if c['available'] else 'unavailable'} — {c['driver']}; strided "
+                  f"copy kernels {kernels}"]
     m = d["memfd"]
     lines.append("memfd + seals:   " + (f"yes (F_SEAL_FUTURE_WRITE: {'yes' if m.get('future_write_seal') else 'no'})"
                                        if m["ok"] else f"no — {m['why']}"))

@@ -341,16 +341,21 @@ impl Tensor {
             ));
         }
         if !self.is_contiguous() {
-            return Err(Error::new(
-                ErrorKind::CopyRequired,
-                format!(
-                    "a tensor of shape {:?} and strides {:?} is not C-contiguous: use contiguous() or to_vec()",
-                    self.shape(),
-                    self.strides()
-                ),
-            ));
+            return Err(self.not_contiguous("to_vec()"));
         }
         Ok(())
+    }
+
+    /// The error of a zero-copy read that needs C-contiguous memory, naming the copying `reader` that would do.
+    fn not_contiguous(&self, reader: &str) -> Error {
+        Error::new(
+            ErrorKind::CopyRequired,
+            format!(
+                "a tensor of shape {:?} and strides {:?} is not C-contiguous: use contiguous() or {reader}",
+                self.shape(),
+                self.strides()
+            ),
+        )
     }
 
     fn require_exclusive(&self) -> Result<()> {
@@ -388,14 +393,7 @@ impl Tensor {
             return Err(Error::new(ErrorKind::Unsupported, "the bytes of device memory cannot be read from the host"));
         }
         if !self.is_contiguous() {
-            return Err(Error::new(
-                ErrorKind::CopyRequired,
-                format!(
-                    "a tensor of shape {:?} and strides {:?} is not C-contiguous: use contiguous() or to_bytes()",
-                    self.shape(),
-                    self.strides()
-                ),
-            ));
+            return Err(self.not_contiguous("to_bytes()"));
         }
         let n = self.nbytes();
         if n == 0 {

@@ -8,10 +8,10 @@
 // copies it once into its pool instead.
 //
 // Importing: open_memory maps a VMM fd at a fresh address range, or opens a legacy handle (older drivers refuse a
-// second cuIpcOpenMemHandle of one allocation in a process, newer ones count references: either way, opens are
-// cached process-wide by handle and shared until the last user goes). Events: the publisher records an interprocess event on the producer's stream before
-// each message; the subscriber makes its receive stream (one non-blocking stream per device) wait on it, so no
-// host thread ever waits for the device on the hot path.
+// second cuIpcOpenMemHandle of one allocation in a process, newer ones count references: either way, opens are cached
+// process-wide by handle and shared until the last user goes). Events: the publisher records an interprocess event on
+// the producer's stream before each message; the subscriber makes its receive stream (one non-blocking stream per
+// device) wait on it, so no host thread ever waits for the device on the hot path.
 //
 // Devices are named by UUID across processes: ordinals differ when CUDA_VISIBLE_DEVICES does.
 #pragma once

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "../../src/core/text.hpp"
 #include "../../src/ipc/ipc_internal.hpp"
 #include "tensorwire/ipc.hpp"
 #include "tw_test_util.hpp"
@@ -346,6 +347,27 @@ TEST(IpcThreadPubSub, SameProcessThreadsChecksums) {
   EXPECT_TRUE(sub.closed());
   EXPECT_EQ(got, kN);
   EXPECT_LE(pub.pool_buffers(), 8u);
+}
+
+// The words of error messages: counts with their nouns, durations as a person writes them.
+TEST(ErrorText, CountsAndDurations) {
+  using tw::detail::counted;
+  using tw::detail::duration_text;
+  EXPECT_EQ(counted(1, "buffer"), "1 buffer");
+  EXPECT_EQ(counted(0, "buffer"), "0 buffers");
+  EXPECT_EQ(counted(2, "buffer"), "2 buffers");
+  EXPECT_EQ(duration_text(0), "0 s");
+  EXPECT_EQ(duration_text(750), "750 ns");
+  EXPECT_EQ(duration_text(20'000), "20 us");
+  EXPECT_EQ(duration_text(1'000'000), "1 ms");
+  EXPECT_EQ(duration_text(50'000'000), "50 ms");
+  EXPECT_EQ(duration_text(1'000'000'000), "1 s");
+  EXPECT_EQ(duration_text(1'500'000'000), "1.5 s");
+  EXPECT_EQ(duration_text(200'000'000'000), "3 min 20 s");
+  EXPECT_EQ(duration_text(180'000'000'000), "3 min");
+  EXPECT_EQ(duration_text(int64_t{36'000} * 1'000'000'000), "10 h");
+  EXPECT_EQ(duration_text(-2'000'000), "-2 ms");
+  EXPECT_EQ(duration_text(INT64_MIN).rfind("-", 0), 0u);
 }
 
 // A timeout says why nothing came: no publisher yet, or one that has sent nothing since this subscriber joined (a

@@ -332,10 +332,12 @@ def test_doctor_reports_this_machine():
     with open("/proc/sys/vm/max_map_count") as f:
         assert d["limits"]["vm.max_map_count"] == int(f.read())
     assert d["cuda"]["available"] is tw.cuda.is_available() and d["cuda"]["driver"] == tw.cuda.status()
+    assert d["cuda"]["kernels_built"] is tw.cuda.kernels_built()
     if tw.cuda.is_available():
         assert d["cuda"]["devices"] == tw.cuda.device_count() >= 1
     else:
         assert d["cuda"]["driver"]  # the reason, e.g. "no NVIDIA driver (libcuda.so.1 could not be loaded)"
+        assert d["cuda"]["devices"] is None and d["cuda"]["why"]["devices"].endswith(d["cuda"]["driver"])
     ucx = tw._ext._ucx_info()  # the UCX listen=/connect= load, as the doctor must report it
     assert d["ucx"]["present"] == (ucx["version"] is not None)
     assert (d["ucx"]["version"], d["ucx"]["library"]) == (ucx["version"], ucx["library"])
