@@ -121,7 +121,10 @@ test-install: build
 	@$(BUILD)/consumer/consumer_c
 	@$(BUILD)/consumer/consumer_shared
 	@$(BUILD)/consumer/consumer_c_abi
-	@ldd $(BUILD)/consumer/consumer_shared | grep -q 'libtensorwire\.so' || { echo "consumer_shared did not link libtensorwire.so" >&2; exit 1; }
+	@# (ldd's output is read whole first: under pipefail, `ldd | grep -q` fails whenever grep exits before ldd
+	@# finishes writing and ldd dies of SIGPIPE, which is what made one CI run fail here)
+	@deps=$$(ldd $(BUILD)/consumer/consumer_shared); grep -q 'libtensorwire\.so' <<<"$$deps" || \
+	  { echo "consumer_shared did not link libtensorwire.so; ldd says:" >&2; echo "$$deps" >&2; exit 1; }
 	@# pkg-config users: tensorwire.pc (C++20, shared) and tensorwire_c.pc (the C ABI), relocatable ($${pcfiledir})
 	@export PKG_CONFIG_PATH=$$(dirname $$(find $(BUILD)/install -name tensorwire.pc)); \
 	 g++ -std=c++20 -o $(BUILD)/consumer/consumer_pc examples/consumer/main.cpp $$(pkg-config --cflags --libs tensorwire) && \

@@ -181,10 +181,10 @@ fi
   else
     echo "- nvcc: not found"
   fi
-  echo "- cmake: $(cmake --version 2>/dev/null | head -n 1 || echo 'not found'); ninja: $(ninja --version 2>/dev/null || echo 'not found')"
-  echo "- c++: $(c++ --version 2>/dev/null | head -n 1 || echo 'not found')"
+  echo "- cmake: $(cmake --version 2>/dev/null | sed -n 1p || echo 'not found'); ninja: $(ninja --version 2>/dev/null || echo 'not found')"
+  echo "- c++: $(c++ --version 2>/dev/null | sed -n 1p || echo 'not found')"
   if command -v compute-sanitizer >/dev/null 2>&1; then
-    echo "- compute-sanitizer: $(compute-sanitizer --version 2>&1 | grep -i version | head -n 1 || true)"
+    echo "- compute-sanitizer: $(compute-sanitizer --version 2>&1 | grep -i version | sed -n 1p || true)"
   else
     echo "- compute-sanitizer: not found"
   fi
