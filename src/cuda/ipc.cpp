@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <cstdio>
@@ -167,8 +168,12 @@ DeviceExport export_memory(int device, uintptr_t ptr, uint64_t span) {
   DeviceExport e;
   e.device = device;
   e.device_uuid = device_uuid(device);
+  // Legacy-IPC-capable memory (cudaMalloc / cuMemAlloc, PyTorch's caching allocator) is asked about first and never
+  // taken through the VMM path, whatever cuMemRetainAllocationHandle would answer for it; VMM memory says 0 here.
+  int legacy_capable = 0;
+  const bool legacy_known = pointer_attr(a, kPointerAttrLegacyIpcCapable, ptr, legacy_capable);
   CUmemHandle h = 0;
-  if (a.cuMemRetainAllocationHandle &&
+  if (!(legacy_known && legacy_capable == 1) && a.cuMemRetainAllocationHandle &&
       a.cuMemRetainAllocationHandle(&h, reinterpret_cast<void*>(ptr)) == kSuccess) {  // VMM memory
     struct Release {
       const Api& a;
@@ -197,8 +202,7 @@ DeviceExport export_memory(int device, uintptr_t ptr, uint64_t span) {
     return e;
   }
   if (!a.cuIpcGetMemHandle) return refuse("the NVIDIA driver lacks cuIpcGetMemHandle");
-  int capable = 0;
-  if (pointer_attr(a, kPointerAttrLegacyIpcCapable, ptr, capable) && capable == 0)
+  if (legacy_known && legacy_capable == 0)
     return refuse("the driver says its allocation cannot be shared with a CUDA IPC handle (memory opened from "
                   "another process's handle, or allocated by a mechanism without one)");
   CUdeviceptr base = 0;
@@ -377,8 +381,19 @@ DeviceImport open_memory(DeviceExport::Kind kind, const std::array<uint8_t, 16>&
     throw Error(ErrorCode::unsupported, "the NVIDIA driver lacks cuIpcOpenMemHandle");
   State& st = state();
   std::shared_ptr<void> opened;  // (before the lock: its deleter takes the lock, should a throw below drop it)
-  std::lock_guard lk(st.mu);
-  opened = st.legacy[handle].lock();
+  std::unique_lock lk(st.mu);
+  // An entry whose last owner just went has a close pending: its deleter waits for this lock. Opening the handle
+  // again before that close is an error for drivers that refuse a second open of one handle in one process
+  // (CUDA_ERROR_ALREADY_MAPPED), so the close goes first (it takes microseconds; the wait is bounded regardless).
+  for (const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);;) {
+    const auto it = st.legacy.find(handle);
+    if (it == st.legacy.end()) break;
+    opened = it->second.lock();
+    if (opened || std::chrono::steady_clock::now() >= until) break;
+    lk.unlock();
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    lk.lock();
+  }
   if (!opened) {
     IpcHandle h{};
     std::memcpy(h.bytes, handle.data(), handle.size());
