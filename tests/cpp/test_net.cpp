@@ -527,7 +527,15 @@ TEST(NetPubSub, ASpinningReceiverKeepsTheNetThreadOffTheWorkerAndABlockedOneBrin
   }
   stop = true;
   a.join();
-  const bool judged = clean >= kClean / 10;
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+  // A timing heuristic: under a sanitizer (every thread slowed several times, the other ctest job beside it on two
+  // cores) the net thread can stall long enough to miss the hint without this thread seeing a lapse. The release
+  // build judges it; here the messages' values and the blocked half are still checked.
+  constexpr bool kSanitized = true;
+#else
+  constexpr bool kSanitized = false;
+#endif
+  const bool judged = !kSanitized && clean >= kClean / 10;
   if (judged) {
     EXPECT_LT(clean_sleeps, static_cast<uint64_t>(clean / 4))
         << "the net thread slept on the worker's events " << clean_sleeps << " times in " << clean << " of "
@@ -549,6 +557,7 @@ TEST(NetPubSub, ASpinningReceiverKeepsTheNetThreadOffTheWorkerAndABlockedOneBrin
   b.join();
   EXPECT_GE(engine.event_sleeps() - before_blocked, 1u) << "a blocked receiver's messages were landed, but the "
                                                             "net thread never watched the worker for them";
+  if (kSanitized) GTEST_SKIP() << "the spin hint is judged in the release build only (a timing heuristic)";
   if (!judged) {
     GTEST_SKIP() << "the spin hint was not judged: this machine kept the receiving thread off its core for over 1 ms "
                     "around all but "

@@ -192,7 +192,7 @@ class Pair:
 # ---- agents: interpreters in other processes (and namespaces) that run what they are sent --------------------------
 
 AGENT = r'''
-import ast, base64, faulthandler, os, pickle, signal, socket, sys, threading, time, traceback
+import ast, base64, faulthandler, os, pickle, random, signal, socket, sys, threading, time, traceback
 faulthandler.dump_traceback_later(int(sys.argv[1]), exit=True)   # an orphan never outlives the test run for long
 reply = os.fdopen(os.dup(1), "w")
 os.dup2(2, 1)  # anything else written to stdout (UCX's own messages included) goes to stderr
@@ -1448,7 +1448,7 @@ class TestTwoHosts:
         victim.signal(signal.SIGSTOP)  # alive, its sockets open, but silent: no credits, no pings
         t0 = time.monotonic()
         assert a("pub.send(np.full(10, 2), timeout=ft)", ft=FAULT_BOUND) == 1  # waits only until it is dropped
-        assert time.monotonic() - t0 < 1.5 + 3
+        assert time.monotonic() - t0 < 1.5 + 8  # (the keepalive, not FAULT_BOUND; slack for a loaded machine)
         assert a("pub.remote_subscribers") == 1
         for i in range(3, 13):
             assert a("pub.send(np.full(10, i), timeout=2)", i=i) == 1
@@ -1507,7 +1507,7 @@ class TestTwoHosts:
         t0 = time.monotonic()
         end = b("col_sub.wait_end(ft)", timeout=FAULT_BOUND + 10, ft=FAULT_BOUND)
         assert end is not None and end[0] == "EOFError", end
-        assert time.monotonic() - t0 < 1.5 + 3
+        assert time.monotonic() - t0 < 1.5 + 8  # (the keepalive, not FAULT_BOUND; slack for a loaded machine)
         assert same_bits(b("np.asarray(col_sub.held[0]).copy()"), np.arange(1000, dtype=np.int32)[::3])
 
     def test_garbage_sent_to_the_port_does_not_hurt_the_publisher(self, hosts, on):
@@ -1519,7 +1519,7 @@ class TestTwoHosts:
             outcome = []
             s = socket.create_connection((host, port), timeout=5)
             try:
-                s.sendall(os.urandom(65536))  # 64 KiB of random bytes
+                s.sendall(random.Random(7).randbytes(65536))  # 64 KiB of random bytes (seeded: replayable)
                 outcome.append("sent")
             except OSError as e:               # the publisher may hang up on it: that is fine
                 outcome.append(type(e).__name__)
@@ -1535,9 +1535,9 @@ class TestTwoHosts:
         assert a("pub.send(np.eye(3), timeout=10)") == 1
         assert b("col_sub.wait(1, 10)") == 1 and same_bits(b("col_sub.got[0]['array']"), np.eye(3))
         b("silent.close()")
-        for _ in range(3):  # and again, interleaved with a live subscriber
-            b("s = socket.create_connection((host, port), timeout=5); s.sendall(os.urandom(4096)); s.close()",
-              host=host, port=port)
+        for i in range(3):  # and again, interleaved with a live subscriber
+            b("s = socket.create_connection((host, port), timeout=5); s.sendall(random.Random(seed).randbytes(4096)); s.close()",
+              host=host, port=port, seed=i)
         assert a("pub.send(np.ones(2), timeout=10)") == 1
         assert b("col_sub.wait(2, 10)") == 2
         assert a.alive() and a("pub.subscribers") == 1 and a("pub.closed") is False

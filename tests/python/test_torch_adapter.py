@@ -972,6 +972,15 @@ def test_dataloader_keeps_a_channels_last_layout_and_leaves_float8_to_torch():
 
 
 def test_dataloader_refuses_a_stray_subscriber_and_starts_no_thread_before_the_fork(monkeypatch):
+    # Iterators of earlier tests that raised are kept alive by a reference cycle (the exception's traceback) until a
+    # garbage collection, which would otherwise happen at a moment that depends on timing: collected now, and their
+    # drain threads given (bounded) time to finish, so that every thread this test sees at the fork is this test's.
+    gc.collect()
+    until = time.monotonic() + 30
+    while any(t.name.startswith("tensorwire-dataloader") for t in threading.enumerate()) and time.monotonic() < until:
+        time.sleep(0.01)
+    assert not any(t.name.startswith("tensorwire-dataloader") for t in threading.enumerate()), \
+        "an earlier test's DataLoader threads are still running"
     at_fork: list = []
     recording = [True]
 
