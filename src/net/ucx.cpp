@@ -45,12 +45,6 @@ const Loaded& loaded() {
     // which UCX trusts without asking). Read by libucs as it loads: set before, unless the user set it. (A UCX
     // loaded by someone else first keeps its own setting; ucx_tells_cuda_memory then decides.)
     if (!std::getenv("UCX_MEMTYPE_CACHE")) ::setenv("UCX_MEMTYPE_CACHE", "n", 0);
-    // In a program built with AddressSanitizer, LeakSanitizer's stop-the-world tracer crashes at exit (SIGSEGV in
-    // the tracer, "LeakSanitizer has encountered a fatal error") once UCX's memory-event hooks are in: the user's
-    // leak check would fail for UCX's sake. UCX without memory events only gives up its registration cache, which
-    // a sanitizer build does not miss. The user's setting wins.
-    if (::dlsym(RTLD_DEFAULT, "__lsan_do_leak_check") && !std::getenv("UCX_MEM_EVENTS"))
-      ::setenv("UCX_MEM_EVENTS", "no", 0);
     std::string preferred;
     {
       std::lock_guard lock(g_pref_mu);
