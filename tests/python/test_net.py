@@ -18,6 +18,7 @@ Every wait is bounded; every process is killed in a finally.
 from __future__ import annotations
 
 import base64
+import contextlib
 import gc
 import math
 import os
@@ -87,11 +88,14 @@ def wait_until(pred, timeout=TIMEOUT, what="condition"):
         time.sleep(0.005)
 
 
-def free_port() -> int:
-    """A port nobody listens on (bound and released at once; nothing here listens on it afterwards)."""
+@contextlib.contextmanager
+def port_nobody_listens_on():
+    """A loopback port that refuses connections for as long as the block runs: bound (without SO_REUSEADDR) and never
+    listening, so no listener of this run can be given it meanwhile (a port bound and released at once could go to
+    the next listen on port 0)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        yield s.getsockname()[1]
 
 
 def random_array(shape, dtype, rng) -> np.ndarray:
@@ -697,7 +701,7 @@ def test_a_port_number_is_an_address_on_loopback_for_listen_and_connect():
 
 
 def test_connect_to_a_port_nobody_listens_on_times_out_unconnected():
-    with tw.Subscriber(topic("nobody"), connect=f"127.0.0.1:{free_port()}") as sub:
+    with port_nobody_listens_on() as port, tw.Subscriber(topic("nobody"), connect=f"127.0.0.1:{port}") as sub:
         t0 = time.monotonic()
         with pytest.raises(TimeoutError):
             sub.recv(timeout=0.5)
@@ -1088,7 +1092,7 @@ def test_a_publisher_closed_with_subscribers_restarts_on_the_same_address_at_onc
         pub.close()
 
 
-def test_create_connect_send_close_cycles_leave_no_fds_or_threads():
+def test_create_connect_send_close_cycles_leave_no_fds_or_threads(request):
     refused_name = topic("leak-refused")
 
     def cycle(i, kept):
@@ -1104,7 +1108,9 @@ def test_create_connect_send_close_cycles_leave_no_fds_or_threads():
                     refused.recv(timeout=TIMEOUT)
                 assert not never.connected
 
-    dead_port = free_port()
+    reserved = port_nobody_listens_on()
+    dead_port = reserved.__enter__()  # (held until the test ends: no cycle's listener can take it)
+    request.addfinalizer(lambda: reserved.__exit__(None, None, None))
     warm: list = []
     for i in range(2):  # UCX's context and its own threads are made once per process
         cycle(i, warm)
