@@ -98,6 +98,13 @@ def port_nobody_listens_on():
         yield s.getsockname()[1]
 
 
+@pytest.fixture
+def dead_port():
+    """port_nobody_listens_on() for a whole test."""
+    with port_nobody_listens_on() as port:
+        yield port
+
+
 def random_array(shape, dtype, rng) -> np.ndarray:
     """Random bits of `dtype` (floats: any bit pattern, NaN payloads, -0.0, subnormals and all; bool: 0 or 1)."""
     dt = np.dtype(dtype)
@@ -1092,7 +1099,7 @@ def test_a_publisher_closed_with_subscribers_restarts_on_the_same_address_at_onc
         pub.close()
 
 
-def test_create_connect_send_close_cycles_leave_no_fds_or_threads(request):
+def test_create_connect_send_close_cycles_leave_no_fds_or_threads(dead_port):
     refused_name = topic("leak-refused")
 
     def cycle(i, kept):
@@ -1108,9 +1115,6 @@ def test_create_connect_send_close_cycles_leave_no_fds_or_threads(request):
                     refused.recv(timeout=TIMEOUT)
                 assert not never.connected
 
-    reserved = port_nobody_listens_on()
-    dead_port = reserved.__enter__()  # (held until the test ends: no cycle's listener can take it)
-    request.addfinalizer(lambda: reserved.__exit__(None, None, None))
     warm: list = []
     for i in range(2):  # UCX's context and its own threads are made once per process
         cycle(i, warm)
