@@ -19,6 +19,7 @@
 #include <fstream>
 #include <functional>
 #include <numeric>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -45,6 +46,32 @@ std::string topic(const char* what) {
   static std::atomic<int> n{0};
   return "test/ipc/" + std::to_string(::getpid()) + "/" + what + "/" + std::to_string(n++);
 }
+
+// A pipe between a test and the children it forks, closed when it goes. After the fork the parent closes its copy
+// of the end only the children use (parent_reads / parent_writes): a child that dies early then ends the parent's
+// read with EOF (a failed assertion, not a block until ctest's timeout), and a parent that returns early on a failed
+// assertion ends a child's read the same way.
+struct Pipe {
+  int fd[2] = {-1, -1};
+  Pipe() {
+    if (::pipe2(fd, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
+  }
+  ~Pipe() {
+    for (int f : fd)
+      if (f >= 0) ::close(f);
+  }
+  Pipe(const Pipe&) = delete;
+  Pipe& operator=(const Pipe&) = delete;
+  int r() const { return fd[0]; }
+  int w() const { return fd[1]; }
+  void parent_reads() { drop(1); }   // children write
+  void parent_writes() { drop(0); }  // children read
+ private:
+  void drop(int end) {
+    if (fd[end] >= 0) ::close(fd[end]);
+    fd[end] = -1;
+  }
+};
 
 // Runs fn in a child process; its return value is the exit status (exceptions and gtest failures give 99).
 pid_t spawn(const std::function<int()>& fn) {
@@ -589,28 +616,22 @@ TEST(IpcHostile, AWakeUpDescriptorThatIsNotAnEventfdIsRefused) {
 TEST(IpcHostile, ASquatterOfAnotherUserIsNamedNotConnected) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a squatter as another user";
   const std::string name = topic("squat");
-  int ready[2], done[2];
-  ASSERT_EQ(::pipe(ready), 0);
-  ASSERT_EQ(::pipe(done), 0);
+  Pipe ready, done;
   pid_t child = spawn([&] {
     if (::setgid(65534) != 0 || ::setuid(65534) != 0) return 2;
     // Bind this user's (root's) address for the topic, as a hostile local user could.
     ipc::Fd l = ipc::listen_abstract("tw/0/" + name);
     if (!l) return 3;
     char c = 1;
-    if (::write(ready[1], &c, 1) != 1) return 4;
-    if (::read(done[0], &c, 1) != 1) return 5;
+    if (::write(ready.w(), &c, 1) != 1) return 4;
+    if (::read(done.r(), &c, 1) != 1) return 5;
     return 0;
   });
-  // (The parent's copies of the child's ends are closed: a child that exits early ends the read below with EOF
-  // instead of leaving it blocked.)
-  ::close(ready[1]);
-  ::close(done[0]);
+  ready.parent_reads();
+  done.parent_writes();
   char c;
-  if (::read(ready[0], &c, 1) != 1) {
+  if (::read(ready.r(), &c, 1) != 1) {
     const int code = wait_exit(child);
-    ::close(ready[0]);
-    ::close(done[1]);
     if (code == 2) GTEST_SKIP() << "this root cannot become user 65534 (setuid refused: no CAP_SETUID here)";
     FAIL() << "the squatter exited with " << code << " before it bound the topic's address";
   }
@@ -626,9 +647,8 @@ TEST(IpcHostile, ASquatterOfAnotherUserIsNamedNotConnected) {
   } catch (const tw::Error& e) {
     EXPECT_NE(std::string(e.what()).find("another user"), std::string::npos) << e.what();
   }
-  ASSERT_EQ(::write(done[1], &c, 1), 1);
+  ASSERT_EQ(::write(done.w(), &c, 1), 1);
   EXPECT_EQ(wait_exit(child), 0);
-  for (int fd : {ready[0], done[1]}) ::close(fd);
 }
 
 // A publisher that connects a subscriber properly, then rewrites the shared ring it handed over. The subscriber
@@ -650,16 +670,14 @@ struct RogueChannel {
 // go-ahead on a pipe, rewrites the shared channel, acknowledges, and keeps its socket open until told to stop.
 void rogue_publisher(const std::string& name, const std::function<void(RogueChannel&)>& corrupt,
                      const std::function<void(Subscriber&)>& check) {
-  int go[2], ack[2];
-  ASSERT_EQ(::pipe(go), 0);
-  ASSERT_EQ(::pipe(ack), 0);
+  Pipe go, ack;
   pid_t child = spawn([&] {
     ipc::Fd l = ipc::listen_abstract(ipc::publisher_address(name));
     if (!l) return 2;
     RogueChannel ch;
     ipc::Fd efd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
     char c = 1;
-    if (::write(ack[1], &c, 1) != 1) return 3;  // listening
+    if (::write(ack.w(), &c, 1) != 1) return 3;  // listening
     pollfd p{l.get(), POLLIN, 0};
     if (::poll(&p, 1, 10000) != 1) return 4;
     ipc::Fd conn(::accept4(l.get(), nullptr, nullptr, SOCK_CLOEXEC));
@@ -667,24 +685,25 @@ void rogue_publisher(const std::string& name, const std::function<void(RogueChan
     const auto w = ipc::encode_control(ipc::ControlType::welcome, 0, ch.h.total_bytes);
     const int fds[2] = {ch.fd.get(), efd.get()};
     if (ipc::send_packet(conn.get(), &w, sizeof w, fds, 1000) != ipc::SendResult::sent) return 6;
-    if (::read(go[0], &c, 1) != 1) return 7;
+    if (::read(go.r(), &c, 1) != 1) return 7;
     corrupt(ch);
-    if (::write(ack[1], &c, 1) != 1) return 8;
-    if (::read(go[0], &c, 1) != 1) return 9;  // stop
+    if (::write(ack.w(), &c, 1) != 1) return 8;
+    if (::read(go.r(), &c, 1) != 1) return 9;  // stop
     return 0;
   });
+  go.parent_writes();
+  ack.parent_reads();
   char c = 1;
-  ASSERT_EQ(::read(ack[0], &c, 1), 1);
+  ASSERT_EQ(::read(ack.r(), &c, 1), 1);
   {
     Subscriber sub(name);
     EXPECT_TRUE(sub.connected());
-    ASSERT_EQ(::write(go[1], &c, 1), 1);
-    ASSERT_EQ(::read(ack[0], &c, 1), 1);  // the shared channel is rewritten now
+    ASSERT_EQ(::write(go.w(), &c, 1), 1);
+    ASSERT_EQ(::read(ack.r(), &c, 1), 1);  // the shared channel is rewritten now
     check(sub);
   }
-  ASSERT_EQ(::write(go[1], &c, 1), 1);
+  ASSERT_EQ(::write(go.w(), &c, 1), 1);
   EXPECT_EQ(wait_exit(child), 0);
-  for (int fd : {go[0], go[1], ack[0], ack[1]}) ::close(fd);
 }
 
 TEST(IpcHostile, RewrittenRingGeometryIsNeverReadAgain) {
@@ -940,12 +959,11 @@ TEST(IpcMessage, SeveralTensorsCrossAtomicallyWithTheirStructure) {
 
 TEST(IpcProcess, EveryLayoutAndDtypeArrivesIdentical) {
   const std::string name = topic("layouts");
-  int ready[2];
-  ASSERT_EQ(::pipe(ready), 0);
+  Pipe ready;
   pid_t child = spawn([&] {
     Subscriber sub(name);
     char c = 1;
-    if (::write(ready[1], &c, 1) != 1) return 2;
+    if (::write(ready.w(), &c, 1) != 1) return 2;
     for (int k = 0; k < kCases; ++k) {
       auto t = sub.recv(10s);
       if (!t) return 10 + k;
@@ -967,9 +985,10 @@ TEST(IpcProcess, EveryLayoutAndDtypeArrivesIdentical) {
     if (sub.recv(10s) || !sub.closed()) return 84;
     return 0;
   });
+  ready.parent_reads();
   char c;
   Publisher pub(name);
-  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ASSERT_EQ(::read(ready.r(), &c, 1), 1);
   for (int k = 0; k < kCases; ++k) pub.send(make_case(k), Metadata{{"case", k}});
   Tensor loaned = pub.loan({3, 4}, DType::float32());
   float* p = loaned.data<float>();
@@ -982,8 +1001,6 @@ TEST(IpcProcess, EveryLayoutAndDtypeArrivesIdentical) {
   pub.send(withmeta, Metadata{{"s", "x"}, {"b", Value::bytes(std::string("\0\1", 2))}, {"t", Value::tuple({1, 2.5})}});
   pub.close();
   EXPECT_EQ(wait_exit(child), 0);
-  ::close(ready[0]);
-  ::close(ready[1]);
 }
 
 TEST(IpcProcess, SubscriberStartedBeforePublisherGetsEverything) {
@@ -1009,14 +1026,13 @@ TEST(IpcProcess, SubscriberStartedBeforePublisherGetsEverything) {
 
 TEST(IpcProcess, FanOutToFourSubscribers) {
   const std::string name = topic("fanout");
-  int ready[2];
-  ASSERT_EQ(::pipe(ready), 0);
+  Pipe ready;
   std::vector<pid_t> kids;
   for (int s = 0; s < 4; ++s)
     kids.push_back(spawn([&] {
       Subscriber sub(name);
       char c = 1;
-      if (::write(ready[1], &c, 1) != 1) return 2;
+      if (::write(ready.w(), &c, 1) != 1) return 2;
       uint64_t sum = 0;
       int n = 0;
       while (auto t = sub.recv(10s)) {
@@ -1026,10 +1042,11 @@ TEST(IpcProcess, FanOutToFourSubscribers) {
       }
       return (n == 300 && sum == 300ull * 1023 * 1024 / 2) ? 0 : 5;
     }));
+  ready.parent_reads();
   Publisher pub(name);
   for (int s = 0; s < 4; ++s) {
     char c;
-    ASSERT_EQ(::read(ready[0], &c, 1), 1);
+    ASSERT_EQ(::read(ready.r(), &c, 1), 1);
   }
   // subscribers that connected to us before we listened would be missed: they connect in their constructors
   for (int i = 0; i < 2000 && pub.subscriber_count() < 4; ++i) std::this_thread::sleep_for(5ms);
@@ -1041,8 +1058,6 @@ TEST(IpcProcess, FanOutToFourSubscribers) {
   }
   pub.close();
   for (pid_t k : kids) EXPECT_EQ(wait_exit(k), 0);
-  ::close(ready[0]);
-  ::close(ready[1]);
 }
 
 TEST(IpcProcess, OnFullPolicies) {
@@ -1070,12 +1085,11 @@ TEST(IpcProcess, OnFullPolicies) {
 
 TEST(IpcProcess, BlockWaitsForTheSlowSubscriber) {
   const std::string name = topic("block");
-  int ready[2];
-  ASSERT_EQ(::pipe(ready), 0);
+  Pipe ready;
   pid_t child = spawn([&] {
     Subscriber sub(name);
     char c = 1;
-    if (::write(ready[1], &c, 1) != 1) return 2;
+    if (::write(ready.w(), &c, 1) != 1) return 2;
     int n = 0;
     while (auto t = sub.recv(10s)) {
       if (t->data<const int32_t>()[0] != n++) return 3;
@@ -1083,9 +1097,10 @@ TEST(IpcProcess, BlockWaitsForTheSlowSubscriber) {
     }
     return n == 500 ? 0 : 4;
   });
+  ready.parent_reads();
   Publisher pub(name, PublisherOptions{.depth = 2});
   char c;
-  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ASSERT_EQ(::read(ready.r(), &c, 1), 1);
   for (int32_t i = 0; i < 500; ++i) pub.send(Tensor::copy_of(std::span<const int32_t>(&i, 1), {1}));
   pub.close();
   EXPECT_EQ(wait_exit(child), 0);
@@ -1093,27 +1108,27 @@ TEST(IpcProcess, BlockWaitsForTheSlowSubscriber) {
 
 TEST(IpcProcess, KilledSubscriberLeasesAreReclaimed) {
   const std::string name = topic("killsub");
-  int ready[2];
-  ASSERT_EQ(::pipe(ready), 0);
+  Pipe ready;
   pid_t child = spawn([&] {
     Subscriber sub(name);
     std::vector<Tensor> hoard;
     char c = 1;
-    if (::write(ready[1], &c, 1) != 1) return 2;
+    if (::write(ready.w(), &c, 1) != 1) return 2;
     while (auto t = sub.recv(10s)) {
       hoard.push_back(*t);  // holds every buffer it gets
-      if (hoard.size() == 3 && ::write(ready[1], &c, 1) != 1) return 2;
+      if (hoard.size() == 3 && ::write(ready.w(), &c, 1) != 1) return 2;
     }
     return 0;
   });
+  ready.parent_reads();
   Publisher pub(name, PublisherOptions{.depth = 8, .max_buffers = 4});
   char c;
-  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ASSERT_EQ(::read(ready.r(), &c, 1), 1);
   for (int i = 0; i < 3; ++i) {
     Tensor t = pub.loan({256}, DType::uint8());
     pub.send(t);
   }
-  ASSERT_EQ(::read(ready[0], &c, 1), 1);  // the child holds three buffers
+  ASSERT_EQ(::read(ready.r(), &c, 1), 1);  // the child holds three buffers
   ::kill(child, SIGKILL);
   EXPECT_EQ(wait_exit(child), 128 + SIGKILL);
   // With four buffers and the dead child's three reclaimed, sending many more never blocks.
@@ -1125,14 +1140,11 @@ TEST(IpcProcess, KilledSubscriberLeasesAreReclaimed) {
   }
   EXPECT_EQ(pub.subscriber_count(), 1u);
   EXPECT_LE(pub.pool_buffers(), 4u);
-  ::close(ready[0]);
-  ::close(ready[1]);
 }
 
 TEST(IpcProcess, KilledPublisherLeavesDataValidThenEndOfStream) {
   const std::string name = topic("killpub");
-  int ready[2];
-  ASSERT_EQ(::pipe(ready), 0);
+  Pipe ready;
   Subscriber sub(name);
   pid_t child = spawn([&] {
     Publisher pub(name);
@@ -1142,11 +1154,12 @@ TEST(IpcProcess, KilledPublisherLeavesDataValidThenEndOfStream) {
       pub.send(t);
     }
     char c = 1;
-    if (::write(ready[1], &c, 1) != 1) return 2;
+    if (::write(ready.w(), &c, 1) != 1) return 2;
     for (;;) ::pause();
   });
+  ready.parent_reads();
   char c;
-  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ASSERT_EQ(::read(ready.r(), &c, 1), 1);
   auto first = sub.recv(5s);
   ASSERT_TRUE(first);
   ::kill(child, SIGKILL);
@@ -1165,8 +1178,6 @@ TEST(IpcProcess, KilledPublisherLeavesDataValidThenEndOfStream) {
   Subscriber fresh(name);
   again.send(Tensor::zeros({1}, DType::int8()));
   EXPECT_TRUE(fresh.recv(5s));
-  ::close(ready[0]);
-  ::close(ready[1]);
 }
 
 TEST(IpcProcess, SecondPublisherOfANameIsRefused) {
@@ -1243,12 +1254,11 @@ TEST(IpcProcess, FilenoIsReadableExactlyWhenAMessageWaits) {
 TEST(IpcProcess, ManyMessagesWithChecksums) {
   const std::string name = topic("many");
   const int n = std::getenv("TW_IPC_MESSAGES") ? std::atoi(std::getenv("TW_IPC_MESSAGES")) : 100000;
-  int ready[2];
-  ASSERT_EQ(::pipe(ready), 0);
+  Pipe ready;
   pid_t child = spawn([&] {
     Subscriber sub(name);
     char c = 1;
-    if (::write(ready[1], &c, 1) != 1) return 2;
+    if (::write(ready.w(), &c, 1) != 1) return 2;
     int64_t i = 0;
     while (auto t = sub.recv(30s)) {
       const uint64_t* p = t->data<const uint64_t>();
@@ -1260,9 +1270,10 @@ TEST(IpcProcess, ManyMessagesWithChecksums) {
     }
     return i == n ? 0 : 4;
   });
+  ready.parent_reads();
   Publisher pub(name, PublisherOptions{.depth = 64});
   char c;
-  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ASSERT_EQ(::read(ready.r(), &c, 1), 1);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t k = 1 + i % 61;
     Tensor t = pub.loan({k}, DType::uint64());
@@ -1271,8 +1282,6 @@ TEST(IpcProcess, ManyMessagesWithChecksums) {
   }
   pub.close();
   EXPECT_EQ(wait_exit(child), 0);
-  ::close(ready[0]);
-  ::close(ready[1]);
 }
 
 }  // namespace
