@@ -56,6 +56,14 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def jax_on_cpu():
+    """A context in which new JAX arrays go to the CPU. The host tests that make JAX arrays are about host memory,
+    and where JAX has a GPU (`make test-gpu` runs them there) `jnp.arange` would put them on it."""
+    import jax
+
+    return jax.default_device(jax.devices("cpu")[0])
+
+
 def aligned(a: np.ndarray, alignment: int = 64) -> np.ndarray:
     """A C-contiguous copy of `a` whose data starts on an `alignment`-byte boundary (XLA copies unaligned buffers
     instead of viewing them)."""

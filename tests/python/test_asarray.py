@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tensorwire as tw
-from _helpers import flip_first, ptr, same_bits, NO_CUDA_DRIVER, needs_no_cuda_driver
+from _helpers import flip_first, jax_on_cpu, ptr, same_bits, NO_CUDA_DRIVER, needs_no_cuda_driver
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 ml_dtypes = pytest.importorskip("ml_dtypes", reason="ml_dtypes is not installed")
@@ -482,12 +482,13 @@ def test_device_strings():
 # ---- JAX --------------------------------------------------------------------------------------------------------
 def test_jax_zero_copy():
     jnp = pytest.importorskip("jax.numpy", reason="JAX is not installed")
-    x = jnp.arange(12.0, dtype=jnp.float32).reshape(3, 4)
+    with jax_on_cpu():
+        x = jnp.arange(12.0, dtype=jnp.float32).reshape(3, 4)
+        jb = jnp.ones((2, 2), dtype=jnp.bfloat16)
     t = tw.asarray(x)
     assert t.data_ptr == x.unsafe_buffer_pointer()
     assert t.shape == (3, 4) and str(t.dtype) == "float32"
     assert np.array_equal(np.asarray(t), np.asarray(x))
-    jb = jnp.ones((2, 2), dtype=jnp.bfloat16)
     tb = tw.asarray(jb)
     assert str(tb.dtype) == "bfloat16" and tb.data_ptr == jb.unsafe_buffer_pointer()
 
