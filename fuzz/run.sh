@@ -10,9 +10,10 @@
 #   FUZZ_JOBS=N                      targets fuzzed at once (default: number of CPUs)
 #   FUZZ_TARGETS="fuzz_a fuzz_b"     a subset of the targets (default: every fuzz/fuzz_*.cpp)
 #
-# The committed corpus (fuzz/corpus/<target>/) is never written: fuzzing runs on a fresh copy in
-# <build dir>/corpus/<target>/, and crash inputs land in <build dir>/artifacts/. Exits non-zero on any crash, leak,
-# sanitizer report, timeout or out-of-memory. Re-running only rebuilds what changed (CMake + Ninja).
+# The committed corpus (fuzz/corpus/<target>/) is never written: fuzzing starts from its seeds (in name order) and
+# writes what it finds to a fresh <build dir>/corpus/<target>/; crash inputs land in <build dir>/artifacts/. Exits
+# non-zero on any crash, leak, sanitizer report, timeout or out-of-memory, and when a seed was not read. Re-running
+# only rebuilds what changed (CMake + Ninja).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -60,6 +61,11 @@ fail=0
 for t in $TARGETS; do
   seeds=("$ROOT/fuzz/corpus/$t"/*)
   [[ -e "${seeds[0]}" ]] || { echo "no seeds in fuzz/corpus/$t" >&2; exit 1; }
+  # (the fuzzing below lists the seeds comma-separated: a name with a comma or a newline would break the list)
+  if [[ "${seeds[*]}" == *,* ]] || [[ "${seeds[*]}" == *$'\n'* ]]; then
+    echo "fuzz/corpus/$t: a seed's name has a comma or a newline; rename it" >&2
+    exit 1
+  fi
   # Files (not the directory) as arguments: each runs once and nothing is written next to them.
   if "$BIN/$t" -runs=0 "${FLAGS[@]}" -artifact_prefix="$BUILD/artifacts/$t-" "${seeds[@]}" \
       >"$BUILD/logs/$t.replay.log" 2>&1; then
@@ -73,11 +79,16 @@ done
 [[ $fail == 0 ]] || exit 1
 [[ "$RUNS" -gt 0 ]] || exit 0
 
-# ---- fuzz each target on a fresh copy of its corpus -------------------------------------------------------------
+# ---- fuzz each target from its seeds ----------------------------------------------------------------------------
+# The seeds go in as a list in name order (-seed_inputs), not as a directory: libFuzzer shuffles its starting inputs
+# from the order it reads them in, and a directory's order is the filesystem's (ext4 hashes names with a seed of
+# its own), so the same seed and runs fuzzed differently on another machine. The work directory starts empty and
+# takes what the run adds.
 fuzz_one() {  # records its exit status in logs/<target>.rc
-  local t=$1 work="$BUILD/corpus/$1" rc=0
-  rm -rf "$work" && mkdir -p "$work" && cp "$ROOT/fuzz/corpus/$t"/* "$work/"
-  "$BIN/$t" "${FLAGS[@]}" "${BUDGET[@]}" -artifact_prefix="$BUILD/artifacts/$t-" \
+  local t=$1 work="$BUILD/corpus/$1" rc=0 list="$BUILD/corpus/$1.seeds"
+  rm -rf "$work" && mkdir -p "$work"
+  (cd "$ROOT/fuzz/corpus/$t" && LC_ALL=C ls | sed "s|^|$ROOT/fuzz/corpus/$t/|" | paste -sd, - | tr -d "\n") >"$list"
+  "$BIN/$t" "${FLAGS[@]}" "${BUDGET[@]}" -artifact_prefix="$BUILD/artifacts/$t-" -seed_inputs="@$list" \
     "$work" >"$BUILD/logs/$t.fuzz.log" 2>&1 || rc=$?
   echo "$rc" >"$BUILD/logs/$t.rc"
 }
@@ -96,7 +107,13 @@ wait
 for t in $TARGETS; do
   rc=$(cat "$BUILD/logs/$t.rc" 2>/dev/null || echo missing)
   log="$BUILD/logs/$t.fuzz.log"
-  if [[ "$rc" == 0 ]]; then
+  # Every seed must have been read (libFuzzer skips a listed file it cannot open and says nothing of it).
+  want=$(find "$ROOT/fuzz/corpus/$t" -maxdepth 1 -type f | wc -l)
+  got=$(grep -oE 'seed corpus: files: [0-9]+' "$log" | awk '{print $4}' || true)
+  if [[ "$rc" == 0 && "$got" != "$want" ]]; then
+    echo "fuzz    $t: FAILED: libFuzzer read ${got:-no} seeds of fuzz/corpus/$t's $want (log: $log)"
+    fail=1
+  elif [[ "$rc" == 0 ]]; then
     runs=$(grep -E '^stat::number_of_executed_units' "$log" | awk '{print $2}')
     cov=$(grep -oE 'cov: [0-9]+' "$log" | tail -n 1)
     echo "fuzz    $t: ok, ${runs:-?} runs ($BUDGET_TEXT), ${cov:-cov: ?}"
