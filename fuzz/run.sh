@@ -2,9 +2,14 @@
 # Builds the libFuzzer targets, replays every committed seed, then fuzzes each target.
 #
 #   fuzz/run.sh [build dir]          default build dir: build/fuzz (relative to the repository root)
-#   FUZZ_RUNS=N                      deterministic mode (the default, what `make test` runs): N inputs per target
-#                                    from a fixed seed (FUZZ_SEED, default 1), so a run passes or fails the same
-#                                    way every time on the same commit (default 20000; 0 = replay only)
+#   FUZZ_RUNS=N                      bounded mode (the default, what `make test` runs): N inputs per target from a
+#                                    fixed seed (FUZZ_SEED, default 1) and the seeds in name order (default 20000;
+#                                    0 = replay only). The seed fixes libFuzzer's random choices, not the coverage
+#                                    it is steered by: ASan's fake stacks (detect_stack_use_after_return) and the
+#                                    copy engine's threads make that differ a little between runs (fuzz_dlpack
+#                                    ends at 1215-1235 edges), so the inputs tried are close, not identical. The
+#                                    replay of the committed seeds is exact; a crash found here is saved under
+#                                    <build dir>/artifacts/ and belongs in fuzz/corpus/<target>/ once fixed.
 #   FUZZ_SECONDS=N                   open-ended mode (`make fuzz`): fuzz each target for N seconds from a random
 #                                    seed; commit what it finds to fuzz/corpus/<target>/ as a seed
 #   FUZZ_JOBS=N                      targets fuzzed at once (default: number of CPUs)
@@ -27,7 +32,7 @@ if [[ -n "$SECONDS_PER_TARGET" ]]; then
   BUDGET_TEXT="${SECONDS_PER_TARGET}s, random seed"
   [[ "$SECONDS_PER_TARGET" -gt 0 ]] || RUNS=0
 else
-  # -runs counts inputs, and with one fixed seed and one worker libFuzzer's choices repeat exactly.
+  # -runs counts inputs; one fixed seed fixes libFuzzer's own choices (see FUZZ_RUNS above for what it does not).
   BUDGET=(-runs="$RUNS" -seed="$SEED")
   BUDGET_TEXT="$RUNS runs, seed $SEED"
 fi
