@@ -519,9 +519,12 @@ def test_jax_gpu_arrays_import_read_only():
 
     try:
         z = jax.numpy.from_dlpack(Spy())
-    except BufferError as e:
-        assert asked and tuple(asked[-1].get("max_version") or (0, 0)) < (1, 0), asked
-        assert "read-only" in str(e)
+    except Exception as e:  # noqa: BLE001 (which one depends on who refused)
+        assert asked, "JAX never called __dlpack__"
+        if tuple(asked[-1].get("max_version") or (0, 0)) < (1, 0):
+            assert isinstance(e, BufferError) and "read-only" in str(e), repr(e)  # tensorwire's refusal
+        else:  # a versioned capsule marked read-only, which this JAX may refuse itself
+            assert "read" in str(e).lower(), repr(e)
     else:
         assert asked and tuple(asked[-1].get("max_version") or (0, 0)) >= (1, 0), asked
         assert np.array_equal(np.asarray(z), a)
