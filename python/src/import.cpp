@@ -196,8 +196,11 @@ tw::Tensor via_dlpack(nb::handle obj, const Request& req, bool& made_copy, bool 
     cap = call_dlpack(obj, kw, nkw);
     producer_copied_on_request = req.policy.copy == CopyMode::always;
   } catch (nb::python_error& e) {
-    if (!e.matches(PyExc_TypeError)) throw;
-    // A producer from before DLPack 1.0 rejects the keywords: ask for a legacy capsule the old way.
+    // A producer from before DLPack 1.0 rejects the keywords: ask for a legacy capsule the old way. Argument
+    // parsing (CPython's, Cython's, nanobind's) raises TypeError itself; a subclass is the producer's own refusal
+    // of this array (pyarrow's ArrowTypeError: "Bit-packed boolean data type not supported by DLPack"), which a
+    // legacy request would only repeat, with pyarrow's DeprecationWarning for asking it.
+    if (e.type().ptr() != PyExc_TypeError) throw;
     if (!stream.is_none() && !host) {
       std::pair<PyObject*, PyObject*> skw[1] = {{names().stream, stream.ptr()}};
       try {
@@ -205,7 +208,7 @@ tw::Tensor via_dlpack(nb::handle obj, const Request& req, bool& made_copy, bool 
       } catch (nb::python_error& e2) {
         // One that takes no stream= at all: only the stream this function chose (1) may be dropped, since None
         // means the same to a producer that follows DLPack; the caller's own stream may not.
-        if (!e2.matches(PyExc_TypeError) || !req.stream.is_none()) throw;
+        if (e2.type().ptr() != PyExc_TypeError || !req.stream.is_none()) throw;
         PyObject* r = PyObject_CallMethodNoArgs(obj.ptr(), names().dlpack);
         if (!r) throw nb::python_error();
         cap = nb::steal(r);

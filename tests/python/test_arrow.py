@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import warnings
 import weakref
 
 import numpy as np
@@ -272,6 +273,21 @@ def test_pyarrow_bool8_and_bitpacked_boolean():
         tw.asarray(packed, copy=False)
     with pytest.raises(tw.CopyError):
         tw.from_arrow(packed, copy=False)
+
+
+def test_a_producers_own_refusal_is_not_retried_as_a_legacy_request():
+    # pyarrow refuses bit-packed booleans in __dlpack__ with ArrowTypeError, a TypeError subclass. Only argument
+    # parsing's own TypeError means "a producer from before DLPack 1.0": a legacy retry would repeat the refusal
+    # and draw pyarrow's DeprecationWarning for asking for an unversioned capsule.
+    packed = pa.array(np.array([True, False, True]))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(tw.CopyError) as e:
+            tw.asarray(packed, copy=False)
+        with pytest.raises(TypeError, match="Bit-packed boolean"):
+            tw.from_dlpack(packed)
+    assert "Bit-packed boolean data type not supported by DLPack" in str(e.value)
+    assert [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)] == []
 
 
 def test_nulls_are_refused_with_a_clear_error():
