@@ -56,6 +56,8 @@ std::optional<intptr_t> parse_stream(nb::handle h);
 nb::object wrap(tw::Tensor t);
 bool is_tensor(nb::handle h);
 tw::Tensor& unwrap(nb::handle h);
+/// tw.asarray(obj) with its defaults, called directly (import.cpp): what Publisher.send does with a non-tensor.
+nb::object as_tensor(nb::handle obj);
 
 /// Registers asarray/from_dlpack and friends (import.cpp) and the exporters (export.cpp).
 void register_import(nb::module_& m);

@@ -859,6 +859,8 @@ nb::object asarray(nb::handle obj_in, nb::handle device, nb::handle copy, nb::ha
 
 }  // namespace
 
+nb::object as_tensor(nb::handle obj) { return asarray(obj, nb::none(), nb::none(), nb::none()); }
+
 void register_import(nb::module_& m) {
   m.def("_set_subclass_hook", [](nb::object f) { g_subclass_hook = std::move(f); }, "hook"_a.none(),
         "Installed by tensorwire.torch: f(torch_subclass_instance) -> None or a JSON-like dict, kept in the imported "

@@ -212,11 +212,10 @@ size_t send_message(tw::Publisher& p, nb::handle obj, nb::handle metadata, nb::h
   if (values.empty())
     throw tw::Error(tw::ErrorCode::invalid_argument, "Publisher.send: an empty message (a dict, list or tuple of no "
                                                      "tensors); to send an empty array, send np.empty(0)");
-  nb::object asarray = nb::module_::import_("tensorwire").attr("asarray");
   std::vector<tw::Tensor*> srcs;  // the tw.Tensor behind each value
   std::vector<bool> loaned;
   for (nb::object& v : values) {
-    if (!is_tensor(v)) v = asarray(v);
+    if (!is_tensor(v)) v = as_tensor(v);
     tw::Tensor& t = unwrap(v);
     if (!t.defined())
       throw tw::Error(tw::ErrorCode::invalid_argument,
@@ -407,7 +406,7 @@ void register_ipc(nb::module_& m) {
                return send_message(p, obj, metadata, timeout, copy, stream);
              nb::object converted;
              const bool is_t = is_tensor(obj);
-             if (!is_t) converted = nb::module_::import_("tensorwire").attr("asarray")(obj);
+             if (!is_t) converted = as_tensor(obj);
              tw::Tensor& src = unwrap(is_t ? obj : nb::handle(converted));
              if (!src.defined())
                throw tw::Error(tw::ErrorCode::invalid_argument,
