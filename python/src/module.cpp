@@ -338,7 +338,21 @@ std::optional<tw::DType> dtype_via_numpy(nb::handle h, std::string& why) {
     throw tw::Error(tw::ErrorCode::invalid_argument,
                     "dtype " + nb::cast<std::string>(nb::str(d)) + " is in non-native byte order; tensorwire "
                     "tensors hold native values (byte-swapped data is swapped on import)");
-  const std::string name = nb::cast<std::string>(d.attr("name"));
+  // NumPy's own types (type numbers below NPY_USERDEF, 256) of kinds b/i/u/f/c are named "<kind><bits>": the name
+  // is made here from kind and size, since dtype.name is a Python-level property (about 2 us, most of a
+  // loan(shape, np.float32)). Other dtypes ask NumPy: user-defined ones (ml_dtypes') may say any kind
+  // (float8_e5m2's is 'f').
+  const bool builtin = nb::cast<long>(d.attr("num")) < 256;
+  const std::string kind = builtin ? nb::cast<std::string>(d.attr("kind")) : std::string();
+  std::string name;
+  if (kind == "b") {
+    name = "bool";
+  } else if (kind == "i" || kind == "u" || kind == "f" || kind == "c") {
+    const long bits = 8 * nb::cast<long>(d.attr("itemsize"));
+    name = (kind == "i" ? "int" : kind == "u" ? "uint" : kind == "f" ? "float" : "complex") + std::to_string(bits);
+  } else {
+    name = nb::cast<std::string>(d.attr("name"));
+  }
   try {
     return tw::DType::from_name(name);
   } catch (const tw::Error&) {
