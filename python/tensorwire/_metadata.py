@@ -25,6 +25,10 @@ class Metadata(MutableMapping):
     def __getitem__(self, key: str) -> Any:
         return self._t._meta_get(key) if isinstance(key, str) else self._missing(key)
 
+    def get(self, key: str, default: Any = None) -> Any:
+        """The value of `key`, or `default` when the tensor's metadata has no such key."""
+        return self._t._meta_get_or(key, default) if isinstance(key, str) else default
+
     def __setitem__(self, key: str, value: Any) -> None:
         self._t._meta_set(key, value)
 

@@ -73,6 +73,11 @@ def test_live_mapping(t):
     del t.metadata["format"]
     assert "format" not in m and len(m) == 1
     assert t.metadata.get("missing", 7) == 7
+    assert t.metadata.get("missing") is None and t.metadata.get(3, "d") == "d"  # a non-str key is never there
+    assert t.metadata.get("scale", 7) == 0.5 and t.metadata.get(key="scale") == 0.5
+    m["none"] = None
+    assert m.get("none", 7) is None  # a stored None is a value, not a missing key
+    del m["none"]
     with pytest.raises(KeyError):
         t.metadata["missing"]
     with pytest.raises(KeyError):
