@@ -386,7 +386,9 @@ nb::object detached(nb::handle obj, const TypeInfo& ti, Request& req) {
 // The DLPack C exchange API: one C call instead of __dlpack__'s method call, capsule and keyword parsing.
 // PyTorch's lazy bits are checked here, after the export, so that the conjugation query (which only a complex
 // tensor can need) is skipped for the others; a tensor with a bit set is released and resolved first.
-tw::Tensor via_exchange(nb::handle obj_in, const TypeInfo& ti, const Request& req) {
+// nullopt when the caller asked for a device (req.policy.device) and the producer's tensor is elsewhere: that move
+// is left to __dlpack__(dl_device=), which lets the producer make it.
+std::optional<tw::Tensor> via_exchange(nb::handle obj_in, const TypeInfo& ti, const Request& req) {
   const DLPackExchangeAPI* api = ti.api;
   nb::object obj = nb::borrow(obj_in);
   bool already_copied = false;
@@ -416,6 +418,7 @@ tw::Tensor via_exchange(nb::handle obj_in, const TypeInfo& ti, const Request& re
   const bool flagged_copy = m->version.major == DLPACK_MAJOR_VERSION && (m->flags & DLPACK_FLAG_BITMASK_IS_COPIED);
   tw::Tensor t = tw::from_dlpack(m);
   const tw::Device dev = t.device();
+  if (req.policy.device && !(*req.policy.device == dev)) return std::nullopt;
   if (dev.type != kDLCPU && api->current_work_stream) {
     // "NoSync": the data is ordered on the producer's current stream; the tensor says which.
     void* stream = nullptr;
@@ -791,9 +794,9 @@ nb::object asarray(nb::handle obj_in, nb::handle device, nb::handle copy, nb::ha
     });
     if (t) return wrap(std::move(*t));
   }
-  // The exchange API serves requests that need nothing of the producer: no device move, no stream to order on
-  // (those go to __dlpack__, which takes dl_device and stream).
-  if (ti.api && !req.policy.device && req.stream.is_none()) {
+  // The exchange API serves requests that need nothing of the producer: no device move (a device= its tensor is
+  // already on is none), no stream to order on (those go to __dlpack__, which takes dl_device and stream).
+  if (ti.api && req.stream.is_none()) {
     auto t = attempt("DLPack C exchange API", [&] { return via_exchange(obj, ti, req); });
     if (t) return wrap(annotate(obj_in, ti, std::move(*t)));
   }
@@ -896,9 +899,9 @@ void register_import(nb::module_& m) {
       const TypeInfo& ti = type_info(Py_TYPE(x.ptr()));
       req.immutable = ti.immutable;
       const nb::object src_in = detached(x, ti, req);
-      if (ti.api && !req.policy.device) {
+      if (ti.api) {
         try {
-          return wrap(via_exchange(src_in, ti, req));
+          if (auto t = via_exchange(src_in, ti, req)) return wrap(std::move(*t));
         } catch (nb::python_error& e) {  // the exchange API refused: __dlpack__ may still serve (and say why not)
           if (!e.matches(PyExc_Exception)) throw;
         } catch (const tw::Error& e) {

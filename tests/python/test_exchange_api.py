@@ -231,10 +231,18 @@ def test_a_tensor_that_requires_grad_can_be_sent():
     assert np.asarray(got["w"]).tolist() == [0.0, 1.0, 2.0, 3.0]
 
 
-def test_device_or_stream_requests_go_through_dunder_dlpack():
+def test_device_moves_and_stream_requests_go_through_dunder_dlpack():
     x = torch.arange(4.0).as_subclass(NoDunderDLPack)
     with pytest.raises(BufferError, match="__dlpack__ was called"):
         tw.asarray(x, device="cpu", copy=None, stream=5)
+    with pytest.raises(BufferError, match="__dlpack__ was called"):
+        tw.asarray(x, device="cuda:0")  # a move: the producer makes it (dl_device=)
+    # A device the tensor is already on asks nothing of the producer: the exchange API serves it (it once went
+    # through torch's Python-level __dlpack__, 9.7 us against 1.2).
+    for t in (tw.asarray(x, device="cpu"), tw.from_dlpack(x, device="cpu"), tw.asarray(x, device="cpu", copy=True)):
+        assert str(t.device) == "cpu" and np.asarray(t).tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert tw.asarray(x, device="cpu").data_ptr == x.data_ptr()
+    assert tw.asarray(x, device="cpu", copy=True).data_ptr != x.data_ptr()
 
 
 def test_allocator_refuses_devices_other_than_the_cpu():
