@@ -5,7 +5,6 @@ The byte layouts mirror the comments at the top of each fuzz_*.cpp. Re-running r
 committed corpus only changes when this script does. Usage: python3 fuzz/make_corpus.py [corpus dir]
 """
 import pathlib
-import shutil
 import struct
 import sys
 
@@ -253,14 +252,21 @@ def metadata_seeds():
     }
 
 
+def clear_hand_made(d: pathlib.Path) -> None:
+    """Empties corpus directory d of the seeds this script writes. Kept: crash* (inputs that once crashed a target,
+    committed when fixed) and cov-* (what open-ended fuzzing found that reaches code these seeds do not)."""
+    d.mkdir(parents=True, exist_ok=True)
+    for f in d.iterdir():
+        if not f.name.startswith(("cov-", "crash")):
+            f.unlink()
+
+
 def main():
     root = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else HERE / "corpus"
     for target, seeds in (("fuzz_dlpack", dlpack_seeds()), ("fuzz_typestr", typestr_seeds()),
                           ("fuzz_interface", interface_seeds()), ("fuzz_metadata", metadata_seeds())):
         d = root / target
-        if d.exists():
-            shutil.rmtree(d)
-        d.mkdir(parents=True)
+        clear_hand_made(d)
         for name, data in seeds.items():
             (d / name).write_bytes(data)
         print(f"{d}: {len(seeds)} seeds")

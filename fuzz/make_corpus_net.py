@@ -5,7 +5,6 @@ The byte layouts mirror src/net/wire.cpp (little-endian fields, one by one) and 
 fuzz/fuzz_net_header.cpp. Re-running rewrites the same files. Usage: python3 fuzz/make_corpus_net.py [corpus dir]
 """
 import pathlib
-import shutil
 import struct
 import sys
 
@@ -60,10 +59,18 @@ SEEDS = {
 }
 
 
+def clear_hand_made(d: pathlib.Path) -> None:
+    """Empties corpus directory d of the seeds this script writes. Kept: crash* (inputs that once crashed a target,
+    committed when fixed) and cov-* (what open-ended fuzzing found that reaches code these seeds do not)."""
+    d.mkdir(parents=True, exist_ok=True)
+    for f in d.iterdir():
+        if not f.name.startswith(("cov-", "crash")):
+            f.unlink()
+
+
 def main():
     out = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else HERE / "corpus" / "fuzz_net_header"
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
+    clear_hand_made(out)
     for name, blob in SEEDS.items():
         (out / name).write_bytes(blob)
 

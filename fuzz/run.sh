@@ -6,15 +6,21 @@
 #                                    fixed seed (FUZZ_SEED, default 1) and the seeds in name order (default 20000;
 #                                    0 = replay only). The seed fixes libFuzzer's random choices, not the coverage
 #                                    it is steered by: ASan's fake stacks (detect_stack_use_after_return) and the
-#                                    copy engine's threads make that differ a little between runs (fuzz_dlpack
-#                                    ends at 1215-1235 edges), so the inputs tried are close, not identical. The
+#                                    copy engine's threads make that differ a little between runs (a few edges
+#                                    either way), so the inputs tried are close, not identical. The
 #                                    replay of the committed seeds is exact; a crash found here is saved under
 #                                    <build dir>/artifacts/ and belongs in fuzz/corpus/<target>/ once fixed.
 #   FUZZ_SECONDS=N                   open-ended mode (`make fuzz`): fuzz each target for N seconds from a random
-#                                    seed; commit what it finds to fuzz/corpus/<target>/ as a seed
+#                                    seed; keep what reaches new code as cov-* seeds (below)
 #   FUZZ_JOBS=N                      targets fuzzed at once (default: number of CPUs)
 #   FUZZ_TARGETS="fuzz_a fuzz_b"     a subset of the targets (default: every fuzz/fuzz_*.cpp)
 #
+# Seeds, fuzz/corpus/<target>/: hand-made ones (written by fuzz/make_corpus*.py, which keep the two kinds below);
+# crash* (inputs that crashed a target, committed with the fix); cov-<hash> (an open-ended run's finds, reduced to
+# the inputs that add edges over all the others, so that the bounded run starts where that run got to):
+#   t=fuzz_dlpack; mkdir -p /tmp/m && cp fuzz/corpus/$t/* /tmp/m/
+#   build/fuzz/fuzz/$t -set_cover_merge=1 -use_counters=0 -use_cmp=0 /tmp/m build/fuzz/corpus/$t
+#   then copy each new file of /tmp/m to fuzz/corpus/$t/cov-<first 16 characters of its name>.
 # The committed corpus (fuzz/corpus/<target>/) is never written: fuzzing starts from its seeds (in name order) and
 # writes what it finds to a fresh <build dir>/corpus/<target>/; crash inputs land in <build dir>/artifacts/. Exits
 # non-zero on any crash, leak, sanitizer report, timeout or out-of-memory, and when a seed was not read. Re-running
