@@ -380,6 +380,27 @@ def test_an_import_on_torchs_default_stream_orders_a_consumer_on_another_stream(
     assert (got == 7).all(), f"read {torch.unique(got)[:4]}: the consumer's stream did not wait"
 
 
+def test_a_device_request_the_torch_tensor_already_meets_is_zero_copy_and_ordered():
+    # device="cuda:0" for a tensor already there takes PyTorch's DLPack C exchange API, as no device= does (since
+    # 2026-11-29; before, any device= went through __dlpack__): zero-copy, with the producer's current stream
+    # recorded, so a later copy waits for the kernel still writing. A move (device="cpu") is still __dlpack__'s.
+    torch = need_torch()
+    x = torch.zeros(1 << 22, device="cuda")
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(SLEEP_CYCLES)
+        x.fill_(7.0)
+        t = tw.asarray(x, device="cuda:0")
+    assert t.data_ptr == x.data_ptr() and t.device == CUDA0
+    assert t.stream == s.cuda_stream, t.stream
+    back = np.asarray(t.to("cpu"))  # no synchronize: only the recorded stream orders this
+    assert (back == 7).all(), f"read {np.unique(back)[:4]}: the copy did not wait for the producer's stream"
+    s.synchronize()
+    h = tw.asarray(x, device="cpu")
+    assert str(h.device) == "cpu" and (np.asarray(h) == 7).all()
+
+
 @pytest.mark.parametrize("consumer", ["torch", "cupy", "cpu"])
 def test_a_producers_stream_may_be_destroyed_once_its_tensor_is_imported(consumer):
     """CuPy destroys a stream when its object goes; a tensor imported with it still orders its consumers after the
