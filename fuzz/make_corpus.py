@@ -8,6 +8,8 @@ import pathlib
 import struct
 import sys
 
+from corpus_util import clear_hand_made  # (fuzz/: the script's own folder is on sys.path)
+
 HERE = pathlib.Path(__file__).resolve().parent
 
 
@@ -250,15 +252,6 @@ def metadata_seeds():
         "too_deep": md(deep),
         "short": b"TWM",
     }
-
-
-def clear_hand_made(d: pathlib.Path) -> None:
-    """Empties corpus directory d of the seeds this script writes. Kept: crash* (inputs that once crashed a target,
-    committed when fixed) and cov-* (what open-ended fuzzing found that reaches code these seeds do not)."""
-    d.mkdir(parents=True, exist_ok=True)
-    for f in d.iterdir():
-        if not f.name.startswith(("cov-", "crash")):
-            f.unlink()
 
 
 def main():

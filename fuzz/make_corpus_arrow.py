@@ -8,6 +8,8 @@ import pathlib
 import struct
 import sys
 
+from corpus_util import clear_hand_made  # (fuzz/: the script's own folder is on sys.path)
+
 HERE = pathlib.Path(__file__).resolve().parent
 FORMATS = ["c", "C", "s", "S", "i", "I", "l", "L", "e", "f", "g", "b", "+w:4", "+w:6", "+w:0", "+w:2", "+w:1",
            "+w:24", "+s", "+l", "+L", "u", "n", "tdD", "+w:3", "+w:12"]
@@ -91,15 +93,6 @@ def seeds():
                              ("json_lone_surrogate", b'{"shape":[1],"dim_names":["\\udc00"]}', 1)]:
         out[name] = b"\x02" + struct.pack("<H", size) + text
     return out
-
-
-def clear_hand_made(d: pathlib.Path) -> None:
-    """Empties corpus directory d of the seeds this script writes. Kept: crash* (inputs that once crashed a target,
-    committed when fixed) and cov-* (what open-ended fuzzing found that reaches code these seeds do not)."""
-    d.mkdir(parents=True, exist_ok=True)
-    for f in d.iterdir():
-        if not f.name.startswith(("cov-", "crash")):
-            f.unlink()
 
 
 def main():

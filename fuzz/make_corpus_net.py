@@ -8,6 +8,8 @@ import pathlib
 import struct
 import sys
 
+from corpus_util import clear_hand_made  # (fuzz/: the script's own folder is on sys.path)
+
 HERE = pathlib.Path(__file__).resolve().parent
 MAGIC, VERSION = 0x544E5754, 2
 HELLO, AUTH, WELCOME, REFUSED, DATA, CREDIT, PING, BYE = range(1, 9)
@@ -57,15 +59,6 @@ SEEDS = {
     "refused_not_utf8": bytes([4]) + struct.pack("<I", 2) + b"\xff\xfe",
     "credit": bytes([5]) + header(CREDIT, seq=3),
 }
-
-
-def clear_hand_made(d: pathlib.Path) -> None:
-    """Empties corpus directory d of the seeds this script writes. Kept: crash* (inputs that once crashed a target,
-    committed when fixed) and cov-* (what open-ended fuzzing found that reaches code these seeds do not)."""
-    d.mkdir(parents=True, exist_ok=True)
-    for f in d.iterdir():
-        if not f.name.startswith(("cov-", "crash")):
-            f.unlink()
 
 
 def main():
