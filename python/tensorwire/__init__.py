@@ -102,7 +102,16 @@ Tensor.tolist = _tolist
 def _jax_array(self):
     """jnp.asarray(t) and jnp.array(t) take a tensor through this: tw.to_jax(t) (zero-copy where XLA can take the
     layout). Without it, JAX asks NumPy for the dtype of `t.dtype`, a tw.DType NumPy 2 refuses. (JAX 0.10 no longer
-    calls it inside jnp functions such as jnp.sin: convert first.)"""
+    calls it inside jnp functions such as jnp.sin: convert first.) A 64-bit tensor while JAX's 64-bit types are
+    off becomes 32-bit, as jnp.asarray does with a NumPy array (tw.to_jax refuses it instead)."""
+    from ._exporters import jax_narrows
+
+    if jax_narrows(self) is not None:
+        import jax.numpy as jnp
+
+        from ._numpy import tensor_array
+
+        return jnp.asarray(tensor_array(self))
     return to_jax(self)
 
 

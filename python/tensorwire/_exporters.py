@@ -36,6 +36,18 @@ def _torch_cannot(t):
     return None
 
 
+# The DLPack devices handed to torch.from_dlpack: PyTorch 2.13 aborts the process on some others (opencl: "INTERNAL
+# ASSERT FAILED ... grandfathered Caffe2 device type", then SIGBUS) instead of raising.
+_TORCH_DEVICES = ("cpu", "cuda", "cuda_host", "cuda_managed")
+
+
+def check_torch_device(t, who: str) -> None:
+    """Raises BufferError for a tensor on a device tensorwire does not hand to PyTorch."""
+    if t.device.type not in _TORCH_DEVICES:
+        raise BufferError(f"{who}: a tensor on {t.device} cannot go to PyTorch through tensorwire (it hands PyTorch "
+                          f"tensors on {', '.join(_TORCH_DEVICES)} only; PyTorch aborts on some other DLPack devices)")
+
+
 def _jax_cannot(t):
     if not t.is_contiguous("any"):
         return f"strides {t.strides} for shape {t.shape} have gaps or broadcasts (XLA takes dense layouts only)"
@@ -64,16 +76,41 @@ def to_torch(x, *, copy=None):
     tensors (a received tw.Subscriber message among them) are copied, or refused with copy=False."""
     import torch
 
-    t, _ = _prepare(asarray(x), copy, "PyTorch", _torch_cannot)
+    t = asarray(x)
+    check_torch_device(t, "to_torch")
+    t, _ = _prepare(t, copy, "PyTorch", _torch_cannot)
     return torch.from_dlpack(t)
+
+
+def jax_narrows(t):
+    """The dtype JAX would turn t's into (int64 -> int32, float64 -> float32, ...: 64-bit types while
+    jax_enable_x64 is off, JAX's default), or None when it keeps it."""
+    import jax
+
+    from ._numpy import numpy_dtype
+
+    try:
+        src = numpy_dtype(t.dtype)
+    except TypeError:
+        return None
+    canon = jax.dtypes.canonicalize_dtype(src)
+    return None if canon == src else canon
 
 
 def to_jax(x, *, copy=None):
     """x as a jax.Array through DLPack. XLA takes dense layouts in any dimension order (no gaps, no stride 0, no
-    negative strides) and asks for legacy capsules: anything else is copied (or refused with copy=False)."""
+    negative strides) and asks for legacy capsules: anything else is copied (or refused with copy=False). A 64-bit
+    tensor while JAX's 64-bit types are off (jax_enable_x64, off by default) is refused with TypeError: JAX would
+    make it 32-bit, wrapping or rounding its values."""
     import jax.numpy as jnp
 
     t = asarray(x)
+    narrowed = jax_narrows(t)
+    if narrowed is not None:
+        raise TypeError(f"to_jax: JAX's 64-bit types are off (jax_enable_x64), so this {t.dtype.name} tensor would "
+                        f"arrive as {narrowed.name}, its values wrapped or rounded; enable them "
+                        "(jax.config.update('jax_enable_x64', True)) or convert first (e.g. "
+                        f"jnp.asarray(np.asarray(t), jnp.{narrowed.name}))")
     if t.dtype.bits < 8:
         # XLA's DLPack import has no sub-byte types (int4, float4_e2m1fn...): through NumPy (ml_dtypes), a copy.
         if copy is False:

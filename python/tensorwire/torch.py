@@ -55,6 +55,7 @@ from torch.utils.data._utils.collate import default_collate_fn_map as _default_c
 
 from . import _tensorwire as _ext
 from ._tensorwire import CopyError, asarray
+from ._exporters import check_torch_device
 
 __all__ = [
     "METADATA_KEY",
@@ -518,6 +519,7 @@ def _to_torch_one(t: Any, copy: bool | None) -> torch.Tensor:
             return _rewrap(_plain(t).clone(), cls, state)
         return t
     t = asarray(t)
+    check_torch_device(t, "tensorwire.torch.to_torch")
     desc = t.metadata[METADATA_KEY] if METADATA_KEY in t.metadata else None
     needs = None
     if any(s < 0 for s, n in zip(t.strides, t.shape) if n > 1):

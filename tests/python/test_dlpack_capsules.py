@@ -221,3 +221,21 @@ def test_huge_stride_on_a_size_one_dimension(producer):
     assert np.array_equal(np.from_dlpack(t), expected)
     assert t.byte_strides[1] == 4
     del t
+
+
+@pytest.mark.parametrize("device", [(4, 0), (7, 0), (9, 0), (12, 0)])  # opencl, vulkan, vpi, ext_dev
+def test_to_torch_refuses_a_device_pytorch_would_abort_on(producer, device):
+    # PyTorch 2.13 aborts the process (INTERNAL ASSERT, then SIGBUS) when from_dlpack gets an OpenCL tensor: the
+    # exporters hand it cpu and cuda tensors only, and say so.
+    torch = pytest.importorskip("torch")
+    import tensorwire.torch as twt
+
+    cap, _ = producer.capsule(device=device)
+    t = tw.from_dlpack(cap)
+    assert (t.device.device_type, t.device.index) == device
+    for to_torch in (tw.to_torch, twt.to_torch):
+        with pytest.raises(BufferError, match="cannot go to PyTorch"):
+            to_torch(t)
+        with pytest.raises(BufferError, match="cannot go to PyTorch"):
+            to_torch(t, copy=True)
+    assert isinstance(tw.to_torch(np.zeros(2)), torch.Tensor)  # (and the usual devices still go)

@@ -505,6 +505,24 @@ def test_to_jax(src):
     assert isinstance(j, type(jnp.zeros(1)))
 
 
+@pytest.mark.parametrize("dtype,value", [("int64", 2**40 + 1), ("uint64", 2**64 - 1), ("float64", 1e300),
+                                         ("complex128", 1 + 1e-10j)])
+def test_to_jax_refuses_what_jax_would_narrow_and_jnp_asarray_narrows_as_jax_does(dtype, value):
+    # With JAX's 64-bit types off (its default) a 64-bit array would arrive 32-bit, its values wrapped or rounded:
+    # tw.to_jax says so instead. jnp.asarray(t) keeps JAX's own convention (what it does with a NumPy array).
+    jax = pytest.importorskip("jax")
+    a = np.array([value, 1], dtype)
+    with jax.enable_x64(False):
+        for copy in (None, False, True):
+            with pytest.raises(TypeError, match=f"jax_enable_x64.*{dtype}"):
+                tw.to_jax(a, copy=copy)
+        j = jax.numpy.asarray(tw.asarray(a))
+        assert j.dtype == jax.numpy.asarray(a).dtype and np.array_equal(np.asarray(j), np.asarray(jax.numpy.asarray(a)))
+    with jax.enable_x64(True):
+        j = tw.to_jax(a)
+        assert str(j.dtype) == dtype and np.array_equal(np.asarray(j), a)
+
+
 def test_roundtrip_torch_to_tw_to_numpy_keeps_identity():
     x = torch.arange(24.0).reshape(2, 3, 4).permute(2, 0, 1)
     with warnings.catch_warnings():
