@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/utf8.hpp"
 #include "tensorwire/error.hpp"
 
 namespace tw {
@@ -167,7 +168,15 @@ void encode(std::string& out, const Value& v, int depth) {
       put_u64(out, bits);
       break;
     }
-    case Value::Kind::string: out.push_back(kStr); put_u32(out, v.as_string().size()); out += v.as_string(); break;
+    case Value::Kind::string:
+      // (the decoder refuses text that is not UTF-8: the sender hears it, not every receiver)
+      if (!detail::valid_utf8(v.as_string()))
+        throw Error(ErrorCode::invalid_argument, "metadata str values must be UTF-8 text (binary data goes in a "
+                                                 "bytes value); this one is not, so it cannot be encoded");
+      out.push_back(kStr);
+      put_u32(out, v.as_string().size());
+      out += v.as_string();
+      break;
     case Value::Kind::bytes: out.push_back(kBytes); put_u32(out, v.as_bytes().size()); out += v.as_bytes(); break;
     case Value::Kind::list:
     case Value::Kind::tuple:
@@ -179,6 +188,9 @@ void encode(std::string& out, const Value& v, int depth) {
       out.push_back(kDict);
       put_u32(out, v.keys().size());
       for (size_t i = 0; i < v.keys().size(); ++i) {
+        if (!detail::valid_utf8(v.keys()[i]))
+          throw Error(ErrorCode::invalid_argument, "metadata keys must be UTF-8 text; one is not, so it cannot be "
+                                                   "encoded");
         put_u32(out, v.keys()[i].size());
         out += v.keys()[i];
         encode(out, v.values()[i], depth + 1);
@@ -212,6 +224,22 @@ struct Reader {
     pos += n;
     return s;
   }
+  // A key or a str value: text, so UTF-8 (bytes values are str() alone). Checked here, once, so that no reader of
+  // a received or unpickled tensor's metadata meets undecodable text later (Python raised a bare conversion error).
+  std::string text(const char* what) {
+    const size_t start = pos + 4;
+    std::string s = str();
+    const char* why = nullptr;
+    for (size_t i = 0; i < s.size();) {
+      const size_t n = detail::utf8_sequence_length(s, i, &why);
+      if (n == 0) {
+        pos = start + i;
+        fail(std::string(what) + " is not valid UTF-8 (" + why + ")");
+      }
+      i += n;
+    }
+    return s;
+  }
   uint64_t count() {
     uint64_t n = le(4);
     if (n > in.size() - pos) fail("count " + std::to_string(n) + " exceeds the remaining bytes");  // each item >= 1 byte
@@ -230,7 +258,7 @@ struct Reader {
         std::memcpy(&d, &b, 8);
         return Value(d);
       }
-      case kStr: return Value(str());
+      case kStr: return Value(text("a str value"));
       case kBytes: return Value::bytes(str());
       case kList:
       case kTuple: {
@@ -250,7 +278,7 @@ struct Reader {
         values.reserve(std::min<uint64_t>(n, 1024));
         std::unordered_set<std::string> seen;
         for (uint64_t i = 0; i < n; ++i) {
-          std::string k = str();
+          std::string k = text("a key");
           if (!seen.insert(k).second) fail("duplicate key '" + k + "'");
           keys.push_back(std::move(k));
           values.push_back(value(depth + 1));

@@ -262,6 +262,23 @@ TEST(MetadataEncoding, MalformedHeadersAndBodies) {
   TW_EXPECT_ERROR(tw::decode_metadata(std::string("TWMD\x01", 5)), ErrorCode::invalid_argument);
 }
 
+TEST(MetadataEncoding, TextThatIsNotUtf8IsRefusedBothWays) {
+  // Keys and str values are text: the decoder refuses bytes that are not UTF-8 (a hostile peer's, an edited
+  // pickle's), naming where; the encoder refuses them too, so that the sender, not every receiver, hears it.
+  const std::string key_ff("TWMD\x01\x09\x01\x00\x00\x00\x03\x00\x00\x00" "k\xffy" "\x00", 18);
+  TW_EXPECT_ERROR_MSG(tw::decode_metadata(key_ff), ErrorCode::invalid_argument, "a key is not valid UTF-8");
+  TW_EXPECT_ERROR_MSG(tw::decode_metadata(key_ff), ErrorCode::invalid_argument, "at byte 15");
+  const std::string val_surrogate("TWMD\x01\x09\x01\x00\x00\x00\x01\x00\x00\x00" "k" "\x05\x03\x00\x00\x00"
+                                  "\xed\xa0\x80", 23);  // U+D800 encoded: not text
+  TW_EXPECT_ERROR_MSG(tw::decode_metadata(val_surrogate), ErrorCode::invalid_argument, "a str value is not valid UTF-8");
+  TW_EXPECT_ERROR_MSG(tw::encode_metadata(Metadata{{"k", std::string("v\xff")}}), ErrorCode::invalid_argument, "UTF-8");
+  TW_EXPECT_ERROR_MSG(tw::encode_metadata(Metadata{{std::string("k\xc0\xaf"), 1}}), ErrorCode::invalid_argument,
+                      "UTF-8");
+  // Bytes values hold anything; text of every plane round-trips.
+  const Metadata ok{{"b", Value::bytes(std::string("\xff\x00\xc0", 3))}, {"t", "é€😀"}};
+  EXPECT_EQ(tw::decode_metadata(tw::encode_metadata(ok)), ok);
+}
+
 std::string nested_lists(int depth) {
   // {"k": [[[...]]]} with `depth` lists, built byte by byte.
   std::string s("TWMD\x01\x09\x01\x00\x00\x00\x01\x00\x00\x00" "k", 15);
