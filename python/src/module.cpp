@@ -316,6 +316,24 @@ CopyMode parse_copy(nb::handle h) {
 
 namespace {
 
+// A metadata key as UTF-8, or nullopt for anything that cannot be one (not a str, or a str holding a lone surrogate):
+// no such key is ever stored. (nb::cast<std::string> threw a bare std::bad_cast on a surrogate.)
+std::optional<std::string> key_text(nb::handle k) {
+  if (!PyUnicode_Check(k.ptr())) return std::nullopt;
+  Py_ssize_t n;
+  const char* s = PyUnicode_AsUTF8AndSize(k.ptr(), &n);
+  if (!s) {
+    PyErr_Clear();
+    return std::nullopt;
+  }
+  return std::string(s, static_cast<size_t>(n));
+}
+
+[[noreturn]] void missing_key(nb::handle k) {
+  PyErr_SetObject(PyExc_KeyError, k.ptr());
+  throw nb::python_error();
+}
+
 // A NumPy dtype (or what numpy.dtype() makes of h) as a tw dtype; nullopt when NumPy cannot interpret h at all.
 std::optional<tw::DType> dtype_via_numpy(nb::handle h, std::string& why) {
   static nb::handle np_dtype;  // numpy.dtype, looked up once (an import per call cost ~0.6 us); GIL-guarded
@@ -799,29 +817,37 @@ NB_MODULE(_tensorwire, m) {
         for (const auto& k : t.metadata().keys()) l.append(nb::str(k.data(), k.size()));
         return l;
       })
-      .def("_meta_get", [](const tw::Tensor& t, const std::string& k) -> nb::object {
-        const tw::Value* v = t.metadata().find(k);
-        if (!v) throw nb::key_error(k.c_str());
+      .def("_meta_get", [](const tw::Tensor& t, nb::handle k) -> nb::object {
+        const auto key = key_text(k);
+        const tw::Value* v = key ? t.metadata().find(*key) : nullptr;
+        if (!v) missing_key(k);
         return from_value(*v);
-      })
-      .def("_meta_get_or", [](const tw::Tensor& t, const std::string& k, nb::handle fallback) -> nb::object {
+      }, "key"_a.none())
+      .def("_meta_get_or", [](const tw::Tensor& t, nb::handle k, nb::handle fallback) -> nb::object {
         // (Metadata.get: the mixin's try/except around __getitem__ costs a C++ exception per missing key, ~4 us)
-        const tw::Value* v = t.metadata().find(k);
+        const auto key = key_text(k);
+        const tw::Value* v = key ? t.metadata().find(*key) : nullptr;
         return v ? from_value(*v) : nb::borrow(fallback);
-      }, "key"_a, "default"_a.none())
+      }, "key"_a.none(), "default"_a.none())
       .def("_meta_set", [](tw::Tensor& t, nb::handle k, nb::handle v) {
         if (!PyUnicode_Check(k.ptr()))
           throw tw::Error(tw::ErrorCode::type_mismatch,
                           std::string("metadata keys must be str, not ") + Py_TYPE(k.ptr())->tp_name);
-        std::string key = nb::cast<std::string>(k);
-        t.metadata().set(key, to_value(v.ptr(), "['" + key + "']"));
+        const auto key = key_text(k);
+        if (!key)
+          throw tw::Error(tw::ErrorCode::invalid_argument,
+                          "metadata keys must be valid Unicode text; this one holds a lone surrogate (as os.fsdecode() "
+                          "makes for undecodable bytes)");
+        t.metadata().set(*key, to_value(v.ptr(), "['" + *key + "']"));
       }, "key"_a.none(), "value"_a.none())
-      .def("_meta_del", [](tw::Tensor& t, const std::string& k) {
-        if (!t.metadata().erase(k)) throw nb::key_error(k.c_str());
-      })
+      .def("_meta_del", [](tw::Tensor& t, nb::handle k) {
+        const auto key = key_text(k);
+        if (!key || !t.metadata().erase(*key)) missing_key(k);
+      }, "key"_a.none())
       .def("_meta_len", [](const tw::Tensor& t) { return t.metadata().size(); })
       .def("_meta_contains", [](const tw::Tensor& t, nb::handle k) {
-        return PyUnicode_Check(k.ptr()) && t.metadata().contains(nb::cast<std::string>(k));
+        const auto key = key_text(k);
+        return key && t.metadata().contains(*key);
       })
       .def("_meta_clear", [](tw::Tensor& t) { t.metadata().clear(); })
       .def("_meta_encode", [](const tw::Tensor& t) {
