@@ -313,7 +313,8 @@ class Subscriber {
   /// Why nothing can arrive yet, in words, for the message of a timeout: a remote subscriber not connected ("not
   /// connected to 10.0.0.1:7447 yet; last attempt: Destination is unreachable"); a local one with no publisher, or
   /// connected but sent nothing since it joined (a subscriber receives only what is sent after it subscribed);
-  /// "" otherwise.
+  /// after the end of the stream, why it ended when that was not the publisher closing (it stopped this subscriber
+  /// for falling too far behind); "" otherwise.
   std::string waiting_for() const;
 
   /// Internal (bindings): like recv_message(timeout), but returns early (empty) when a wait is interrupted.

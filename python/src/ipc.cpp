@@ -253,6 +253,16 @@ size_t send_message(tw::Publisher& p, nb::handle obj, nb::handle metadata, nb::h
   }
 }
 
+// EOFError's text: the end of the stream, and why when the publisher did not simply close it.
+std::string end_of_stream(const tw::Subscriber& s) {
+  std::string why;
+  {
+    nb::gil_scoped_release nogil;  // (waiting_for takes the subscriber's lock)
+    why = s.waiting_for();
+  }
+  return "tensorwire.Subscriber('" + s.name() + "'): end of stream" + (why.empty() ? "" : ": " + why);
+}
+
 nb::object recv(tw::Subscriber& s, nb::handle timeout_h) {
   bool forever;
   const auto timeout = timeout_from(timeout_h, forever);
@@ -262,7 +272,7 @@ nb::object recv(tw::Subscriber& s, nb::handle timeout_h) {
     // Returning a null object with the error set raises it without a C++ throw (unwinding costs microseconds,
     // and busy pollers raise TimeoutError all the time).
     if (st == tw::Subscriber::PollStatus::ended)
-      PyErr_SetString(PyExc_EOFError, ("tensorwire.Subscriber('" + s.name() + "'): end of stream").c_str());
+      PyErr_SetString(PyExc_EOFError, end_of_stream(s).c_str());
     else
       PyErr_SetString(PyExc_TimeoutError, "no message waiting");
     return nb::object();
@@ -280,7 +290,7 @@ nb::object recv(tw::Subscriber& s, nb::handle timeout_h) {
     if (r) return wrap_received(std::move(*r));
     if (PyErr_CheckSignals() != 0) throw nb::python_error();
     if (closed_nogil(s)) {
-      PyErr_SetString(PyExc_EOFError, ("tensorwire.Subscriber('" + s.name() + "'): end of stream").c_str());
+      PyErr_SetString(PyExc_EOFError, end_of_stream(s).c_str());
       throw nb::python_error();
     }
     if (!forever && std::chrono::steady_clock::now() >= deadline) {

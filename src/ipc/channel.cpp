@@ -118,7 +118,7 @@ void SubscriberChannel::control_failed(SendResult r) noexcept {
   }
   if (!stalled) {
     stalled = true;
-    ring.close();
+    ring.close(kClosedTooSlow);
     notify();
   }
 }

@@ -548,3 +548,30 @@ def test_a_message_larger_than_the_ring_is_refused_clearly():
             pub.send([np.zeros(1)] * 2)
         with pytest.raises(ValueError, match="empty"):
             pub.send([])
+
+
+def test_a_subscriber_stopped_for_falling_behind_is_told_why_at_the_end_of_its_stream():
+    # Each message copied into a fresh buffer is announced to the subscriber over its control socket; one that
+    # reads nothing lets those announcements fill the socket, and the publisher stops delivering to it rather than
+    # block every other subscriber. That was a plain "end of stream" while the publisher still ran: it now says why.
+    name = topic("too-slow")
+    with tw.Publisher(name, depth=1024) as pub, tw.Subscriber(name) as sub:
+        sent = 0
+        while sent < 1000 and pub.subscribers == 1:
+            pub.send(np.full(10, sent), timeout=10)
+            sent += 1
+        if pub.subscribers == 1:
+            pytest.skip(f"this kernel's socket buffers held all {sent} announcements: the subscriber was never stopped")
+        got = []
+        with pytest.raises(EOFError, match="fell too far behind") as e:
+            while True:
+                got.append(int(np.asarray(sub.recv(timeout=10))[0]))
+        assert "end of stream" in str(e.value)
+        assert got == list(range(len(got))) and 0 < len(got) < sent  # in order, and the rest never came
+    with tw.Publisher(name) as pub, tw.Subscriber(name) as sub:  # a publisher that closes: no reason given
+        pub.send(np.zeros(2))
+        pub.close()
+        sub.recv(timeout=10)
+        with pytest.raises(EOFError) as e:
+            sub.recv(timeout=10)
+        assert str(e.value).endswith("end of stream")
