@@ -754,9 +754,12 @@ nb::object asarray(nb::handle obj_in, nb::handle device, nb::handle copy, nb::ha
     if (!k || std::strlen(k) != 1 || !std::strchr("biufc", k[0])) {
       nb::object dtype_name = nb::steal(PyObject_Str(dtype.ptr()));
       if (!dtype_name) throw nb::python_error();
-      throw nb::type_error((std::string("tensorwire.asarray: this ") + Py_TYPE(obj.ptr())->tp_name +
-                            " holds values that are not all numbers (NumPy makes a " + PyUnicode_AsUTF8(dtype_name.ptr()) +
-                            " array of it), which no tensor can hold").c_str());
+      // (an object array may be of ints alone: ints beyond 64 bits, which no tensor type holds either)
+      const std::string what = k[0] == 'O' ? " holds values no tensor type can hold (strings, None, other objects, or "
+                                             "ints beyond 64 bits)"
+                                           : " holds values that are not all numbers";
+      throw nb::type_error((std::string("tensorwire.asarray: this ") + Py_TYPE(obj.ptr())->tp_name + what +
+                            " (NumPy makes a " + PyUnicode_AsUTF8(dtype_name.ptr()) + " array of it)").c_str());
     }
     return asarray(arr, device, nb::none(), stream);  // (copy=True: the new array is that copy)
   }

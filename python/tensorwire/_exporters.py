@@ -7,6 +7,11 @@ from __future__ import annotations
 from ._tensorwire import CopyError, asarray
 
 
+def _check_copy(copy, who: str) -> None:
+    if copy is not None and not isinstance(copy, bool):
+        raise TypeError(f"{who}: copy must be True, False or None, not {type(copy).__name__}")
+
+
 def _prepare(t, copy, consumer: str, reason):
     if copy is True:
         return t.copy(), True
@@ -59,6 +64,7 @@ def _jax_cannot(t):
 def to_numpy(x, *, copy=None):
     """x as a numpy.ndarray; NumPy takes every strided layout, so this copies only when copy=True, or when the
     tensor is a packed sub-byte one (int4...), which NumPy holds one element per byte (refused with copy=False)."""
+    _check_copy(copy, "to_numpy")
     from ._numpy import is_packed, ndarray_view, unpacked
 
     t = asarray(x)
@@ -74,6 +80,7 @@ def to_numpy(x, *, copy=None):
 def to_torch(x, *, copy=None):
     """x as a torch.Tensor through DLPack. PyTorch refuses negative strides and has no read-only tensors: such
     tensors (a received tw.Subscriber message among them) are copied, or refused with copy=False."""
+    _check_copy(copy, "to_torch")
     import torch
 
     t = asarray(x)
@@ -102,6 +109,7 @@ def to_jax(x, *, copy=None):
     negative strides) and asks for legacy capsules: anything else is copied (or refused with copy=False). A 64-bit
     tensor while JAX's 64-bit types are off (jax_enable_x64, off by default) is refused with TypeError: JAX would
     make it 32-bit, wrapping or rounding its values."""
+    _check_copy(copy, "to_jax")
     import jax.numpy as jnp
 
     t = asarray(x)

@@ -774,7 +774,12 @@ def test_python_lists_tuples_and_scalars_become_tensors_as_numpy_makes_them(valu
         tw.asarray(value, copy=False)
 
 
-@pytest.mark.parametrize("value", [["a", "b"], [1, "a"], [None, 1.0]])
-def test_lists_of_values_that_are_not_numbers_are_a_type_error_naming_numpys_dtype(value):
-    with pytest.raises(TypeError, match=r"not all numbers \(NumPy makes a .* array of it\)"):
+NOT_NUMBERS, NO_TYPE = r"not all numbers", r"no tensor type can hold \(.*ints beyond 64 bits\)"
+
+
+@pytest.mark.parametrize("value,want", [(["a", "b"], NOT_NUMBERS), ([1, "a"], NOT_NUMBERS), ([None, 1.0], NO_TYPE),
+                                        ([2**70], NO_TYPE), (2**70, NO_TYPE), ([1, 2**64], NO_TYPE)])
+def test_lists_of_values_that_are_not_numbers_are_a_type_error_naming_numpys_dtype(value, want):
+    # (an int beyond 64 bits is a number, but no tensor type holds it: the message says so rather than "not numbers")
+    with pytest.raises(TypeError, match=want + r" \(NumPy makes a .* array of it\)"):
         tw.asarray(value)

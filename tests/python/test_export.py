@@ -530,3 +530,11 @@ def test_roundtrip_torch_to_tw_to_numpy_keeps_identity():
         n = np.from_dlpack(tw.asarray(x))
     assert ptr(n) == x.data_ptr() and n.strides == tuple(4 * s for s in x.stride())
     assert np.array_equal(n, x.numpy())
+
+
+@pytest.mark.parametrize("to", ["to_numpy", "to_torch", "to_jax"])
+@pytest.mark.parametrize("copy", ["x", 5, 1.0])
+def test_exporters_refuse_a_copy_that_is_not_a_bool(to, copy):
+    # (copy="x" was taken as truthy: a copy the caller never asked for in words it would understand)
+    with pytest.raises(TypeError, match=f"{to}: copy must be True, False or None, not {type(copy).__name__}"):
+        getattr(tw, to)(np.zeros(2, np.float32), copy=copy)
