@@ -254,6 +254,14 @@ size_t send_message(tw::Publisher& p, nb::handle obj, nb::handle metadata, nb::h
 }
 
 // EOFError's text: the end of the stream, and why when the publisher did not simply close it.
+// A size or count argument: an int >= 0, or a ValueError/TypeError naming it (nanobind's own answer to -1 for a
+// size_t was "incompatible function arguments").
+size_t count_arg(nb::handle h, const char* what) {
+  const int64_t v = int64_arg(h, what);
+  if (v < 0) throw tw::Error(tw::ErrorCode::invalid_argument, std::string(what) + " must be >= 0, not " + std::to_string(v));
+  return static_cast<size_t>(v);
+}
+
 std::string end_of_stream(const tw::Subscriber& s) {
   std::string why;
   {
@@ -356,17 +364,17 @@ void register_ipc(nb::module_& m) {
                             "'drop_oldest' or 'raise' (BlockingIOError); a blocked send raises TimeoutError after "
                             "`timeout` seconds, naming the subscriber it waited for.")
       .def("__init__",
-           [](tw::Publisher* self, const std::string& name, size_t depth, const std::string& on_full,
-              size_t max_metadata_bytes, size_t max_buffers, size_t pool_bytes, size_t max_subscribers,
+           [](tw::Publisher* self, const std::string& name, nb::handle depth, const std::string& on_full,
+              nb::handle max_metadata_bytes, nb::handle max_buffers, nb::handle pool_bytes, nb::handle max_subscribers,
               bool protect_sent_loans, nb::handle listen, std::optional<std::string> token,
               bool insecure, double keepalive) {
              tw::PublisherOptions o;
-             o.depth = depth;
+             o.depth = count_arg(depth, "depth");
              o.on_full = tw::on_full_from_string(on_full);
-             o.max_metadata_bytes = max_metadata_bytes;
-             o.max_buffers = max_buffers;
-             o.pool_bytes = pool_bytes;
-             o.max_subscribers = max_subscribers;
+             o.max_metadata_bytes = count_arg(max_metadata_bytes, "max_metadata_bytes");
+             o.max_buffers = count_arg(max_buffers, "max_buffers");
+             o.pool_bytes = count_arg(pool_bytes, "pool_bytes");
+             o.max_subscribers = count_arg(max_subscribers, "max_subscribers");
              o.protect_sent_loans = protect_sent_loans;
              o.listen = address_from(listen, "listen");
              o.token = token.value_or("");
@@ -536,7 +544,7 @@ void register_ipc(nb::module_& m) {
                              "returns a read-only tw.Tensor (zero-copy), raising TimeoutError or EOFError at "
                              "end-of-stream; iterate until end-of-stream; fileno() for selectors and asyncio.")
       .def("__init__", [](tw::Subscriber* self, const std::string& name, nb::handle connect,
-                          std::optional<std::string> token, double keepalive, uint64_t max_message_bytes,
+                          std::optional<std::string> token, double keepalive, nb::handle max_message_bytes,
                           nb::handle device) {
              tw::SubscriberOptions o;
              o.device = parse_device(device);
@@ -544,7 +552,7 @@ void register_ipc(nb::module_& m) {
              o.token = token.value_or("");
              if (token && token->empty()) throw nb::value_error("token must not be empty (omit it, or give a secret)");
              o.keepalive = keepalive_from(keepalive);
-             o.max_message_bytes = max_message_bytes;
+             o.max_message_bytes = count_arg(max_message_bytes, "max_message_bytes");
              nb::gil_scoped_release nogil;
              new (self) tw::Subscriber(name, o);
            }, "name"_a, nb::kw_only(), "connect"_a = nb::none(), "token"_a = nb::none(), "keepalive"_a = 10.0,

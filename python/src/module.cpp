@@ -898,7 +898,16 @@ NB_MODULE(_tensorwire, m) {
   register_ipc(m);
   register_arrow(m);
 
-  m.def("set_num_threads", &tw::set_num_threads, "n"_a,
+  m.def("set_num_threads", [](nb::handle n) {
+          // (an int beyond C int: nanobind's answer was "incompatible function arguments", not the ValueError
+          // the docstring promises)
+          const int64_t v = int64_arg(n, "set_num_threads: n");
+          if (v > tw::kMaxThreads)  // (said here: the value may not fit tw::set_num_threads' int)
+            throw tw::Error(tw::ErrorCode::invalid_argument, "set_num_threads: at most " +
+                                                                 std::to_string(tw::kMaxThreads) + " threads, not " +
+                                                                 std::to_string(v));
+          tw::set_num_threads(static_cast<int>(std::max<int64_t>(v, -1)));
+        }, "n"_a,
         "Threads used by large copies (the caller included); n <= 0 restores the number of CPUs; at most 1024 "
         "(ValueError above).");
   m.def("get_num_threads", &tw::get_num_threads, "Threads large copies use (set_num_threads changes it).");

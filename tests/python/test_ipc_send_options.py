@@ -110,3 +110,17 @@ def test_bad_devices_are_named():
             pub.loan(2, device="gpu7")
     with pytest.raises(ValueError, match="unknown device"):
         tw.Subscriber("x", device="bogus")
+
+
+@pytest.mark.parametrize("kw", ["depth", "max_metadata_bytes", "max_buffers", "pool_bytes", "max_subscribers"])
+def test_publisher_sizes_that_are_not_counts_are_named(kw):
+    # (nanobind's own answer to -1 for a size was "incompatible function arguments", naming nothing)
+    name = f"tw-test-sizes-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(ValueError, match=f"{kw} must be >= 0, not -1"):
+        tw.Publisher(name, **{kw: -1})
+    with pytest.raises(ValueError, match=f"{kw} .* does not fit in 64 bits"):
+        tw.Publisher(name, **{kw: 2**70})
+    with pytest.raises(TypeError, match=f"{kw} must be an int, not float"):
+        tw.Publisher(name, **{kw: 2.0})
+    with pytest.raises(ValueError, match="max_message_bytes must be >= 0, not -1"):
+        tw.Subscriber(name, max_message_bytes=-1)

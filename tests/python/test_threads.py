@@ -39,6 +39,13 @@ def test_set_and_get_num_threads():
     assert tw.get_num_threads() == os.cpu_count()
     tw.set_num_threads(-4)
     assert tw.get_num_threads() == os.cpu_count()
+    tw.set_num_threads(-(2**62))  # (any n <= 0, even one beyond C int)
+    assert tw.get_num_threads() == os.cpu_count()
+    for n in (1025, 2**40):  # beyond C int too: a ValueError naming it, not a binding error
+        with pytest.raises(ValueError, match=f"at most 1024 threads.*not {n}"):
+            tw.set_num_threads(n)
+    with pytest.raises(TypeError, match="must be an int"):
+        tw.set_num_threads("2")
 
 
 @pytest.mark.parametrize(
