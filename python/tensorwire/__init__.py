@@ -104,15 +104,7 @@ def _jax_array(self):
     layout). Without it, JAX asks NumPy for the dtype of `t.dtype`, a tw.DType NumPy 2 refuses. (JAX 0.10 no longer
     calls it inside jnp functions such as jnp.sin: convert first.) A 64-bit tensor while JAX's 64-bit types are
     off becomes 32-bit, as jnp.asarray does with a NumPy array (tw.to_jax refuses it instead)."""
-    from ._exporters import jax_narrows
-
-    if jax_narrows(self) is not None:
-        import jax.numpy as jnp
-
-        from ._numpy import tensor_array
-
-        return jnp.asarray(tensor_array(self))
-    return to_jax(self)
+    return to_jax(self, _narrow_as_jax_does=True)
 
 
 Tensor.__jax_array__ = _jax_array

@@ -7,7 +7,8 @@ from __future__ import annotations
 from ._tensorwire import CopyError, asarray
 
 
-def _check_copy(copy, who: str) -> None:
+def check_copy(copy, who: str) -> None:
+    """Raises TypeError unless copy is None, True or False (what every copy= here takes)."""
     if copy is not None and not isinstance(copy, bool):
         raise TypeError(f"{who}: copy must be True, False or None, not {type(copy).__name__}")
 
@@ -64,7 +65,7 @@ def _jax_cannot(t):
 def to_numpy(x, *, copy=None):
     """x as a numpy.ndarray; NumPy takes every strided layout, so this copies only when copy=True, or when the
     tensor is a packed sub-byte one (int4...), which NumPy holds one element per byte (refused with copy=False)."""
-    _check_copy(copy, "to_numpy")
+    check_copy(copy, "to_numpy")
     from ._numpy import is_packed, ndarray_view, unpacked
 
     t = asarray(x)
@@ -80,7 +81,7 @@ def to_numpy(x, *, copy=None):
 def to_torch(x, *, copy=None):
     """x as a torch.Tensor through DLPack. PyTorch refuses negative strides and has no read-only tensors: such
     tensors (a received tw.Subscriber message among them) are copied, or refused with copy=False."""
-    _check_copy(copy, "to_torch")
+    check_copy(copy, "to_torch")
     import torch
 
     t = asarray(x)
@@ -104,16 +105,17 @@ def jax_narrows(t):
     return None if canon == src else canon
 
 
-def to_jax(x, *, copy=None):
+def to_jax(x, *, copy=None, _narrow_as_jax_does=False):
     """x as a jax.Array through DLPack. XLA takes dense layouts in any dimension order (no gaps, no stride 0, no
     negative strides) and asks for legacy capsules: anything else is copied (or refused with copy=False). A 64-bit
     tensor while JAX's 64-bit types are off (jax_enable_x64, off by default) is refused with TypeError: JAX would
-    make it 32-bit, wrapping or rounding its values."""
-    _check_copy(copy, "to_jax")
+    make it 32-bit, wrapping or rounding its values. (_narrow_as_jax_does: jnp.asarray(t) lets JAX do that, as it
+    does with a NumPy array, on whatever device t is.)"""
+    check_copy(copy, "to_jax")
     import jax.numpy as jnp
 
     t = asarray(x)
-    narrowed = jax_narrows(t)
+    narrowed = None if _narrow_as_jax_does else jax_narrows(t)
     if narrowed is not None:
         raise TypeError(f"to_jax: JAX's 64-bit types are off (jax_enable_x64), so this {t.dtype.name} tensor would "
                         f"arrive as {narrowed.name}, its values wrapped or rounded; enable them "

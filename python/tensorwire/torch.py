@@ -55,7 +55,7 @@ from torch.utils.data._utils.collate import default_collate_fn_map as _default_c
 
 from . import _tensorwire as _ext
 from ._tensorwire import CopyError, asarray
-from ._exporters import check_torch_device
+from ._exporters import check_copy, check_torch_device
 
 __all__ = [
     "METADATA_KEY",
@@ -582,8 +582,7 @@ def to_torch(t: Any, *, copy: bool | None = None) -> Any:
     write into the result (a one-time warning says so); copy=True gives a private, writable copy. Negative strides,
     which PyTorch refuses, are copied, or refused with tw.CopyError under copy=False.
     """
-    if copy is not None and not isinstance(copy, bool):
-        raise TypeError(f"to_torch: copy must be True, False or None, not {type(copy).__name__}")
+    check_copy(copy, "to_torch")
     if isinstance(t, (dict, list, tuple)) and not hasattr(t, "__dlpack__"):
         return _tree_map(t, lambda v: _to_torch_one(v, copy), lambda v: not isinstance(v, (dict, list, tuple)))
     return _to_torch_one(t, copy)
@@ -592,8 +591,7 @@ def to_torch(t: Any, *, copy: bool | None = None) -> Any:
 def from_torch(x: Any, *, copy: bool | None = None) -> Any:
     """A torch tensor (or a nested structure of them) as tensorwire tensors, zero-copy; a subclass instance keeps
     its description in ``t.metadata[METADATA_KEY]``. Tensors that require grad are detached (the data is shared)."""
-    if copy is not None and not isinstance(copy, bool):
-        raise TypeError(f"from_torch: copy must be True, False or None, not {type(copy).__name__}")
+    check_copy(copy, "from_torch")
 
     def one(v: torch.Tensor) -> Any:
         if v.requires_grad:
