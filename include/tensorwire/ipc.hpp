@@ -110,7 +110,9 @@ struct PublisherOptions {
   /// Largest metadata a message carries, in encoded bytes (see encode_metadata).
   size_t max_metadata_bytes = 64 * 1024;
   /// Pool buffers at most (each buffer is one memfd segment; each subscriber's channel has a lease counter per
-  /// buffer). The pool grows until pool_bytes or this count, whichever comes first, before send/loan wait.
+  /// buffer). The pool grows until pool_bytes or this count, whichever comes first, before send/loan wait. A loan,
+  /// and a copy of more than 16 KiB, takes a buffer of its own; smaller copies share 256 KiB buffers (64-byte
+  /// aligned parts; a buffer is reused once no subscriber holds any of its parts).
   size_t max_buffers = 1024;
   /// Bytes of shared memory the pool may hold at once (a single buffer larger than this is still allowed, when
   /// the machine has the memory: a request it cannot have throws Error(out_of_memory) instead). A caller's CUDA
@@ -313,8 +315,7 @@ class Subscriber {
   /// Why nothing can arrive yet, in words, for the message of a timeout: a remote subscriber not connected ("not
   /// connected to 10.0.0.1:7447 yet; last attempt: Destination is unreachable"); a local one with no publisher, or
   /// connected but sent nothing since it joined (a subscriber receives only what is sent after it subscribed);
-  /// after the end of the stream, why it ended when that was not the publisher closing (it stopped this subscriber
-  /// for falling too far behind); "" otherwise.
+  /// "" otherwise.
   std::string waiting_for() const;
 
   /// Internal (bindings): like recv_message(timeout), but returns early (empty) when a wait is interrupted.

@@ -253,7 +253,6 @@ size_t send_message(tw::Publisher& p, nb::handle obj, nb::handle metadata, nb::h
   }
 }
 
-// EOFError's text: the end of the stream, and why when the publisher did not simply close it.
 // A size or count argument: an int >= 0, or a ValueError/TypeError naming it (nanobind's own answer to -1 for a
 // size_t was "incompatible function arguments").
 size_t count_arg(nb::handle h, const char* what) {
@@ -262,14 +261,8 @@ size_t count_arg(nb::handle h, const char* what) {
   return static_cast<size_t>(v);
 }
 
-std::string end_of_stream(const tw::Subscriber& s) {
-  std::string why;
-  {
-    nb::gil_scoped_release nogil;  // (waiting_for takes the subscriber's lock)
-    why = s.waiting_for();
-  }
-  return "tensorwire.Subscriber('" + s.name() + "'): end of stream" + (why.empty() ? "" : ": " + why);
-}
+// EOFError's text.
+std::string end_of_stream(const tw::Subscriber& s) { return "tensorwire.Subscriber('" + s.name() + "'): end of stream"; }
 
 nb::object recv(tw::Subscriber& s, nb::handle timeout_h) {
   bool forever;
@@ -402,7 +395,8 @@ void register_ipc(nb::module_& m) {
            "max_buffers"_a = 1024, "pool_bytes"_a = size_t{2} << 30, "max_subscribers"_a = 256,
            "protect_sent_loans"_a = true, "listen"_a = nb::none(), "token"_a = nb::none(), "insecure"_a = false,
            "keepalive"_a = 10.0,
-           "Create the publisher of topic `name`: a shared-memory pool (up to pool_bytes and max_buffers) and, per "
+           "Create the publisher of topic `name`: a shared-memory pool (up to pool_bytes and max_buffers; copies of "
+           "at most 16 KiB share buffers) and, per "
            "subscriber, a ring of `depth` messages; on_full says what send does when a ring is full ('block', "
            "'drop_oldest' or 'raise'). listen='host:port' also serves subscribers on other machines over UCX "
            "(no host: loopback only; a reachable address needs token='secret' or insecure=True; data is not "

@@ -6,6 +6,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstring>
 
 #include "ipc/channel_internal.hpp"
@@ -59,37 +61,54 @@ bool SubscriberChannel::hung_up() noexcept {
   return dead.load(std::memory_order_acquire);
 }
 
-bool SubscriberChannel::announce(size_t slot, uint64_t segment_id, uint64_t bytes, int fd) {
-  const ControlWire w = encode_control(ControlType::segment, segment_id, bytes);
-  const SendResult r = os::send_packet(sock_.get(), &w, sizeof w, std::span<const int>(&fd, 1), 0);
-  if (r == SendResult::sent) {
-    announced[slot] = segment_id;
-    return true;
+os::SendResult SubscriberChannel::flush_retires() {
+  size_t n = 0;
+  os::SendResult r = os::SendResult::sent;
+  for (; n < pending_retires_.size(); ++n) {
+    const ControlWire w = encode_control(ControlType::retire, pending_retires_[n], 0);
+    r = os::send_packet(sock_.get(), &w, sizeof w, {}, 0);
+    if (r != os::SendResult::sent) break;
   }
+  pending_retires_.erase(pending_retires_.begin(), pending_retires_.begin() + static_cast<std::ptrdiff_t>(n));
   control_failed(r);
-  return false;
+  return r;
 }
 
-bool SubscriberChannel::announce_cuda(size_t slot, uint64_t segment_id, uint64_t bytes, const CudaSegmentInfo& info,
-                                      int fd) {
-  const CudaSegmentWire w = encode_cuda_segment(segment_id, bytes, info);
-  const SendResult r = os::send_packet(sock_.get(), &w, sizeof w,
-                                       fd >= 0 ? std::span<const int>(&fd, 1) : std::span<const int>(), 0);
-  if (r == SendResult::sent) {
-    announced[slot] = segment_id;
-    return true;
-  }
+os::SendResult SubscriberChannel::announce(size_t slot, uint64_t segment_id, uint64_t bytes, int fd) {
+  if (knows(slot, segment_id)) return os::SendResult::sent;
+  if (const os::SendResult r = flush_retires(); r != os::SendResult::sent) return r;
+  const ControlWire w = encode_control(ControlType::segment, segment_id, bytes);
+  const os::SendResult r = os::send_packet(sock_.get(), &w, sizeof w, std::span<const int>(&fd, 1), 0);
+  if (r == os::SendResult::sent) announced[slot] = segment_id;
   control_failed(r);
-  return false;
+  return r;
+}
+
+os::SendResult SubscriberChannel::announce_cuda(size_t slot, uint64_t segment_id, uint64_t bytes,
+                                                const CudaSegmentInfo& info, int fd) {
+  if (knows(slot, segment_id)) return os::SendResult::sent;
+  if (const os::SendResult r = flush_retires(); r != os::SendResult::sent) return r;
+  const CudaSegmentWire w = encode_cuda_segment(segment_id, bytes, info);
+  const os::SendResult r = os::send_packet(sock_.get(), &w, sizeof w,
+                                           fd >= 0 ? std::span<const int>(&fd, 1) : std::span<const int>(), 0);
+  if (r == os::SendResult::sent) announced[slot] = segment_id;
+  control_failed(r);
+  return r;
 }
 
 void SubscriberChannel::retire(size_t slot, uint64_t segment_id) {
   if (announced[slot] != segment_id) return;
-  // Not sent: the subscriber keeps a stale mapping (harmless: no message names that segment again) unless it is
-  // gone; a full socket stops the subscriber.
-  const ControlWire w = encode_control(ControlType::retire, segment_id, 0);
-  control_failed(os::send_packet(sock_.get(), &w, sizeof w, {}, 0));
   announced[slot] = 0;
+  // In order, after any still pending. One that cannot go out now waits for the next announcement (the subscriber
+  // keeps a mapping no message names again meanwhile; the pending list is bounded by the segments it was told of).
+  pending_retires_.push_back(segment_id);
+  (void)flush_retires();
+}
+
+void SubscriberChannel::wait_writable(int timeout_ms) noexcept {
+  pollfd p{sock_.get(), POLLOUT | POLLRDHUP, 0};
+  const int r = ::poll(&p, 1, std::max(0, timeout_ms));
+  if (r > 0 && (p.revents & (POLLHUP | POLLERR | POLLRDHUP))) dead.store(true);
 }
 
 void SubscriberChannel::bye() noexcept {
@@ -107,20 +126,9 @@ void SubscriberChannel::drop_broken() noexcept {
   ::shutdown(sock_.get(), SHUT_RDWR);
 }
 
-// A hung-up peer is dead (its leases go); a live one whose socket buffer is full reads too lazily to follow the
-// pool: it is stopped — its stream ends after what it has queued — but its leases are honoured until it actually
-// hangs up, because it still maps the buffers.
-void SubscriberChannel::control_failed(SendResult r) noexcept {
-  if (r == SendResult::sent) return;
-  if (r == SendResult::gone) {
-    dead.store(true);
-    return;
-  }
-  if (!stalled) {
-    stalled = true;
-    ring.close(kClosedTooSlow);
-    notify();
-  }
+// A hung-up peer is dead (its leases go). A full socket is the caller's to handle (announce, retire).
+void SubscriberChannel::control_failed(os::SendResult r) noexcept {
+  if (r == os::SendResult::gone) dead.store(true);
 }
 
 }  // namespace tw::ipc_detail

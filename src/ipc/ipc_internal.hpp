@@ -124,11 +124,6 @@ struct CellHeader {
 };
 static_assert(std::is_trivially_copyable_v<CellHeader> && offsetof(CellHeader, msg) == 16);
 
-/// ChannelHeader::closed: the publisher closed the stream, or stopped this subscriber because it fell too far behind
-/// to be told about new buffers (its control socket full of announcements it has not read).
-constexpr uint32_t kClosedByPublisher = 1;
-constexpr uint32_t kClosedTooSlow = 2;
-
 /// The head of a channel (one memfd per subscriber). Offsets are from the channel's start.
 struct ChannelHeader {
   uint32_t magic;               ///< kMagic
@@ -148,7 +143,7 @@ struct ChannelHeader {
   uint64_t tail;                ///< next position the publisher writes
   uint64_t dropped;             ///< messages dropped for this subscriber
   uint32_t futex_word;          ///< bumped on every push and on close; the subscriber sleeps on it
-  uint32_t closed;              ///< non-zero once the stream is closed: kClosedByPublisher or kClosedTooSlow
+  uint32_t closed;              ///< 1 once the publisher closed the stream
   uint32_t producer_waiting;    ///< 1 while the publisher sleeps on space_word for room in the ring
   uint32_t producer_cpu;        ///< the CPU the publisher last pushed from (a hint for the subscriber's spin)
   uint8_t pad1[kCacheLine - 32];
@@ -355,8 +350,8 @@ class Ring {
   /// reader that sees the first sees all. Returns true when the subscriber asked for eventfd notification.
   template <class F>
   bool push_n(uint32_t k, F&& fill) noexcept;
-  /// Marks the stream closed (ChannelHeader::closed = why) and wakes the subscriber.
-  void close(uint32_t why = kClosedByPublisher) noexcept;
+  /// Marks the stream closed and wakes the subscriber.
+  void close() noexcept;
 
   // -- consumers --
   /// Claims the oldest message and calls read(CellHeader&) on it before freeing the cell. Bounded: never spins
@@ -373,8 +368,6 @@ class Ring {
   /// After a pop: tells a publisher waiting for room.
   void signal_space() noexcept;
   bool closed() const noexcept { return aref(h_->closed).load(std::memory_order_acquire) != 0; }
-  /// Why it was closed (kClosed*); any other non-zero value (a foreign publisher's) reads as plainly closed.
-  uint32_t close_reason() const noexcept { return aref(h_->closed).load(std::memory_order_acquire); }
 
  private:
   bool publish(uint64_t new_tail) noexcept;  // tail, futex word, wake-up

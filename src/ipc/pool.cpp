@@ -151,8 +151,14 @@ std::optional<size_t> Pool::try_take(size_t nbytes, const std::function<bool(siz
       if (s.size() > cls && s.size() <= 4 * cls && larger < 0) larger = static_cast<long>(i);
       else if (other < 0) other = static_cast<long>(i);
     }
-    if (exact >= 0) return static_cast<size_t>(exact);
-    if (larger >= 0) return static_cast<size_t>(larger);
+    const auto whole = [this](long li) {  // (a shared buffer that was free is one message's again)
+      const auto i = static_cast<size_t>(li);
+      slots_[i].shared = false;
+      slots_[i].used = 0;
+      return static_cast<size_t>(i);
+    };
+    if (exact >= 0) return whole(exact);
+    if (larger >= 0) return whole(larger);
     if (empty >= 0 && (total + cls <= max_bytes_ || total == 0)) {
       const size_t i = static_cast<size_t>(empty);
       Slot& s = slots_[i];
@@ -164,6 +170,8 @@ std::optional<size_t> Pool::try_take(size_t nbytes, const std::function<bool(siz
       }
       s.segment_id = id;
       s.writable = true;
+      s.shared = false;
+      s.used = 0;
       end_ = std::max(end_, i + 1);
       return i;
     }
@@ -175,6 +183,44 @@ std::optional<size_t> Pool::try_take(size_t nbytes, const std::function<bool(siz
     s.seg = Segment();
     s.writable = true;
   }
+}
+
+std::optional<std::pair<size_t, size_t>> Pool::try_take_small(size_t nbytes, const std::function<bool(size_t)>& held,
+                                                             const std::function<void(size_t, uint64_t)>& on_retire,
+                                                             const std::string& what) {
+  if (nbytes > kSharedMax) return std::nullopt;
+  const size_t need = shared_part_bytes(nbytes);
+  long appending = -1, reset = -1;
+  uint64_t total = 0;
+  for (size_t i = 0; i < end_; ++i) {
+    const Slot& s = slots_[i];
+    if (s.segment_id && !s.seg.foreign) total += s.size();
+    if (!s.segment_id || !s.shared || s.seg.device >= 0 || s.seg.foreign) continue;
+    if (is_free(i, held)) {  // nothing reads any of it: all of it is room again (and warm from its last use)
+      if (reset < 0) reset = static_cast<long>(i);
+    } else if (s.loans.load(std::memory_order_acquire) == 0 && s.used + need <= s.size()) {
+      if (appending < 0 || s.used > slots_[static_cast<size_t>(appending)].used) appending = static_cast<long>(i);
+    }
+  }
+  // A free one first: its start is the memory the last small messages used (a subscriber that keeps up gets the
+  // same warm bytes every time, as with a buffer per message).
+  long pick = reset >= 0 ? reset : appending;
+  if (reset >= 0) slots_[static_cast<size_t>(reset)].used = 0;
+  if (pick < 0) {
+    // A new shared buffer only within the budget; else the caller takes a buffer of the message's own size.
+    if (total + kSharedBytes > max_bytes_) return std::nullopt;
+    const auto fresh = try_take(kSharedBytes, held, on_retire, what);
+    if (!fresh) return std::nullopt;
+    Slot& s = slots_[*fresh];
+    if (s.size() < need) return std::nullopt;  // (cannot happen: every host buffer is at least what it was asked)
+    s.shared = true;
+    s.used = 0;
+    pick = static_cast<long>(*fresh);
+  }
+  Slot& s = slots_[static_cast<size_t>(pick)];
+  const size_t offset = s.used;
+  s.used += need;
+  return std::make_pair(static_cast<size_t>(pick), offset);
 }
 
 Tensor Pool::loan(size_t i, Layout layout) {

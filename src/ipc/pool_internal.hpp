@@ -7,7 +7,14 @@
 // The pool decides which buffer a request gets — an exact size class, a larger one within 4x, a new segment while
 // the budget allows, or else it retires a free buffer of another size to make room — but not who holds a buffer:
 // leases live in the subscribers' channels, so the publisher answers `held(slot)` and hears of each retirement
-// (`on_retire`) to tell the subscribers that mapped it. Not thread-safe: the publisher's state lock guards it,
+// (`on_retire`) to tell the subscribers that mapped it.
+//
+// Small copies share buffers: a send's packed copy of at most kSharedMax bytes goes at the end of a shared host
+// buffer (kSharedBytes, 64-byte aligned parts) after earlier messages' copies, and a shared buffer is written from
+// its start again once nothing holds any of it. Each buffer is announced to each subscriber once over its control
+// socket (an fd, a mapping), so a buffer per small message made a deep ring of unread small messages cost hundreds
+// of announcements, fds and mappings; shared, 4 KiB messages take one per 64. A subscriber's lease holds the
+// whole buffer, so one kept small tensor keeps kSharedBytes from reuse. Not thread-safe: the publisher's state lock guards it,
 // except Slot::loans, which loaned tensors release from any thread.
 #pragma once
 
@@ -75,6 +82,8 @@ class Pool : public std::enable_shared_from_this<Pool> {
     std::atomic<int32_t> holds{0};  ///< transports still reading it (remote sends in flight)
     bool writable = true;           ///< false once a loan of it was sent and protected: read-only here
     bool reserved = false;          ///< packed by the send in progress, not yet pushed
+    bool shared = false;            ///< holds several messages' small copies (try_take_small)
+    size_t used = 0;                ///< shared: bytes handed out from the start (the rest was never written since)
     size_t size() const noexcept { return seg.size(); }
     char* data() const noexcept { return seg.data(); }
   };
@@ -101,6 +110,21 @@ class Pool : public std::enable_shared_from_this<Pool> {
   std::optional<size_t> try_take(size_t nbytes, const std::function<bool(size_t)>& held,
                                  const std::function<void(size_t, uint64_t)>& on_retire, const std::string& what,
                                  int device = -1);
+  /// Room for a small copy (<= kSharedMax bytes) in a shared buffer: (slot, offset of the part), 64-byte aligned.
+  /// The same one attempt as try_take, never waiting; nullopt when no shared buffer has room and none can be made
+  /// within pool_bytes (then the caller asks try_take for a buffer of the copy's own size). The part is the caller's from then on (nothing else is ever handed out of that range until the
+  /// buffer is free again: no loan, lease, hold or reservation of it).
+  std::optional<std::pair<size_t, size_t>> try_take_small(size_t nbytes, const std::function<bool(size_t)>& held,
+                                                         const std::function<void(size_t, uint64_t)>& on_retire,
+                                                         const std::string& what);
+  static constexpr size_t kSharedMax = size_t{16} << 10;
+  static constexpr size_t kSharedBytes = size_t{256} << 10;
+  static constexpr size_t kSharedAlign = 64;
+  /// The bytes of a shared buffer a small copy of `nbytes` takes (its part, up to where the next one may start).
+  static constexpr size_t shared_part_bytes(size_t nbytes) noexcept {
+    return nbytes <= kSharedAlign ? kSharedAlign : (nbytes + kSharedAlign - 1) / kSharedAlign * kSharedAlign;
+  }
+
   /// Whether every buffer there is is reserved by the send in progress (at least one): when try_take finds no
   /// room then, none can come (the send's own parts hold it all).
   bool only_reserved() const noexcept;

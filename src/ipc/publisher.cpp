@@ -14,8 +14,9 @@
 // subscriber releases it without help from the monitor.
 //
 // Delivery is all or none: send() first waits until every live subscriber's ring has a free cell (or makes room
-// under drop_oldest), then pushes to all of them in one critical section. A timeout, an interrupted wait or
-// WouldBlockError leaves every ring as it was.
+// under drop_oldest), packs, tells every subscriber about the buffers the message names (waiting, under block, for
+// one whose control socket is full), then pushes to all of them in one critical section. A timeout, an
+// interrupted wait or WouldBlockError leaves every ring as it was.
 #include <poll.h>
 #include <pthread.h>
 #include <sys/eventfd.h>
@@ -862,14 +863,16 @@ class PublisherImpl {
       }
       p.packed = true;
       p.layout = Layout{t.dtype(), t.shape(), Layout::contiguous_strides(t.shape()), 0, t.subbyte_padded()};
-      p.slot = acquire_slot(static_cast<size_t>(p.layout.nbytes()), deadline, lock, "send", p.device);
+      size_t offset = 0;
+      p.slot = acquire_slot(static_cast<size_t>(p.layout.nbytes()), deadline, lock, "send", p.device, &offset);
       Pool::Slot& s = pool_->slot(p.slot);
       s.reserved = true;
       reserved.slots.push_back(p.slot);
       pool_->make_writable(p.slot);
-      p.alloc_offset = 0;
-      p.alloc_bytes = s.size();
-      char* dst = s.data();
+      p.alloc_offset = offset;
+      // (A part of a shared buffer is all its subscribers may read of it.)
+      p.alloc_bytes = s.shared ? Pool::shared_part_bytes(static_cast<size_t>(p.layout.nbytes())) : s.size();
+      char* dst = s.data() + offset;
       if (p.device >= 0) {
         // One device copy on the producer's stream, after whatever last wrote this buffer.
         if (s.seg.recorded) rt.record_ipc_event(s.seg.event, p.stream, true);
@@ -904,8 +907,13 @@ class PublisherImpl {
     // 2b. What remote subscribers get: the same buffers, held until every remote send of them is done.
     std::shared_ptr<net_detail::OutMessage> out;
     if (remote) out = remote_message(parts, group, deadline, reserved, lock, o.copy);
+    // 2c. Every local subscriber is told about the buffers this message names before anything is pushed: one whose
+    //     control socket is full is waited for, refused or skipped by the on_full policy, as a full ring is.
+    std::vector<const Sub*> skipped;
+    if (local) announce_segments(parts, deadline, lock, skipped);
     // 3. Push to every live subscriber in one critical section. Rings only gain room while we hold send_mu_, and a
-    //    subscriber that joined meanwhile has an empty ring.
+    //    subscriber that joined meanwhile has an empty ring (and was told about the buffers by 2c, which waits,
+    //    if at all, before its last round over the subscribers, made without letting go of mu_).
     reap();
     for (Part& p : parts) {
       if (p.loan && opt_.protect_sent_loans &&
@@ -929,19 +937,16 @@ class PublisherImpl {
     for (auto& sp : subs_) {
       Sub& sub = *sp;
       if (!sub.active() || any_remote_only) continue;
-      bool announced = true;
-      for (const Part& p : parts) {
-        const Pool::Slot& ps = pool_->slot(p.slot);
-        if (sub.announced[p.slot] == ps.segment_id) continue;
-        const bool ok = ps.seg.device >= 0
-                            ? sub.announce_cuda(p.slot, ps.segment_id, ps.size(), ps.seg.cuda, ps.seg.fd.get())
-                            : sub.announce(p.slot, ps.segment_id, ps.size(), ps.seg.fd.get());
-        if (!ok) {
-          announced = false;
-          break;
-        }
+      const bool told = std::all_of(parts.begin(), parts.end(), [&](const Part& p) {
+        return sub.knows(p.slot, pool_->slot(p.slot).segment_id);
+      });
+      // Skipped by 2c under drop_oldest (its control socket is full): this message is dropped for it. (Not told
+      // otherwise, or no room, cannot happen after 2c and wait_for_room.)
+      if (!told || !sub.ring.room_for(cells)) {
+        if (std::find(skipped.begin(), skipped.end(), &sub) != skipped.end())
+          aref(sub.ring.header().dropped).fetch_add(1, std::memory_order_relaxed);
+        continue;
       }
-      if (!announced || !sub.ring.room_for(cells)) continue;  // (no room cannot happen after wait_for_room)
       const uint32_t first = head ? 1u : 0u;
       const bool wants_eventfd = sub.ring.push_n(cells, [&](uint32_t i, CellHeader& c) {
         if (head && i == 0) {
@@ -1053,16 +1058,27 @@ class PublisherImpl {
 
   // A free pool slot of at least `nbytes` (the pool reuses, creates or retires segments as its budget allows);
   // follows the OnFull policy when the pool is exhausted, waiting (without mu_) until the deadline.
+  // A pool buffer for `nbytes` (waiting, dropping or throwing by the on_full policy when the pool is exhausted).
+  // With `shared_offset`, a small host copy may take part of a shared buffer (Pool::try_take_small): its offset
+  // there is stored (0 for a buffer of its own).
   size_t acquire_slot(size_t nbytes, const Deadline& deadline, std::unique_lock<std::mutex>& lock, const char* what,
-                      int device = -1) {
+                      int device = -1, size_t* shared_offset = nullptr) {
     const auto is_held = [this](size_t i) { return held(i); };
     const auto on_retire = [this](size_t i, uint64_t segment_id) { retired(i, segment_id); };
     const std::string who = std::string("Publisher::") + what + " on '" + name_ + "'";
     Backoff backoff;
     for (;;) {
       reap();
+      if (shared_offset && device < 0 && nbytes <= Pool::kSharedMax) {
+        if (const auto part = pool_->try_take_small(nbytes, is_held, on_retire, who)) {
+          waiting_for_.clear();
+          *shared_offset = part->second;
+          return part->first;
+        }
+      }
       if (const auto slot = pool_->try_take(nbytes, is_held, on_retire, who, device)) {
         waiting_for_.clear();
+        if (shared_offset) *shared_offset = 0;
         return *slot;
       }
       // Exhausted: every buffer is loaned, queued or held by a subscriber.
@@ -1184,6 +1200,67 @@ class PublisherImpl {
       check_usable("send");
     }
   }
+
+  // Tells every active local subscriber about each buffer `parts` names that it has not mapped yet (SEGMENT, after
+  // its pending RETIREs). A subscriber reads its control socket when a message names a buffer it does not know, so
+  // one that reads slowly while many new buffers are made (a large depth of small copied messages) can have a full
+  // socket: under block the send waits for it (bounded by the deadline, watching for its hang-up), under raise it
+  // throws, under drop_oldest this message is dropped for it (`skipped`). Nothing is pushed before every
+  // subscriber not skipped knows every buffer, so the send stays all or none. Returns with mu_ held, after a last
+  // round over the subscribers made without letting go of it.
+  void announce_segments(const std::vector<Part>& parts, const Deadline& deadline, std::unique_lock<std::mutex>& lock,
+                         std::vector<const Sub*>& skipped) {
+    if (std::any_of(parts.begin(), parts.end(), [](const Part& p) { return p.remote_only; })) return;
+    for (;;) {
+      skipped.clear();
+      std::shared_ptr<Sub> blocked;
+      for (auto& sp : subs_) {
+        Sub& sub = *sp;
+        if (!sub.active()) continue;
+        SendResult r = SendResult::sent;
+        for (const Part& p : parts) {
+          const Pool::Slot& ps = pool_->slot(p.slot);
+          r = ps.seg.device >= 0 ? sub.announce_cuda(p.slot, ps.segment_id, ps.size(), ps.seg.cuda, ps.seg.fd.get())
+                                 : sub.announce(p.slot, ps.segment_id, ps.size(), ps.seg.fd.get());
+          if (r != SendResult::sent) break;
+        }
+        if (r != SendResult::full) continue;  // told, or gone (dead: reaped before the push)
+        if (opt_.on_full == OnFull::drop_oldest) {
+          skipped.push_back(&sub);
+          continue;
+        }
+        if (opt_.on_full == OnFull::raise)
+          throw WouldBlockError("Publisher::send: a subscriber of '" + name_ + "' (pid " + std::to_string(sub.pid) +
+                                ") " + kUnreadAnnouncements + " (on_full='raise')");
+        blocked = sp;
+        break;
+      }
+      if (!blocked) {
+        waiting_for_.clear();
+        return;
+      }
+      waiting_for_ = "subscriber pid " + std::to_string(blocked->pid) + " " + kUnreadAnnouncements;
+      if (deadline.expired()) {
+        const std::string why = std::move(waiting_for_);
+        waiting_for_.clear();
+        throw TimeoutError("Publisher::send on '" + name_ + "' timed out: " + why +
+                           "; nobody received this message. Use on_full='drop_oldest' to never wait for a slow "
+                           "subscriber");
+      }
+      lock.unlock();
+      // Room comes when it reads its socket; a full count of fds in flight (ETOOMANYREFS) clears with no event on
+      // this socket, so the wait is also a sleep of a few milliseconds.
+      blocked->wait_writable(static_cast<int>(std::min<int64_t>(deadline.left_ns() / 1'000'000 + 1, 5)));
+      std::this_thread::sleep_for(std::chrono::microseconds(std::min<int64_t>(deadline.left_ns() / 1000, 200)));
+      blocked.reset();
+      lock.lock();
+      check_usable("send");
+      reap();
+    }
+  }
+  static constexpr const char* kUnreadAnnouncements =
+      "has not read the announcements of new pool buffers that fill its control socket (a subscriber reads them as "
+      "it receives the messages that use them)";
 
   // Drops the oldest queued message of the subscriber with the most queued (drop_oldest on an exhausted pool).
   bool drop_one_queued() {

@@ -203,12 +203,7 @@ class SubscriberImpl {
   std::string waiting_for() const {
     std::lock_guard lock(mu_);
     if (user_closed_) return "";
-    if (eos_)
-      return too_slow_ ? "the publisher stopped delivering to this subscriber: it fell too far behind to be told "
-                         "about new buffers (unread announcements filled its control socket), so nothing sent after "
-                         "that reached it. Read faster, or have the publisher send fewer distinct buffers (loan() "
-                         "reuses them; a smaller depth bounds how many are in flight)"
-                       : "";
+    if (eos_) return "";
     if (!welcomed_) return "no publisher of '" + name_ + "' is running";
     if (received_ == 0)
       return "connected to its publisher (pid " + std::to_string(publisher_pid_) + "), which has sent nothing since "
@@ -400,7 +395,6 @@ class SubscriberImpl {
     if (eos_) return;
     eos_ = true;
     if (chan_ && welcomed_) dropped_ = aref(chan_->ring.header().dropped).load(std::memory_order_relaxed);
-    too_slow_ = chan_ && welcomed_ && chan_->ring.close_reason() == kClosedTooSlow;
     segments_.clear();
     if (efd_) {  // fileno() users: readable from now on (recv reports end-of-stream)
       uint64_t one = 1;
@@ -749,7 +743,6 @@ class SubscriberImpl {
   SubscriberOptions opt_;
   pid_t pid_;
   mutable std::mutex mu_;
-  bool too_slow_ = false;  // (mu_) the stream ended because the publisher stopped us for falling behind
   Fd listener_, efd_, epfd_;
   std::shared_ptr<Channel> chan_;
   std::unordered_map<uint64_t, SegmentRef> segments_;

@@ -158,9 +158,8 @@ bool Ring::publish(uint64_t new_tail) noexcept {
   return aref(h_->want_eventfd).load(std::memory_order_relaxed) != 0;
 }
 
-void Ring::close(uint32_t why) noexcept {
-  uint32_t open = 0;  // the first reason stays (a stopped subscriber's stream is closed again at the publisher's close)
-  aref(h_->closed).compare_exchange_strong(open, why, std::memory_order_seq_cst);
+void Ring::close() noexcept {
+  aref(h_->closed).store(1, std::memory_order_seq_cst);
   aref(h_->futex_word).fetch_add(1, std::memory_order_seq_cst);
   futex_wake_all(&h_->futex_word);
 }

@@ -295,6 +295,9 @@ SendResult send_packet(int sock, const void* data, size_t n, std::span<const int
     if (r == static_cast<ssize_t>(n)) return SendResult::sent;
     if (r >= 0) return SendResult::gone;  // SOCK_SEQPACKET sends whole packets; a short write means trouble
     if (errno == EINTR) continue;
+    // ETOOMANYREFS: this user has more fds in flight in unread socket buffers than its RLIMIT_NOFILE (checked
+    // without CAP_SYS_RESOURCE): a slow reader, like a full buffer, not a dead peer.
+    if (errno == ETOOMANYREFS) return SendResult::full;
     if (errno != EAGAIN && errno != ENOBUFS) return SendResult::gone;
     if (timeout_ms <= 0) return SendResult::full;
     pollfd p{sock, POLLOUT, 0};

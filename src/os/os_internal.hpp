@@ -118,7 +118,8 @@ PeerCred peer_credentials(int sock);
 /// What send_packet achieved.
 enum class SendResult : uint8_t {
   sent,  ///< the whole packet is queued at the peer
-  full,  ///< the peer's socket buffer stayed full for the whole timeout (a slow reader, still alive)
+  full,  ///< the peer's socket buffer stayed full for the whole timeout, or the fds it has not read yet are
+         ///< as many as the sender may have in flight (ETOOMANYREFS): a slow reader, still alive
   gone,  ///< the peer hung up, or the socket failed
 };
 /// Sends one packet with up to 4 fds, waiting for room up to `timeout_ms` (0: not at all).

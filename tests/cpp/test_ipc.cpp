@@ -5,7 +5,9 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/eventfd.h>
+#include <linux/capability.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -1151,6 +1153,57 @@ TEST(IpcProcess, BlockWaitsForTheSlowSubscriber) {
   for (int32_t i = 0; i < 500; ++i) pub.send(Tensor::copy_of(std::span<const int32_t>(&i, 1), {1}));
   pub.close();
   EXPECT_EQ(wait_exit(child), 0);
+}
+
+// Without CAP_SYS_RESOURCE, a user may have at most RLIMIT_NOFILE fds in flight in unread socket buffers; past that,
+// sending one more fails with ETOOMANYREFS. The publisher took that for a dead subscriber: its leases went void
+// (buffers it still maps reused under it) and it was dropped. It is a slow reader: the send waits for it (block).
+TEST(IpcProcess, FdsInFlightPastTheLimitMakeASlowReaderNotADeadOne) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root, to give up CAP_SYS_RESOURCE and CAP_SYS_ADMIN in a child";
+  const std::string name = topic("inflight");
+  pid_t child = spawn([&] {
+    const rlim_t limit = static_cast<rlim_t>(count_fds() + 40);
+    const rlimit rl{limit, limit};
+    if (::setrlimit(RLIMIT_NOFILE, &rl) != 0) return 77;
+    __user_cap_header_struct h{_LINUX_CAPABILITY_VERSION_3, 0};
+    __user_cap_data_struct d[2]{};
+    if (::syscall(SYS_capget, &h, d) != 0) return 77;
+    for (const unsigned cap : {unsigned{CAP_SYS_RESOURCE}, unsigned{CAP_SYS_ADMIN}}) {
+      d[cap / 32].effective &= ~(1u << (cap % 32));
+      d[cap / 32].permitted &= ~(1u << (cap % 32));
+    }
+    if (::syscall(SYS_capset, &h, d) != 0) return 77;
+    Publisher pub(name, PublisherOptions{.depth = 256});
+    std::vector<std::unique_ptr<Subscriber>> subs;
+    for (int i = 0; i < 4; ++i) subs.push_back(std::make_unique<Subscriber>(name));
+    for (int i = 0; i < 2000 && pub.subscriber_count() < 4; ++i) std::this_thread::sleep_for(5ms);
+    if (pub.subscriber_count() != 4) return 2;
+    // 20000-byte messages take a buffer each, and each buffer's fd goes to all four unread sockets.
+    int sent = 0;
+    std::string refused;
+    for (; sent < 200; ++sent) {
+      std::vector<uint8_t> v(20000, static_cast<uint8_t>(sent));
+      try {
+        pub.send(Tensor::copy_of(std::span<const uint8_t>(v), {20000}), {}, 300ms);
+      } catch (const tw::TimeoutError& e) {
+        refused = e.what();
+        break;
+      }
+    }
+    std::fprintf(stderr, "child: %d sent, then: %s\n", sent, refused.c_str());
+    if (refused.find("has not read the announcements") == std::string::npos) return 3;
+    if (pub.subscriber_count() != 4) return 4;  // all still there
+    for (auto& sub : subs)
+      for (int i = 0; i < sent; ++i) {
+        auto t = sub->recv(5s);
+        if (!t || t->data<const uint8_t>()[19999] != static_cast<uint8_t>(i)) return 5;
+      }
+    std::vector<uint8_t> v(20000, 7);
+    return pub.send(Tensor::copy_of(std::span<const uint8_t>(v), {20000}), {}, 5s) == 4 ? 0 : 6;
+  });
+  const int rc = wait_exit(child);
+  if (rc == 77) GTEST_SKIP() << "could not lower RLIMIT_NOFILE or give up capabilities here";
+  EXPECT_EQ(rc, 0);
 }
 
 TEST(IpcProcess, KilledSubscriberLeasesAreReclaimed) {

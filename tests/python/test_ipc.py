@@ -298,27 +298,56 @@ def test_on_full_raise_and_drop_oldest():
         assert [int(np.asarray(sub.recv(timeout=1))[0]) for _ in range(2)] == [8, 9]
 
 
+BIG = 3000  # float64s: 24000 bytes, more than a shared pool buffer takes (16 KiB), so a buffer of its own
+
+
 def test_exhausted_pool_follows_on_full():
     name = topic("pool")
     with tw.Publisher(name, depth=8, on_full="raise", max_buffers=2) as pub, tw.Subscriber(name) as sub:
-        pub.send(np.zeros(1))
-        pub.send(np.zeros(1))
+        pub.send(np.zeros(BIG))
+        pub.send(np.zeros(BIG))
         held = [sub.recv(timeout=1), sub.recv(timeout=1)]
         with pytest.raises(BlockingIOError):
-            pub.send(np.zeros(1))
+            pub.send(np.zeros(BIG))
         del held
         gc.collect()
-        pub.send(np.zeros(1))  # released buffers return to the pool
+        pub.send(np.zeros(BIG))  # released buffers return to the pool
 
 
 def test_exhausted_pool_message_counts_its_buffers_in_english():
     name = topic("pool1")
     with tw.Publisher(name, on_full="raise", max_buffers=1) as pub, tw.Subscriber(name) as sub:
-        pub.send(np.zeros(1))
+        pub.send(np.zeros(BIG))
         held = sub.recv(timeout=1)
         with pytest.raises(BlockingIOError, match=r"\(1 buffer at most, pool_bytes"):
-            pub.send(np.zeros(1))
+            pub.send(np.zeros(BIG))
         del held
+
+
+def test_small_copies_share_pool_buffers_and_a_held_one_holds_only_its_own_buffer():
+    name = topic("shared")
+    with tw.Publisher(name, depth=512, max_buffers=4) as pub, tw.Subscriber(name) as sub:
+        # 500 unread 1 KiB messages fit two shared buffers (256 KiB each) where each used to take one of its own.
+        for i in range(500):
+            pub.send(np.full(256, i, np.float32), timeout=5)
+        assert pub.pool_buffers == 2
+        got = [sub.recv(timeout=5) for _ in range(500)]
+        assert [float(np.asarray(t)[0]) for t in got] == list(range(500))
+        assert all((np.asarray(t) == i).all() for i, t in enumerate(got))  # no part overlaps another
+        # 64-byte aligned parts, each exactly as large as it needs (rounded up to the alignment).
+        addresses = sorted(np.asarray(t).ctypes.data for t in got)
+        assert all(a % 64 == 0 for a in addresses)
+        assert min(b - a for a, b in zip(addresses, addresses[1:])) == 1024
+        kept = got[499]  # the last one holds its shared buffer; the others go back
+        del got
+        gc.collect()
+        for i in range(2000):  # with the rest reused from its start, the pool does not grow
+            pub.send(np.full(256, -i, np.float32), timeout=5)
+            assert float(np.asarray(sub.recv(timeout=5))[0]) == -i
+        assert pub.pool_buffers <= 3 and (np.asarray(kept) == 499).all()
+        # A message of more than 16 KiB takes a buffer of its own, as before.
+        pub.send(np.full(5000, 3, np.float32), timeout=5)
+        assert (np.asarray(sub.recv(timeout=5)) == 3).all()
 
 
 def test_a_timeout_says_why_nothing_arrived():

@@ -166,20 +166,21 @@ def test_a_loan_beyond_the_address_space_limit_raises_memory_error():
 
 def test_a_subscriber_keeping_tensors_grows_the_pool_then_a_timeout_names_it():
     name = topic("keep")
-    with tw.Publisher(name, pool_bytes=1 << 20) as pub, tw.Subscriber(name) as sub:
+    # 20000-byte messages: each takes a 32 KiB buffer of its own (small ones share buffers: test_ipc.py).
+    with tw.Publisher(name, pool_bytes=8 << 20) as pub, tw.Subscriber(name) as sub:
         kept = []
         for i in range(200):  # more than the 64 buffers the pool used to stop at
-            pub.send(np.full(1024, i, np.int32), timeout=5)
+            pub.send(np.full(5000, i, np.int32), timeout=5)
             kept.append(sub.recv(timeout=5))
         assert pub.pool_buffers == 200
         with pytest.raises(TimeoutError, match=rf"subscriber pid {os.getpid()} holds \d+ .*copies"):
             for i in range(100):
-                pub.send(np.full(1024, i, np.int32), timeout=0.2)
+                pub.send(np.full(5000, i, np.int32), timeout=0.2)
                 kept.append(sub.recv(timeout=5))
         assert [int(np.asarray(t)[0]) for t in kept[:200]] == list(range(200))
         del kept
-        pub.send(np.zeros(1024, np.int32), timeout=5)  # released buffers return to the pool
-        assert sub.recv(timeout=5).shape == (1024,)
+        pub.send(np.zeros(5000, np.int32), timeout=5)  # released buffers return to the pool
+        assert sub.recv(timeout=5).shape == (5000,)
 
 
 def test_delivery_is_all_or_none_when_one_subscriber_is_full():
@@ -271,14 +272,14 @@ def test_send_blocked_on_a_pool_held_by_a_killed_subscriber_returns():
             deadline = time.monotonic() + 30
             while pub.subscribers < 1 and time.monotonic() < deadline:
                 time.sleep(0.01)
-            for i in range(2):
-                pub.send(np.full(64, i, np.uint8), timeout=10)
+            for i in range(2):  # (20000 bytes: a buffer each; small messages share one)
+                pub.send(np.full(20000, i, np.uint8), timeout=10)
             assert ready.wait(30)  # the child holds both buffers
             outcome = []
 
             def blocked():
                 # Bounded: without the fix it waits for the dead subscriber's buffers until TimeoutError.
-                outcome.append(pub.send(np.full(64, 9, np.uint8), timeout=30))
+                outcome.append(pub.send(np.full(20000, 9, np.uint8), timeout=30))
 
             th = threading.Thread(target=blocked)
             th.start()
@@ -408,30 +409,103 @@ def test_too_many_subscribers_are_refused_with_a_clear_error():
         assert pub.subscribers == 1
 
 
-# ---- 9. a slow reader of control messages is stopped, never freed ---------------------------------------------
+# ---- 9. a slow reader of control messages: the on_full policy, never dropped, never freed --------------------------
+# Each new pool buffer is announced to each subscriber over its control socket, which it reads as it receives the
+# messages that use the buffers. One that reads nothing while a few hundred new buffers are made fills that socket:
+# the send then treats it as a full ring (block waits, raise refuses, drop_oldest drops the message for it). It was
+# stopped for good, even under block.
+
+OWN = 20000  # bytes: a buffer of its own per message (copies of at most 16 KiB share buffers)
 
 
-def test_a_subscriber_too_slow_for_control_messages_is_stopped_and_its_tensors_stay_intact():
+def test_a_subscriber_too_slow_for_control_messages_is_skipped_under_drop_oldest_and_its_tensors_stay_intact():
     name = topic("slowctl")
-    # A pool that holds the kept 4 KiB buffer and one 64 KiB buffer, but not a free 4 KiB one as well.
+    # A pool that holds the kept 4 KiB buffer and one 64 KiB buffer, but not a free 4 KiB one as well (and no
+    # 256 KiB shared buffer: small copies get buffers of their own here).
     with tw.Publisher(name, depth=1, on_full="drop_oldest", pool_bytes=(72 << 10) - 1) as pub, \
             tw.Subscriber(name) as sub:
         pub.send(np.full(1024, 7, np.int32))
         kept = sub.recv(timeout=5)
         # Sizes that never fit each other's buffers: every send retires a segment and announces a new one, two
-        # control packets this subscriber never reads (it does not call recv), until its socket buffer is full.
+        # control packets this subscriber does not read (it does not call recv), until its socket buffer is full.
         sizes = [4096, 65536]
         for i in range(4000):
             pub.send(np.full(sizes[i % len(sizes)] // 4, i, np.int32), timeout=5)
-            if pub.subscribers == 0:
-                break
-        assert pub.subscribers == 0, "the subscriber was never stopped"
+            assert pub.subscribers == 1  # never stopped
+        # The last messages were dropped for it (its ring is empty: the socket was full), and counted.
+        with pytest.raises(TimeoutError):
+            sub.recv(timeout=0.3)  # (reads its socket meanwhile: announcements reach it again)
+        assert pub.dropped >= 3999 and sub.dropped == pub.dropped
         # Its lease was honoured: the buffer under `kept` was never reused.
         assert (np.asarray(kept) == 7).all()
-        # What it had queued still arrives, then its stream ends.
-        with pytest.raises(EOFError):
-            for _ in range(10):
-                sub.recv(timeout=5)
+        pub.send(np.full(1024, 9, np.int32), timeout=5)
+        assert (np.asarray(sub.recv(timeout=5)) == 9).all()
+
+
+def _fill_control_socket(pub, limit=2000):
+    """Sends OWN-byte messages that nobody reads until one is refused; returns how many went, and the error."""
+    sent = 0
+    while sent < limit:
+        try:
+            pub.send(np.full(OWN, sent % 251, np.uint8), timeout=0.3)
+        except (TimeoutError, BlockingIOError) as e:
+            return sent, e
+        sent += 1
+    pytest.skip(f"this kernel's socket buffers held all {sent} announcements: nothing was ever refused")
+
+
+def test_a_subscriber_too_slow_for_control_messages_is_waited_for_under_block():
+    name = topic("slowctl-block")
+    with tw.Publisher(name, depth=4096) as pub, tw.Subscriber(name) as sub:
+        sent, e = _fill_control_socket(pub)
+        assert isinstance(e, TimeoutError)
+        assert f"subscriber pid {os.getpid()} has not read the announcements of new pool buffers" in str(e)
+        assert "nobody received this message" in str(e) and pub.subscribers == 1
+        # It reads: everything sent arrives in order (the refused message never does), and sends go on.
+        got = [int(np.asarray(sub.recv(timeout=5))[0]) for _ in range(sent)]
+        assert got == [i % 251 for i in range(sent)]
+        with pytest.raises(TimeoutError):
+            sub.recv(timeout=0)
+        pub.send(np.full(OWN, 5, np.uint8), timeout=5)
+        assert (np.asarray(sub.recv(timeout=5)) == 5).all()
+    with tw.Publisher(name) as pub, tw.Subscriber(name) as sub:  # a publisher that closes: the plain end
+        pub.send(np.zeros(2))
+        pub.close()
+        sub.recv(timeout=10)
+        with pytest.raises(EOFError) as e:
+            sub.recv(timeout=10)
+        assert str(e.value).endswith("end of stream")
+
+
+def test_a_subscriber_too_slow_for_control_messages_is_refused_under_raise():
+    name = topic("slowctl-raise")
+    with tw.Publisher(name, depth=4096, on_full="raise") as pub, tw.Subscriber(name) as sub:
+        sent, e = _fill_control_socket(pub)
+        assert isinstance(e, BlockingIOError)
+        assert "has not read the announcements of new pool buffers" in str(e) and "on_full='raise'" in str(e)
+        got = [int(np.asarray(sub.recv(timeout=5))[0]) for _ in range(sent)]
+        assert got == [i % 251 for i in range(sent)]
+        pub.send(np.full(OWN, 5, np.uint8), timeout=5)
+        assert (np.asarray(sub.recv(timeout=5)) == 5).all()
+
+
+def test_a_slow_reader_under_block_gets_every_message_however_many_buffers_are_new():
+    name = topic("slowctl-reader")
+    n = 1000
+    with tw.Publisher(name, depth=n) as pub, tw.Subscriber(name) as sub:
+        got = []
+
+        def reader():
+            time.sleep(0.5)  # the publisher is hundreds of new buffers ahead by then
+            for _ in range(n):
+                got.append(int(np.asarray(sub.recv(timeout=30))[0]))
+
+        th = threading.Thread(target=reader)
+        th.start()
+        for i in range(n):
+            pub.send(np.full(OWN, i % 251, np.uint8), timeout=30)
+        th.join(60)
+        assert got == [i % 251 for i in range(n)] and pub.dropped == 0
 
 
 def test_mappings_go_at_end_of_stream_not_at_close():
@@ -548,30 +622,3 @@ def test_a_message_larger_than_the_ring_is_refused_clearly():
             pub.send([np.zeros(1)] * 2)
         with pytest.raises(ValueError, match="empty"):
             pub.send([])
-
-
-def test_a_subscriber_stopped_for_falling_behind_is_told_why_at_the_end_of_its_stream():
-    # Each message copied into a fresh buffer is announced to the subscriber over its control socket; one that
-    # reads nothing lets those announcements fill the socket, and the publisher stops delivering to it rather than
-    # block every other subscriber. That was a plain "end of stream" while the publisher still ran: it now says why.
-    name = topic("too-slow")
-    with tw.Publisher(name, depth=1024) as pub, tw.Subscriber(name) as sub:
-        sent = 0
-        while sent < 1000 and pub.subscribers == 1:
-            pub.send(np.full(10, sent), timeout=10)
-            sent += 1
-        if pub.subscribers == 1:
-            pytest.skip(f"this kernel's socket buffers held all {sent} announcements: the subscriber was never stopped")
-        got = []
-        with pytest.raises(EOFError, match="fell too far behind") as e:
-            while True:
-                got.append(int(np.asarray(sub.recv(timeout=10))[0]))
-        assert "end of stream" in str(e.value)
-        assert got == list(range(len(got))) and 0 < len(got) < sent  # in order, and the rest never came
-    with tw.Publisher(name) as pub, tw.Subscriber(name) as sub:  # a publisher that closes: no reason given
-        pub.send(np.zeros(2))
-        pub.close()
-        sub.recv(timeout=10)
-        with pytest.raises(EOFError) as e:
-            sub.recv(timeout=10)
-        assert str(e.value).endswith("end of stream")
