@@ -1115,6 +1115,18 @@ class PublisherImpl {
     for (auto& sub : subs_) sub->retire(i, segment_id);
   }
 
+  // A send is about to wait for a slow subscriber (`why`, which getters report meanwhile): or, past the deadline,
+  // it throws TimeoutError saying so.
+  void about_to_wait_for(const Deadline& deadline, std::string why) {
+    if (deadline.expired()) {
+      waiting_for_.clear();
+      throw TimeoutError("Publisher::send on '" + name_ + "' timed out: " + why +
+                         "; nobody received this message. Use on_full='drop_oldest' to never wait for a slow "
+                         "subscriber");
+    }
+    waiting_for_ = std::move(why);
+  }
+
   // Waits until every active subscriber's ring has `cells` free cells, applying the OnFull policy to full ones.
   void wait_for_room(const Deadline& deadline, std::unique_lock<std::mutex>& lock, uint32_t cells) {
     Backoff backoff;
@@ -1160,13 +1172,7 @@ class PublisherImpl {
         // A remote subscriber has `depth` unread messages (its credit is spent).
         if (opt_.on_full == OnFull::raise)
           throw WouldBlockError("Publisher::send: " + who + " on '" + name_ + "' (on_full='raise')");
-        waiting_for_ = who;
-        if (deadline.expired()) {
-          waiting_for_.clear();
-          throw TimeoutError("Publisher::send on '" + name_ + "' timed out: " + who +
-                             "; nobody received this message. Use on_full='drop_oldest' to never wait for a slow "
-                             "subscriber");
-        }
+        about_to_wait_for(deadline, who);
         lock.unlock();
         backoff.pause(deadline);
         lock.lock();
@@ -1174,15 +1180,9 @@ class PublisherImpl {
         continue;
       }
       if (blocked->hung_up()) continue;
-      waiting_for_ = "subscriber pid " + std::to_string(blocked->pid) + " has " +
-                     std::to_string(blocked->ring.queued()) + " unread messages (depth " + std::to_string(opt_.depth) + ")";
-      if (deadline.expired()) {
-        const std::string why = std::move(waiting_for_);
-        waiting_for_.clear();
-        throw TimeoutError("Publisher::send on '" + name_ + "' timed out: " + why +
-                           "; nobody received this message. Use on_full='drop_oldest' to never wait for a slow "
-                           "subscriber");
-      }
+      about_to_wait_for(deadline, "subscriber pid " + std::to_string(blocked->pid) + " has " +
+                                      std::to_string(blocked->ring.queued()) + " unread messages (depth " +
+                                      std::to_string(opt_.depth) + ")");
       lock.unlock();
       if (backoff.rounds() < 128) {
         backoff.pause(deadline);  // a reader still copying out of the cell, or a ring about to drain
@@ -1239,14 +1239,7 @@ class PublisherImpl {
         waiting_for_.clear();
         return;
       }
-      waiting_for_ = "subscriber pid " + std::to_string(blocked->pid) + " " + kUnreadAnnouncements;
-      if (deadline.expired()) {
-        const std::string why = std::move(waiting_for_);
-        waiting_for_.clear();
-        throw TimeoutError("Publisher::send on '" + name_ + "' timed out: " + why +
-                           "; nobody received this message. Use on_full='drop_oldest' to never wait for a slow "
-                           "subscriber");
-      }
+      about_to_wait_for(deadline, "subscriber pid " + std::to_string(blocked->pid) + " " + kUnreadAnnouncements);
       lock.unlock();
       // Room comes when it reads its socket; a full count of fds in flight (ETOOMANYREFS) clears with no event on
       // this socket, so the wait is also a sleep of a few milliseconds.
