@@ -1057,10 +1057,9 @@ class PublisherImpl {
   }
 
   // A free pool slot of at least `nbytes` (the pool reuses, creates or retires segments as its budget allows);
-  // follows the OnFull policy when the pool is exhausted, waiting (without mu_) until the deadline.
-  // A pool buffer for `nbytes` (waiting, dropping or throwing by the on_full policy when the pool is exhausted).
-  // With `shared_offset`, a small host copy may take part of a shared buffer (Pool::try_take_small): its offset
-  // there is stored (0 for a buffer of its own).
+  // follows the OnFull policy when the pool is exhausted, waiting (without mu_) until the deadline. With
+  // `shared_offset`, a small host copy may take part of a shared buffer (Pool::try_take_small): its offset there
+  // is stored (0 for a buffer of its own).
   size_t acquire_slot(size_t nbytes, const Deadline& deadline, std::unique_lock<std::mutex>& lock, const char* what,
                       int device = -1, size_t* shared_offset = nullptr) {
     const auto is_held = [this](size_t i) { return held(i); };
@@ -1203,11 +1202,11 @@ class PublisherImpl {
 
   // Tells every active local subscriber about each buffer `parts` names that it has not mapped yet (SEGMENT, after
   // its pending RETIREs). A subscriber reads its control socket when a message names a buffer it does not know, so
-  // one that reads slowly while many new buffers are made (a large depth of small copied messages) can have a full
-  // socket: under block the send waits for it (bounded by the deadline, watching for its hang-up), under raise it
-  // throws, under drop_oldest this message is dropped for it (`skipped`). Nothing is pushed before every
-  // subscriber not skipped knows every buffer, so the send stays all or none. Returns with mu_ held, after a last
-  // round over the subscribers made without letting go of it.
+  // one that reads slowly while many new buffers are made (a large depth of unread messages with buffers of their
+  // own) can have a full socket: under block the send waits for it (bounded by the deadline, watching for its
+  // hang-up), under raise it throws, under drop_oldest this message is dropped for it (`skipped`). Nothing is
+  // pushed before every subscriber not skipped knows every buffer, so the send stays all or none. Returns with mu_
+  // held, after a last round over the subscribers made without letting go of it.
   void announce_segments(const std::vector<Part>& parts, const Deadline& deadline, std::unique_lock<std::mutex>& lock,
                          std::vector<const Sub*>& skipped) {
     if (std::any_of(parts.begin(), parts.end(), [](const Part& p) { return p.remote_only; })) return;
