@@ -34,10 +34,16 @@ const char* error_code_name(ErrorCode code) noexcept;
 /// The exception type thrown by every tensorwire API.
 class Error : public std::runtime_error {
  public:
-  Error(ErrorCode code, const std::string& message) : std::runtime_error(message), code_(code) {}
+  /// An embedded NUL in `message` (a caller's string quoted in it: a topic, a dtype text) reads "\x00": what()
+  /// is a C string, and every reader of it (C, Python's exceptions, Rust) would stop there.
+  Error(ErrorCode code, const std::string& message) : std::runtime_error(visible_nul(message)), code_(code) {}
   ErrorCode code() const noexcept { return code_; }
 
  private:
+  static std::string visible_nul(std::string m) {
+    for (size_t i = m.find('\0'); i != std::string::npos; i = m.find('\0', i + 4)) m.replace(i, 1, "\\x00");
+    return m;
+  }
   ErrorCode code_;
 };
 

@@ -202,6 +202,10 @@ TEST(IpcWire, TopicNames) {
   TW_EXPECT_ERROR(tw::validate_topic_name("/abs"), tw::ErrorCode::invalid_argument);
   TW_EXPECT_ERROR(tw::validate_topic_name("sp ace"), tw::ErrorCode::invalid_argument);
   TW_EXPECT_ERROR(tw::validate_topic_name(std::string("nul\0x", 5)), tw::ErrorCode::invalid_argument);
+  // The message quotes the name whole: a NUL in it reads \x00 (C readers of what(), Python's too, stopped there).
+  TW_EXPECT_ERROR_MSG(tw::validate_topic_name(std::string("nul\0x", 5)), tw::ErrorCode::invalid_argument,
+                      "topic name 'nul\\x00x' contains character 0");
+  EXPECT_STREQ(tw::Error(tw::ErrorCode::internal, std::string("a\0\0b\0", 5)).what(), "a\\x00\\x00b\\x00");
   TW_EXPECT_ERROR(Publisher("bad#name"), tw::ErrorCode::invalid_argument);
   TW_EXPECT_ERROR(Subscriber(std::string(100, 'x')), tw::ErrorCode::invalid_argument);
   EXPECT_EQ(tw::on_full_from_string("drop_oldest"), tw::OnFull::drop_oldest);
