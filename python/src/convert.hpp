@@ -52,6 +52,11 @@ std::optional<tw::Device> parse_device(nb::handle h);
 /// (__cuda_stream__, torch's .cuda_stream, CuPy's .ptr).
 std::optional<intptr_t> parse_stream(nb::handle h);
 
+/// A str key as UTF-8, whole (embedded NULs kept), or nullopt for anything that cannot be one (not a str, or a str
+/// holding a lone surrogate). (nb::cast<std::string> threw a bare std::bad_cast on a surrogate, and c_str() cut a
+/// key at its first NUL.)
+std::optional<std::string> key_text(nb::handle k);
+
 /// The tw.Tensor Python type, and wrapping/unwrapping.
 nb::object wrap(tw::Tensor t);
 bool is_tensor(nb::handle h);

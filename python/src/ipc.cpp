@@ -25,7 +25,7 @@ std::chrono::milliseconds keepalive_from(double s) {
 }
 
 // listen= / connect=: 'host:port', ':port', or a port number (an int, as users of socket APIs write it; a bare
-// port listens on loopback and connects to it). None is "no address".
+// port listens on loopback and connects to it). None, or '' (a configuration left empty), is "no address".
 std::string address_from(nb::handle h, const char* what) {
   if (h.is_none()) return {};
   if (PyUnicode_Check(h.ptr())) return nb::cast<std::string>(h);
@@ -155,7 +155,7 @@ nb::object wrap_received(tw::Subscriber::Received&& r) {
   if (r.single) return wrap(std::move(m.tensors.front()));
   if (m.kind == tw::Message::Kind::dict) {
     nb::dict d;
-    for (size_t i = 0; i < m.tensors.size(); ++i) d[nb::str(m.keys[i].c_str())] = wrap(std::move(m.tensors[i]));
+    for (size_t i = 0; i < m.tensors.size(); ++i) d[nb::str(m.keys[i].data(), m.keys[i].size())] = wrap(std::move(m.tensors[i]));
     return d;
   }
   nb::list l;
@@ -190,6 +190,25 @@ bool numbers_only(PyObject* o, int depth) {
   return true;
 }
 
+// A message dict's key: a str, whole (its NULs kept: c_str() cut 'a\0b' to 'a'), and UTF-8 (a lone surrogate gave
+// a bare "basic_string: construction from null").
+std::string message_key(PyObject* k, const char* who) {
+  if (!PyUnicode_Check(k))
+    throw tw::Error(tw::ErrorCode::type_mismatch,
+                    std::string(who) + ": the keys of a message dict must be str, not " + Py_TYPE(k)->tp_name);
+  if (auto s = key_text(nb::handle(k))) return std::move(*s);
+  throw tw::Error(tw::ErrorCode::invalid_argument,
+                  std::string(who) + ": the message dict key " + nb::cast<std::string>(nb::repr(nb::handle(k))) +
+                      " is not valid Unicode text (it holds a lone surrogate, as os.fsdecode() makes of undecodable "
+                      "bytes); keys cross as UTF-8");
+}
+
+// How an error names one part of a message: its key, or its index in a list or tuple.
+std::string part_name(const tw::Message& m, size_t i) {
+  return m.kind == tw::Message::Kind::dict ? nb::cast<std::string>(nb::repr(nb::str(m.keys[i].data(), m.keys[i].size())))
+                                           : std::to_string(i);
+}
+
 size_t send_message(tw::Publisher& p, nb::handle obj, nb::handle metadata, nb::handle timeout,
                     std::optional<bool> copy, nb::handle stream) {
   tw::Message m;
@@ -199,10 +218,7 @@ size_t send_message(tw::Publisher& p, nb::handle obj, nb::handle metadata, nb::h
     PyObject *k, *v;
     Py_ssize_t pos = 0;
     while (PyDict_Next(obj.ptr(), &pos, &k, &v)) {
-      if (!PyUnicode_Check(k))
-        throw tw::Error(tw::ErrorCode::type_mismatch,
-                        std::string("Publisher.send: the keys of a message dict must be str, not ") + Py_TYPE(k)->tp_name);
-      m.keys.emplace_back(nb::borrow<nb::str>(k).c_str());
+      m.keys.push_back(message_key(k, "Publisher.send"));
       values.push_back(nb::borrow(v));
     }
   } else {
@@ -214,8 +230,24 @@ size_t send_message(tw::Publisher& p, nb::handle obj, nb::handle metadata, nb::h
                                                      "tensors); to send an empty array, send np.empty(0)");
   std::vector<tw::Tensor*> srcs;  // the tw.Tensor behind each value
   std::vector<bool> loaned;
-  for (nb::object& v : values) {
-    if (!is_tensor(v)) v = as_tensor(v);
+  for (size_t i = 0; i < values.size(); ++i) {
+    nb::object& v = values[i];
+    if (!is_tensor(v)) {
+      try {
+        v = as_tensor(v);
+      } catch (const tw::Error& e) {  // which part: a message may have dozens
+        throw tw::Error(e.code(), "Publisher.send: the message's part " + part_name(m, i) + ": " +
+                                      python_message(e.what()));
+      } catch (const nb::builtin_exception& e) {
+        throw nb::builtin_exception(e.type(), ("tensorwire.Publisher.send: the message's part " + part_name(m, i) +
+                                               ": " + e.what()).c_str());
+      } catch (nb::python_error& e) {
+        if (!e.matches(PyExc_TypeError) && !e.matches(PyExc_ValueError) && !e.matches(PyExc_BufferError)) throw;
+        nb::object type = nb::borrow(e.type()), value = nb::borrow(e.value());
+        nb::raise_from(e, type, "tensorwire.Publisher.send: the message's part %s: %S", part_name(m, i).c_str(),
+                       value.ptr());
+      }
+    }
     tw::Tensor& t = unwrap(v);
     if (!t.defined())
       throw tw::Error(tw::ErrorCode::invalid_argument,
@@ -479,7 +511,10 @@ void register_ipc(nb::module_& m) {
              };
              if (PyDict_Check(shape.ptr())) {
                nb::dict out;
-               for (auto [k, v] : nb::borrow<nb::dict>(shape)) out[k] = one(v);
+               for (auto [k, v] : nb::borrow<nb::dict>(shape)) {
+                 (void)message_key(k.ptr(), "Publisher.loan");  // (a key send() would refuse: refused now)
+                 out[k] = one(v);
+               }
                return out;
              }
              const bool several = (PyList_Check(shape.ptr()) || PyTuple_Check(shape.ptr())) && nb::len(shape) > 0 &&

@@ -314,10 +314,6 @@ CopyMode parse_copy(nb::handle h) {
   throw tw::Error(tw::ErrorCode::type_mismatch, "copy must be None, True or False, not " + std::string(Py_TYPE(h.ptr())->tp_name));
 }
 
-namespace {
-
-// A metadata key as UTF-8, or nullopt for anything that cannot be one (not a str, or a str holding a lone surrogate):
-// no such key is ever stored. (nb::cast<std::string> threw a bare std::bad_cast on a surrogate.)
 std::optional<std::string> key_text(nb::handle k) {
   if (!PyUnicode_Check(k.ptr())) return std::nullopt;
   Py_ssize_t n;
@@ -328,6 +324,8 @@ std::optional<std::string> key_text(nb::handle k) {
   }
   return std::string(s, static_cast<size_t>(n));
 }
+
+namespace {
 
 [[noreturn]] void missing_key(nb::handle k) {
   PyErr_SetObject(PyExc_KeyError, k.ptr());

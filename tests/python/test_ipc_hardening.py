@@ -622,3 +622,25 @@ def test_a_message_larger_than_the_ring_is_refused_clearly():
             pub.send([np.zeros(1)] * 2)
         with pytest.raises(ValueError, match="empty"):
             pub.send([])
+
+
+def test_message_dict_keys_cross_whole_and_a_bad_part_is_named():
+    name = topic("keys")
+    with tw.Publisher(name) as pub, tw.Subscriber(name) as sub:
+        # A key with a NUL arrived cut at it ('a'); a lone surrogate gave "basic_string: construction from null".
+        pub.send({"a\x00b": np.zeros(2), "é": np.ones(1)})
+        assert list(sub.recv(timeout=5).keys()) == ["a\x00b", "é"]
+        with pytest.raises(ValueError, match=r"message dict key 'a\\udc80' is not valid Unicode text"):
+            pub.send({"a\udc80": np.zeros(2)})
+        with pytest.raises(TypeError, match="keys of a message dict must be str, not int"):
+            pub.loan({1: (3,)})  # refused at loan, as send would refuse it
+        # Which part could not be made a tensor, by key or index, with the error's own type.
+        with pytest.raises(TypeError, match=r"the message's part 'b': tensorwire.asarray: cannot import an object of "
+                                            r"type object"):
+            pub.send({"a": np.zeros(3), "b": object()})
+        with pytest.raises(TypeError, match=r"the message's part 1: .* holds values no tensor type can hold"):
+            pub.send([np.zeros(3), ["x", None]])
+        with pytest.raises(ValueError, match=r"the message's part 'r': "):
+            pub.send({"r": [[1, 2], [3]]})  # ragged: NumPy's own ValueError, chained
+        with pytest.raises(TimeoutError):
+            sub.recv(timeout=0)  # none of the refused messages went
