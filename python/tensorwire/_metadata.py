@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator, MutableMapping
 from typing import Any
 
+from ._tensorwire import Tensor as _Tensor
+
 
 class Metadata(MutableMapping):
     """A live view of a tensor's metadata: writes go straight to the tensor.
@@ -20,6 +22,12 @@ class Metadata(MutableMapping):
 
     def __init__(self, tensor) -> None:
         """The metadata of `tensor` (normally reached as ``t.metadata``)."""
+        if type(tensor) is not _Tensor and not isinstance(tensor, _Tensor):
+            # (it failed later, at the first read, with "'int' object has no attribute '_meta_keys'")
+            raise TypeError(
+                f"tensorwire.Metadata(tensor) is the live metadata of a tensorwire.Tensor (reach it as t.metadata), "
+                f"not of a {type(tensor).__name__}; to attach metadata, assign a dict: t.metadata = {{...}}"
+            )
         self._t = tensor
 
     def __getitem__(self, key: str) -> Any:

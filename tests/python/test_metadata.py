@@ -129,6 +129,14 @@ def test_keys_with_unusual_characters(t):
     assert list(t.metadata["nested"]) == ["x\x00y"]
 
 
+@pytest.mark.parametrize("what", [5, "ab", {"a": 1}, np.zeros(2)])
+def test_metadata_of_something_that_is_not_a_tensor_is_a_type_error_at_once(what):
+    # (it failed at the first read: "'int' object has no attribute '_meta_keys'")
+    with pytest.raises(TypeError, match=rf"live metadata of a tensorwire.Tensor .* not of a {type(what).__name__}"):
+        tw.Metadata(what)
+    assert tw.Metadata(tw.asarray(np.zeros(2))) == {}
+
+
 class Custom:
     pass
 
