@@ -713,6 +713,13 @@ nb::object asarray(nb::handle obj_in, nb::handle device, nb::handle copy, nb::ha
   req.policy.device = parse_device(device);
   req.policy.copy = parse_copy(copy);
   req.stream = stream;
+  // Passed to a CUDA producer's __dlpack__ as given (and never to a CPU one): but never anything that cannot be a
+  // stream, which a CPU import silently ignored (stream='x').
+  if (!stream.is_none() && (!PyLong_Check(stream.ptr()) || PyBool_Check(stream.ptr())) &&
+      !nb::hasattr(stream, "__cuda_stream__") && !nb::hasattr(stream, "cuda_stream") && !nb::hasattr(stream, "ptr"))
+    throw nb::type_error((std::string("tensorwire.asarray: stream must be None, an int (DLPack: -1 no "
+                                      "synchronisation, 1 the legacy default stream, 2 the per-thread one, else a "
+                                      "handle) or a stream object, not ") + Py_TYPE(stream.ptr())->tp_name).c_str());
   if (is_tensor(obj)) {
     const tw::Tensor& t = unwrap(obj);
     if (!tw::import_may_copy(req.policy, {}) && (!req.policy.device || *req.policy.device == t.device()))

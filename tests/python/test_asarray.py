@@ -592,6 +592,14 @@ def test_a_cuda_array_interface_stream_that_cannot_be_a_handle_is_refused_before
         tw.asarray(CaiStream(stream), device="cuda:0")
 
 
+@pytest.mark.parametrize("stream", ["x", 1.5, True, b"1"])
+def test_asarray_refuses_a_stream_that_is_no_stream_even_for_host_memory(stream):
+    # (a CPU producer is never handed a stream, so stream='x' was silently ignored)
+    with pytest.raises(TypeError, match=rf"stream must be None, an int .* not {type(stream).__name__}"):
+        tw.asarray(np.ones(3), stream=stream)
+    assert tw.asarray(np.ones(3), stream=5).shape == (3,)  # an int is a CUDA producer's business: ignored here
+
+
 @pytest.mark.parametrize("stream", [3, 4095])
 def test_a_stream_argument_that_cannot_be_a_handle_is_refused(stream):
     with pytest.raises(ValueError, match=f"stream {stream} is neither 1 .* nor a stream handle"):
