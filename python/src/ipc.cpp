@@ -445,6 +445,9 @@ void register_ipc(nb::module_& m) {
                }
                throw tw::Error(tw::ErrorCode::invalid_argument, "send on a closed tensorwire.Publisher('" + p.name() + "')");
              }
+             if (obj.is_none())  // (nanobind's own answer was "incompatible function arguments")
+               throw nb::type_error("tensorwire.Publisher.send: nothing to send (None); send an array or tensor, or "
+                                    "a dict, list or tuple of them");
              if (PyDict_Check(obj.ptr()) ||
                  ((PyList_Check(obj.ptr()) || PyTuple_Check(obj.ptr())) && !numbers_only(obj.ptr(), 0)))
                return send_message(p, obj, metadata, timeout, copy, stream);
@@ -484,7 +487,7 @@ void register_ipc(nb::module_& m) {
                throw;
              }
            },
-           "obj"_a, "metadata"_a = nb::none(), nb::kw_only(), "timeout"_a = nb::none(), "copy"_a = nb::none(),
+           nb::arg("obj").none(), "metadata"_a = nb::none(), nb::kw_only(), "timeout"_a = nb::none(), "copy"_a = nb::none(),
            "stream"_a = nb::none(),
            "Delivers obj (anything tw.asarray accepts) to every current subscriber, or to none, with its metadata "
            "merged with `metadata`; returns how many subscribers got it. A loan()ed tensor crosses with no copy and "

@@ -642,5 +642,7 @@ def test_message_dict_keys_cross_whole_and_a_bad_part_is_named():
             pub.send([np.zeros(3), ["x", None]])
         with pytest.raises(ValueError, match=r"the message's part 'r': "):
             pub.send({"r": [[1, 2], [3]]})  # ragged: NumPy's own ValueError, chained
+        with pytest.raises(TypeError, match=r"Publisher.send: nothing to send \(None\)"):
+            pub.send(None)  # (was nanobind's "incompatible function arguments")
         with pytest.raises(TimeoutError):
             sub.recv(timeout=0)  # none of the refused messages went
