@@ -160,6 +160,26 @@ tw::Device dlpack_device_of(nb::handle d) {
 
 // `host_known`: the caller knows the producer's memory is on the CPU (an exact numpy.ndarray), so
 // __dlpack_device__ need not be asked.
+// A producer's own exception from __dlpack__ (NumPy's "NumPy only supports stream=None." for a device it did not
+// claim) says nothing of the call that raised it: a note on it says what tensorwire asked, and of which device.
+void note_dlpack_call(nb::python_error& e, nb::handle obj, const std::pair<PyObject*, PyObject*>* kw, size_t nkw,
+                      const std::optional<tw::Device>& src_dev) noexcept {
+  try {
+    nb::object value = nb::borrow(e.value());
+    if (!value.is_valid() || !nb::hasattr(value, "add_note")) return;  // (Python < 3.11)
+    std::string args;
+    for (size_t i = 0; i < nkw; ++i)
+      args += (i ? ", " : "") + nb::cast<std::string>(nb::str(kw[i].first)) + "=" +
+              nb::cast<std::string>(nb::repr(kw[i].second));
+    std::string note = std::string("(raised by ") + Py_TYPE(obj.ptr())->tp_name + ".__dlpack__(" + args +
+                       "), called by tensorwire";
+    if (src_dev) note += "; its __dlpack_device__() said " + src_dev->str();
+    value.attr("add_note")(note + ")");
+  } catch (...) {
+    PyErr_Clear();  // the producer's own error is what the caller gets, with or without the note
+  }
+}
+
 tw::Tensor via_dlpack(nb::handle obj, const Request& req, bool& made_copy, bool host_known = false) {
   std::optional<tw::Device> src_dev;
   if (host_known) {
@@ -200,7 +220,10 @@ tw::Tensor via_dlpack(nb::handle obj, const Request& req, bool& made_copy, bool 
     // parsing (CPython's, Cython's, nanobind's) raises TypeError itself; a subclass is the producer's own refusal
     // of this array (pyarrow's ArrowTypeError: "Bit-packed boolean data type not supported by DLPack"), which a
     // legacy request would only repeat, with pyarrow's DeprecationWarning for asking it.
-    if (e.type().ptr() != PyExc_TypeError) throw;
+    if (e.type().ptr() != PyExc_TypeError) {
+      note_dlpack_call(e, obj, kw, nkw, src_dev);
+      throw;
+    }
     if (!stream.is_none() && !host) {
       std::pair<PyObject*, PyObject*> skw[1] = {{names().stream, stream.ptr()}};
       try {

@@ -600,6 +600,21 @@ def test_asarray_refuses_a_stream_that_is_no_stream_even_for_host_memory(stream)
     assert tw.asarray(np.ones(3), stream=5).shape == (3,)  # an int is a CUDA producer's business: ignored here
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes are Python 3.11's")
+def test_a_producers_own_dlpack_error_says_what_tensorwire_asked_of_it():
+    class ClaimsCuda:  # says CUDA, hands NumPy's capsule: NumPy refuses the stream a CUDA producer gets
+        def __dlpack__(self, **kw):
+            return np.zeros(3).__dlpack__(**kw)
+
+        def __dlpack_device__(self):
+            return (2, 0)
+
+    with pytest.raises(RuntimeError, match="NumPy only supports stream=None") as e:
+        tw.from_dlpack(ClaimsCuda())
+    assert e.value.__notes__ == ["(raised by ClaimsCuda.__dlpack__(max_version=" + repr(tw.DLPACK_VERSION) +
+                                 ", stream=1), called by tensorwire; its __dlpack_device__() said cuda:0)"]
+
+
 @pytest.mark.parametrize("stream", [3, 4095])
 def test_a_stream_argument_that_cannot_be_a_handle_is_refused(stream):
     with pytest.raises(ValueError, match=f"stream {stream} is neither 1 .* nor a stream handle"):
