@@ -65,8 +65,6 @@ class SubscriberChannel {
   os::SendResult announce_cuda(size_t slot, uint64_t segment_id, uint64_t bytes, const CudaSegmentInfo& info, int fd);
   /// Tells the subscriber a segment left the pool, if it had mapped it (queued while its socket is full).
   void retire(size_t slot, uint64_t segment_id);
-  /// Retirements waiting for room in the control socket.
-  size_t pending_retires() const noexcept { return pending_retires_.size(); }
   /// Waits up to `timeout_ms` for room in the control socket, or for the peer to hang up (then marked dead).
   void wait_writable(int timeout_ms) noexcept;
   /// Ends the stream (the publisher closes): the ring says closed, BYE goes out.

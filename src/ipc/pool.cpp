@@ -211,8 +211,7 @@ std::optional<std::pair<size_t, size_t>> Pool::try_take_small(size_t nbytes, con
     if (total + kSharedBytes > max_bytes_) return std::nullopt;
     const auto fresh = try_take(kSharedBytes, held, on_retire, what);
     if (!fresh) return std::nullopt;
-    Slot& s = slots_[*fresh];
-    if (s.size() < need) return std::nullopt;  // (cannot happen: every host buffer is at least what it was asked)
+    Slot& s = slots_[*fresh];  // (at least kSharedBytes: try_take never gives less than it was asked)
     s.shared = true;
     s.used = 0;
     pick = static_cast<long>(*fresh);

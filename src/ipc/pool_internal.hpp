@@ -14,8 +14,10 @@
 // its start again once nothing holds any of it. Each buffer is announced to each subscriber once over its control
 // socket (an fd, a mapping), so a buffer per small message made a deep ring of unread small messages cost hundreds
 // of announcements, fds and mappings; shared, 4 KiB messages take one per 64. A subscriber's lease holds the
-// whole buffer, so one kept small tensor keeps kSharedBytes from reuse. Not thread-safe: the publisher's state lock guards it,
-// except Slot::loans, which loaned tensors release from any thread.
+// whole buffer, so one kept small tensor keeps kSharedBytes from reuse.
+//
+// Not thread-safe: the publisher's state lock guards it, except Slot::loans, which loaned tensors release from any
+// thread.
 #pragma once
 
 #include <atomic>
@@ -112,8 +114,9 @@ class Pool : public std::enable_shared_from_this<Pool> {
                                  int device = -1);
   /// Room for a small copy (<= kSharedMax bytes) in a shared buffer: (slot, offset of the part), 64-byte aligned.
   /// The same one attempt as try_take, never waiting; nullopt when no shared buffer has room and none can be made
-  /// within pool_bytes (then the caller asks try_take for a buffer of the copy's own size). The part is the caller's from then on (nothing else is ever handed out of that range until the
-  /// buffer is free again: no loan, lease, hold or reservation of it).
+  /// within pool_bytes (then the caller asks try_take for a buffer of the copy's own size). The part is the
+  /// caller's from then on (nothing else is handed out of that range until the buffer is free again: no loan,
+  /// lease, hold or reservation of it).
   std::optional<std::pair<size_t, size_t>> try_take_small(size_t nbytes, const std::function<bool(size_t)>& held,
                                                          const std::function<void(size_t, uint64_t)>& on_retire,
                                                          const std::string& what);

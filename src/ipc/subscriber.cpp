@@ -202,8 +202,7 @@ class SubscriberImpl {
   // Why nothing has arrived, for a timeout's message (Subscriber::waiting_for).
   std::string waiting_for() const {
     std::lock_guard lock(mu_);
-    if (user_closed_) return "";
-    if (eos_) return "";
+    if (user_closed_ || eos_) return "";
     if (!welcomed_) return "no publisher of '" + name_ + "' is running";
     if (received_ == 0)
       return "connected to its publisher (pid " + std::to_string(publisher_pid_) + "), which has sent nothing since "
