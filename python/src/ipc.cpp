@@ -19,9 +19,43 @@ namespace {
 
 constexpr auto kSlice = std::chrono::milliseconds(100);
 
-std::chrono::milliseconds keepalive_from(double s) {
+// The constructors take their arguments as Python objects and check them here, so that a wrong type is a
+// TypeError naming the argument (nanobind's own answer is "incompatible function arguments" and a signature).
+std::string py_type(nb::handle h) { return Py_TYPE(h.ptr())->tp_name; }
+
+std::string str_arg(nb::handle h, const char* what) {
+  if (!PyUnicode_Check(h.ptr()))
+    throw nb::type_error((std::string(what) + " must be a str, not " + py_type(h)).c_str());
+  if (auto s = key_text(h)) return std::move(*s);
+  throw nb::value_error((std::string(what) + " " + nb::cast<std::string>(nb::repr(h)) +
+                         " is not valid Unicode text (it holds a lone surrogate)").c_str());
+}
+
+bool bool_arg(nb::handle h, const char* what) {
+  const std::string t = py_type(h);
+  if (t == "numpy.bool" || t == "numpy.bool_") return PyObject_IsTrue(h.ptr()) == 1;
+  if (!PyBool_Check(h.ptr()))
+    throw nb::type_error((std::string(what) + " must be True or False, not " + py_type(h)).c_str());
+  return h.ptr() == Py_True;
+}
+
+std::chrono::milliseconds keepalive_from(nb::handle h) {
+  if (PyBool_Check(h.ptr()) || !(PyFloat_Check(h.ptr()) || PyLong_Check(h.ptr())))
+    throw nb::type_error(("keepalive must be a number of seconds, not " + py_type(h)).c_str());
+  const double s = PyFloat_AsDouble(h.ptr());
+  if (s == -1.0 && PyErr_Occurred()) PyErr_Clear();  // (an int too large for a double: refused below)
   if (!(s >= 0.1 && s <= 86400.0)) throw nb::value_error("keepalive must be a number of seconds from 0.1 to 86400");
   return std::chrono::milliseconds(static_cast<int64_t>(s * 1000.0));
+}
+
+// token=: None (no token) or a non-empty str.
+std::string token_from(nb::handle h) {
+  if (h.is_none()) return {};
+  if (!PyUnicode_Check(h.ptr()))
+    throw nb::type_error(("token must be None or a str (a shared secret), not " + py_type(h)).c_str());
+  std::string t = str_arg(h, "token");
+  if (t.empty()) throw nb::value_error("token must not be empty (omit it, or give a secret)");
+  return t;
 }
 
 // listen= / connect=: 'host:port', ':port', or a port number (an int, as users of socket APIs write it; a bare
@@ -389,22 +423,22 @@ void register_ipc(nb::module_& m) {
                             "'drop_oldest' or 'raise' (BlockingIOError); a blocked send raises TimeoutError after "
                             "`timeout` seconds, naming the subscriber it waited for.")
       .def("__init__",
-           [](tw::Publisher* self, const std::string& name, nb::handle depth, const std::string& on_full,
+           [](tw::Publisher* self, nb::handle name_h, nb::handle depth, nb::handle on_full,
               nb::handle max_metadata_bytes, nb::handle max_buffers, nb::handle pool_bytes, nb::handle max_subscribers,
-              bool protect_sent_loans, nb::handle listen, std::optional<std::string> token,
-              bool insecure, double keepalive) {
+              nb::handle protect_sent_loans, nb::handle listen, nb::handle token, nb::handle insecure,
+              nb::handle keepalive) {
+             const std::string name = str_arg(name_h, "tensorwire.Publisher: the topic name");
              tw::PublisherOptions o;
              o.depth = count_arg(depth, "depth");
-             o.on_full = tw::on_full_from_string(on_full);
+             o.on_full = tw::on_full_from_string(str_arg(on_full, "on_full"));
              o.max_metadata_bytes = count_arg(max_metadata_bytes, "max_metadata_bytes");
              o.max_buffers = count_arg(max_buffers, "max_buffers");
              o.pool_bytes = count_arg(pool_bytes, "pool_bytes");
              o.max_subscribers = count_arg(max_subscribers, "max_subscribers");
-             o.protect_sent_loans = protect_sent_loans;
+             o.protect_sent_loans = bool_arg(protect_sent_loans, "protect_sent_loans");
              o.listen = address_from(listen, "listen");
-             o.token = token.value_or("");
-             if (token && token->empty()) throw nb::value_error("token must not be empty (omit it, or give a secret)");
-             o.insecure = insecure;
+             o.token = token_from(token);
+             o.insecure = bool_arg(insecure, "insecure");
              o.keepalive = keepalive_from(keepalive);
              std::string warn;
              {
@@ -423,10 +457,10 @@ void register_ipc(nb::module_& m) {
                throw nb::python_error();
              }
            },
-           "name"_a, nb::kw_only(), "depth"_a = 8, "on_full"_a = "block", "max_metadata_bytes"_a = 64 * 1024,
-           "max_buffers"_a = 1024, "pool_bytes"_a = size_t{2} << 30, "max_subscribers"_a = 256,
-           "protect_sent_loans"_a = true, "listen"_a = nb::none(), "token"_a = nb::none(), "insecure"_a = false,
-           "keepalive"_a = 10.0,
+           nb::arg("name").none(), nb::kw_only(), "depth"_a = 8, nb::arg("on_full").none() = "block",
+           "max_metadata_bytes"_a = 64 * 1024, "max_buffers"_a = 1024, "pool_bytes"_a = size_t{2} << 30,
+           "max_subscribers"_a = 256, nb::arg("protect_sent_loans").none() = true, "listen"_a = nb::none(),
+           "token"_a = nb::none(), nb::arg("insecure").none() = false, nb::arg("keepalive").none() = 10.0,
            "Create the publisher of topic `name`: a shared-memory pool (up to pool_bytes and max_buffers; copies of "
            "at most 16 KiB share buffers) and, per "
            "subscriber, a ring of `depth` messages; on_full says what send does when a ring is full ('block', "
@@ -575,19 +609,19 @@ void register_ipc(nb::module_& m) {
                              "The receiving end of a shared-memory topic: Subscriber(name). recv(timeout=None) "
                              "returns a read-only tw.Tensor (zero-copy), raising TimeoutError or EOFError at "
                              "end-of-stream; iterate until end-of-stream; fileno() for selectors and asyncio.")
-      .def("__init__", [](tw::Subscriber* self, const std::string& name, nb::handle connect,
-                          std::optional<std::string> token, double keepalive, nb::handle max_message_bytes,
-                          nb::handle device) {
+      .def("__init__", [](tw::Subscriber* self, nb::handle name_h, nb::handle connect, nb::handle token, nb::handle keepalive,
+                          nb::handle max_message_bytes, nb::handle device) {
+             const std::string name = str_arg(name_h, "tensorwire.Subscriber: the topic name");
              tw::SubscriberOptions o;
              o.device = parse_device(device);
              o.connect = address_from(connect, "connect");
-             o.token = token.value_or("");
-             if (token && token->empty()) throw nb::value_error("token must not be empty (omit it, or give a secret)");
+             o.token = token_from(token);
              o.keepalive = keepalive_from(keepalive);
              o.max_message_bytes = count_arg(max_message_bytes, "max_message_bytes");
              nb::gil_scoped_release nogil;
              new (self) tw::Subscriber(name, o);
-           }, "name"_a, nb::kw_only(), "connect"_a = nb::none(), "token"_a = nb::none(), "keepalive"_a = 10.0,
+           }, nb::arg("name").none(), nb::kw_only(), "connect"_a = nb::none(), "token"_a = nb::none(),
+           nb::arg("keepalive").none() = 10.0,
            "max_message_bytes"_a = uint64_t{1} << 34, "device"_a = nb::none(),
            "Subscribe to topic `name`; the publisher may start before or after, and each message sent while "
            "connected arrives once. connect='host:port' subscribes to a publisher on another machine (its "

@@ -646,3 +646,29 @@ def test_message_dict_keys_cross_whole_and_a_bad_part_is_named():
             pub.send(None)  # (was nanobind's "incompatible function arguments")
         with pytest.raises(TimeoutError):
             sub.recv(timeout=0)  # none of the refused messages went
+
+
+def test_constructor_arguments_of_the_wrong_type_are_named_in_the_error():
+    # (nanobind's own answer to each was "__init__(): incompatible function arguments" and both signatures)
+    bad = [
+        ((None,), {}, TypeError, r"Publisher: the topic name must be a str, not NoneType"),
+        ((b"topic",), {}, TypeError, r"Publisher: the topic name must be a str, not bytes"),
+        (("\ud800",), {}, ValueError, r"topic name '\\ud800' is not valid Unicode text"),
+        (("tw-args",), {"on_full": None}, TypeError, r"on_full must be a str, not NoneType"),
+        (("tw-args",), {"token": 5}, TypeError, r"token must be None or a str"),
+        (("tw-args",), {"token": ""}, ValueError, r"token must not be empty"),
+        (("tw-args",), {"insecure": 1}, TypeError, r"insecure must be True or False, not int"),
+        (("tw-args",), {"protect_sent_loans": None}, TypeError, r"protect_sent_loans must be True or False"),
+        (("tw-args",), {"keepalive": "10"}, TypeError, r"keepalive must be a number of seconds, not str"),
+        (("tw-args",), {"keepalive": float("nan")}, ValueError, r"keepalive must be a number of seconds from"),
+    ]
+    for args, kw, exc, text in bad:
+        with pytest.raises(exc, match=text):
+            tw.Publisher(*args, **kw)
+    with pytest.raises(TypeError, match=r"Subscriber: the topic name must be a str, not NoneType"):
+        tw.Subscriber(None)
+    with pytest.raises(TypeError, match=r"keepalive must be a number of seconds, not NoneType"):
+        tw.Subscriber("tw-args", keepalive=None)
+    # what the checks accept: NumPy's bool for a flag, an int for seconds
+    with tw.Publisher("tw-args", protect_sent_loans=np.bool_(False), keepalive=5) as pub:
+        assert repr(pub) == "tensorwire.Publisher('tw-args')"
