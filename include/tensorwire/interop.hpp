@@ -155,6 +155,10 @@ struct ImportRequest {
   CopyMode copy = CopyMode::if_needed;
   /// The device the caller wants the result on; absent = wherever the producer's memory is.
   std::optional<Device> device;
+  /// The caller's CUDA stream (1 legacy default, 2 per-thread default, else a handle; -1 or absent: the legacy
+  /// default stream): a copy the import makes to or on a CUDA device is queued on it, after the producer's stream
+  /// through an event, and the result carries it. (Handing the stream to a DLPack producer is the binding's part.)
+  std::optional<intptr_t> stream;
 };
 
 /// What the protocol said about the memory it handed over.

@@ -128,8 +128,10 @@ class Tensor {
   /// This tensor when already C-contiguous (same buffer, no copy); otherwise one copy.
   Tensor contiguous() const;
   /// Always a new tensor, contiguous in `order` (C, F, or Any = keep the dimension order of a dense source).
-  /// On the tensor's own device: CUDA memory is copied by the device (a driver copy or tensorwire's kernels).
-  Tensor copy(MemoryOrder order = MemoryOrder::C) const;
+  /// On the tensor's own device: CUDA memory is copied by the device (a driver copy or tensorwire's kernels),
+  /// queued on `stream` (as in to(); nullopt: the legacy default stream) after the tensor's own stream through an
+  /// event; the result carries `stream`. A stream for a copy the host makes (cpu, managed memory) is refused.
+  Tensor copy(MemoryOrder order = MemoryOrder::C, std::optional<intptr_t> stream = std::nullopt) const;
 
   /// This tensor on `device` ("cpu", cuda:N, cuda_host = pinned). copy: nullopt copies only when the device
   /// differs, true always copies, false throws Error(copy_required) when the device differs. A copy keeps the

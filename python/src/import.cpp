@@ -735,14 +735,24 @@ nb::object asarray(nb::handle obj_in, nb::handle device, nb::handle copy, nb::ha
   Request req;
   req.policy.device = parse_device(device);
   req.policy.copy = parse_copy(copy);
-  req.stream = stream;
-  // Passed to a CUDA producer's __dlpack__ as given (and never to a CPU one): but never anything that cannot be a
-  // stream, which a CPU import silently ignored (stream='x').
-  if (!stream.is_none() && (!PyLong_Check(stream.ptr()) || PyBool_Check(stream.ptr())) &&
-      !nb::hasattr(stream, "__cuda_stream__") && !nb::hasattr(stream, "cuda_stream") && !nb::hasattr(stream, "ptr"))
-    throw nb::type_error((std::string("tensorwire.asarray: stream must be None, an int (DLPack: -1 no "
-                                      "synchronisation, 1 the legacy default stream, 2 the per-thread one, else a "
-                                      "handle) or a stream object, not ") + Py_TYPE(stream.ptr())->tp_name).c_str());
+  // The consumer's stream, checked and made an int whatever the memory (a CPU producer is never handed one, but a
+  // stream that cannot be one is refused all the same): DLPack's -1 (no synchronisation), or what Tensor.to takes
+  // (1, 2, a handle, or a stream object, whose handle is what a producer's __dlpack__ takes). A copy the import
+  // makes to or on a CUDA device is queued on it.
+  nb::object stream_int;
+  if (!stream.is_none()) {
+    const bool no_sync = PyLong_Check(stream.ptr()) && !PyBool_Check(stream.ptr()) &&
+                         PyLong_AsLongLong(stream.ptr()) == -1 && !PyErr_Occurred();
+    PyErr_Clear();
+    try {
+      req.policy.stream = no_sync ? intptr_t{-1} : *parse_stream(stream);
+    } catch (const tw::Error& e) {
+      throw tw::Error(e.code(), std::string("tensorwire.asarray: ") + e.what() +
+                                    " (DLPack's -1, no synchronisation, is also accepted)");
+    }
+    stream_int = nb::int_(static_cast<int64_t>(*req.policy.stream));
+    req.stream = stream_int;
+  }
   if (is_tensor(obj)) {
     const tw::Tensor& t = unwrap(obj);
     if (!tw::import_may_copy(req.policy, {}) && (!req.policy.device || *req.policy.device == t.device()))

@@ -50,26 +50,29 @@ Tensor Tensor::contiguous() const {
   return copy(MemoryOrder::C);
 }
 
-Tensor Tensor::copy(MemoryOrder order) const {
+Tensor Tensor::copy(MemoryOrder order, std::optional<intptr_t> stream) const {
   const Device dev = device();
   Layout out = copy_layout(layout(), order);
   if (!is_cuda_memory(dev) && !dev.is_host_accessible())
     throw Error(ErrorCode::unsupported, "Tensor::copy: tensorwire cannot copy memory on " + dev.str());
   if (dev.type == kDLCPU || dev.type == kDLCUDAManaged) {  // managed memory: the host reads it (as before)
+    if (stream)
+      throw Error(ErrorCode::invalid_argument, "Tensor::copy: stream=" + std::to_string(*stream) + " orders CUDA "
+                                               "work, and the host copies " + dev.str() + " memory; leave it unset");
     auto buf = allocate_for(out, Device::cpu(), 0);  // before `out` is moved into make's argument
     Tensor dst = Tensor::make(std::move(buf), std::move(out), false);
     if (!metadata().empty()) dst.metadata() = metadata();
     tw::copy(*this, dst);
     return dst;
   }
-  // New work goes on the legacy default stream, after the tensor's own stream (an event): a producer's stream is
-  // waited for, never used to queue tensorwire's work.
-  const intptr_t s = kLegacyStream;
+  // New work goes on the caller's stream (default: the legacy one), after the tensor's own stream (an event): a
+  // producer's stream is waited for, never used to queue tensorwire's work.
+  const intptr_t s = stream.value_or(kLegacyStream);
   auto buf = allocate_for(out, dev, s);
   Tensor dst = Tensor::make(std::move(buf), std::move(out), false);
   if (!metadata().empty()) dst.metadata() = metadata();
   device_runtime().copy(*this, dst, s);
-  if (dev.type != kDLCUDAHost) dst.set_stream(s);
+  if (dev.type != kDLCUDAHost) set_producer_stream(dst, s);  // (an event on s unless it is the legacy stream)
   return dst;
 }
 

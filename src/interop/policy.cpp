@@ -126,6 +126,9 @@ bool import_may_copy(const ImportRequest& r, const ImportFacts& f) noexcept {
 
 Tensor finish_import(Tensor t, const ImportRequest& r, const ImportFacts& f) {
   const bool move = r.device && !(*r.device == t.device());
+  // The caller's stream orders tensorwire's device work; a copy between host memories has none to order.
+  const std::optional<intptr_t> stream = r.stream && *r.stream != -1 ? r.stream : std::nullopt;
+  auto on_device = [](const Device& d) { return d.type == kDLCUDA || d.type == kDLCUDAHost; };
   if (move && r.copy == CopyMode::never)
     throw Error(ErrorCode::copy_required, "import: the data is on " + t.device().str() + " but " + r.device->str() +
                                               " was requested, which needs a copy, and copy is forbidden");
@@ -138,11 +141,13 @@ Tensor finish_import(Tensor t, const ImportRequest& r, const ImportFacts& f) {
                                               " memory cannot be swapped by the host");
     Tensor out = Tensor::empty(t.shape(), t.dtype());
     copy(t, out, CopyOptions{true});
-    return move ? out.to(*r.device, std::nullopt, true) : out;
+    return move ? out.to(*r.device, on_device(*r.device) ? stream : std::nullopt, true) : out;
   }
   // One copy at most: to another device (in the source's dense order), or on the same one for copy=always.
-  if (move) return t.to(*r.device, std::nullopt, true);
-  if (r.copy == CopyMode::always && !f.producer_copied) return t.copy(MemoryOrder::C);
+  if (move)
+    return t.to(*r.device, on_device(*r.device) || on_device(t.device()) ? stream : std::nullopt, true);
+  if (r.copy == CopyMode::always && !f.producer_copied)
+    return t.copy(MemoryOrder::C, on_device(t.device()) ? stream : std::nullopt);
   return t;
 }
 

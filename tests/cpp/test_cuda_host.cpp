@@ -1336,6 +1336,41 @@ TEST_F(FakeDriver, StreamsFollowTheRules) {
   EXPECT_EQ(back.data<float>()[7], 0.0f);
 }
 
+// An import that copies (to a device, or copy=always of device memory) queues the copy on the caller's stream,
+// after the producer's through a device-side wait, and the result carries that stream; -1 (DLPack's "no
+// synchronisation") and host-only copies queue nothing on it. (The copies were on the legacy stream whatever the
+// caller asked, so a consumer's stream could read them before they were done.)
+TEST_F(FakeDriver, AnImportsCopyIsQueuedOnTheCallersStream) {
+  Tensor h = Tensor::zeros({8}, DType::float32());
+  tw::ImportRequest to_dev;
+  to_dev.device = Device::cuda(0);
+  to_dev.stream = 2;
+  Tensor g = tw::finish_import(h, to_dev, {});
+  EXPECT_EQ(g.device(), Device::cuda(0));
+  EXPECT_EQ(g.stream(), std::optional<intptr_t>(2));
+  to_dev.stream = -1;
+  EXPECT_EQ(tw::finish_import(h, to_dev, {}).stream(), std::optional<intptr_t>(1));  // the legacy one, as without
+  to_dev.stream = 3;
+  TW_EXPECT_ERROR_MSG(tw::finish_import(h, to_dev, {}), ErrorCode::invalid_argument, "3 is neither 1");
+  // copy=always of a tensor ordered on the legacy stream, asked for on stream 2: stream 2 waits for stream 1.
+  Tensor a = h.to(Device::cuda(0), intptr_t{1});
+  tw::ImportRequest again;
+  again.copy = tw::CopyMode::always;
+  again.stream = 2;
+  const size_t waits = g_fake->waited_for.size();
+  Tensor c = tw::finish_import(a, again, {});
+  EXPECT_NE(c.data_ptr(), a.data_ptr());
+  EXPECT_EQ(c.stream(), std::optional<intptr_t>(2));
+  ASSERT_GT(g_fake->waited_for.size(), waits);
+  EXPECT_EQ(g_fake->waited_for.back(), (std::pair<uintptr_t, uintptr_t>{2, 1}));
+  // A copy the host makes has no stream to queue on: the import's request ignores it, Tensor::copy refuses it.
+  tw::ImportRequest host_copy;
+  host_copy.copy = tw::CopyMode::always;
+  host_copy.stream = 2;
+  EXPECT_EQ(tw::finish_import(h, host_copy, {}).stream(), std::nullopt);
+  TW_EXPECT_ERROR_MSG(h.copy(tw::MemoryOrder::C, intptr_t{2}), ErrorCode::invalid_argument, "the host copies cpu memory");
+}
+
 // An event belongs to the context current when it is made, and is recorded only on a stream of that context; the
 // default streams 1 and 2 are the current context's. So the context is chosen from the stream: a handle's own,
 // else the named device's, else the thread's current one, else that of the lowest-numbered device in use (cuda:0's

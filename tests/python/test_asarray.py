@@ -595,9 +595,50 @@ def test_a_cuda_array_interface_stream_that_cannot_be_a_handle_is_refused_before
 @pytest.mark.parametrize("stream", ["x", 1.5, True, b"1"])
 def test_asarray_refuses_a_stream_that_is_no_stream_even_for_host_memory(stream):
     # (a CPU producer is never handed a stream, so stream='x' was silently ignored)
-    with pytest.raises(TypeError, match=rf"stream must be None, an int .* not {type(stream).__name__}"):
+    with pytest.raises(TypeError, match=rf"asarray: stream must be None, an int .* not {type(stream).__name__}"):
         tw.asarray(np.ones(3), stream=stream)
-    assert tw.asarray(np.ones(3), stream=5).shape == (3,)  # an int is a CUDA producer's business: ignored here
+    # a stream is a CUDA producer's business: ignored for host memory, but checked as Tensor.to checks it
+    for ok in (-1, 1, 2, 0x7F0000001000):
+        assert tw.asarray(np.ones(3), stream=ok).shape == (3,)
+
+
+@pytest.mark.parametrize("stream, text", [(0, "stream 0 is ambiguous"), (3, "stream 3 is neither 1"),
+                                          (-5, "stream -5 is not a stream"), (2**70, "stream")])
+def test_asarray_refuses_a_stream_value_no_producer_may_be_handed(stream, text):
+    # (these were passed on as given: PyTorch asserts on 0, and a value like 3 reaches the driver as a handle)
+    with pytest.raises((ValueError, OverflowError), match=text):
+        tw.asarray(np.ones(3), stream=stream)
+
+
+class _Stream:
+    def __init__(self, handle):
+        self.handle = handle
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+
+class _FakeCuda:
+    """Claims CUDA memory and records what its __dlpack__ is asked (the capsule is a CPU one: it is never read)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+    def __dlpack__(self, **kw):
+        self.calls.append(kw)
+        raise BufferError("_FakeCuda: recorded")
+
+
+def test_asarray_hands_a_cuda_producer_the_stream_objects_handle_as_an_int():
+    # (a stream object was passed on as the object, which PyTorch's __dlpack__ refuses: "stream must be int")
+    for given, handed in [(_Stream(0x7F0000002000), 0x7F0000002000), (_Stream(0), 1), (2, 2), (-1, -1)]:
+        p = _FakeCuda()
+        with pytest.raises(BufferError):
+            tw.asarray(p, stream=given)
+        assert p.calls and p.calls[0]["stream"] == handed and type(p.calls[0]["stream"]) is int
 
 
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes are Python 3.11's")
@@ -692,7 +733,7 @@ def test_asarray_asks_for_a_versioned_capsule_first():
     tw.asarray(p, copy=False)
     assert p.calls[0]["copy"] is False
     p.calls.clear()
-    tw.asarray(p, stream=5)  # a CPU producer is never handed a stream
+    tw.asarray(p, stream=0x7F0000001000)  # a CPU producer is never handed a stream
     assert "stream" not in p.calls[0]
 
 
@@ -711,8 +752,12 @@ def test_asarray_passes_the_stream_to_a_cuda_producer():
 
     dev = tw.asarray(CAI(), device="cuda:0")
     p = RecordingProducer(dev, device=(2, 0))
-    t = tw.asarray(p, stream=7)
-    assert p.calls[0]["stream"] == 7 and t.data_ptr == 0xDEAD0000 and str(t.device) == "cuda:0"
+    t = tw.asarray(p, stream=0x7F0000003000)
+    assert p.calls[0]["stream"] == 0x7F0000003000 and t.data_ptr == 0xDEAD0000 and str(t.device) == "cuda:0"
+    assert t.stream == 0x7F0000003000  # the data is ready on the consumer's stream: the tensor says so
+    p.calls.clear()
+    t = tw.asarray(p, stream=_Stream(0x7F0000004000))  # a stream object: its handle, recorded the same way
+    assert p.calls[0]["stream"] == 0x7F0000004000 and t.stream == 0x7F0000004000
     p.calls.clear()
     tw.asarray(p)  # no stream: the legacy default stream, said explicitly (PyTorch reads a missing one as -1: no sync)
     assert p.calls[0]["stream"] == 1
@@ -735,7 +780,7 @@ def test_a_cuda_producer_without_a_stream_keyword_still_imports():
     t = tw.asarray(Bare())
     assert t.data_ptr == 0xDEAD0000 and str(t.device) == "cuda:0" and t.stream == 1
     with pytest.raises(TypeError):
-        tw.asarray(Bare(), stream=7)
+        tw.asarray(Bare(), stream=0x7F0000003000)
 
 
 @pytest.mark.parametrize("device_type", [2, 3, 4, 7, 10, 13])

@@ -234,7 +234,7 @@ def test_a_tensor_that_requires_grad_can_be_sent():
 def test_device_moves_and_stream_requests_go_through_dunder_dlpack():
     x = torch.arange(4.0).as_subclass(NoDunderDLPack)
     with pytest.raises(BufferError, match="__dlpack__ was called"):
-        tw.asarray(x, device="cpu", copy=None, stream=5)
+        tw.asarray(x, device="cpu", copy=None, stream=0x7F0000001000)
     with pytest.raises(BufferError, match="__dlpack__ was called"):
         tw.asarray(x, device="cuda:0")  # a move: the producer makes it (dl_device=)
     # A device the tensor is already on asks nothing of the producer: the exchange API serves it (it once went
