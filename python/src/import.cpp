@@ -569,6 +569,15 @@ nb::object read_interface_dict(nb::handle obj, PyObject* attr, const std::string
   return d;
 }
 
+// A (pointer, read_only) interface's memory is kept by the object and by its dict: NumPy's scalars describe a
+// temporary array that only the dict holds (its "__ref" entry), so keeping the scalar alone left the tensor on
+// freed memory.
+std::shared_ptr<const void> keep_interface_alive(nb::handle obj, nb::handle dict) {
+  nb::object both = nb::steal(PyTuple_Pack(2, obj.ptr(), dict.ptr()));
+  if (!both.is_valid()) throw nb::python_error();
+  return keep_python_alive(both.ptr());
+}
+
 tw::Tensor via_cuda_interface(nb::handle obj, const Request& req) {
   const std::string proto = "__cuda_array_interface__";
   tw::InterfaceDesc desc;
@@ -581,7 +590,7 @@ tw::Tensor via_cuda_interface(nb::handle obj, const Request& req) {
   desc.device.reset();
   desc.readonly = desc.readonly || req.immutable;
   if (typestr_needs_dtype_name(desc.typestr)) desc.dtype = dtype_from_name_attr(obj);
-  return tw::import_interface(desc, keep_python_alive(obj.ptr()), req.policy);
+  return tw::import_interface(desc, keep_interface_alive(obj, d), req.policy);
 }
 
 struct PyBufferOwner {
@@ -621,7 +630,7 @@ tw::Tensor via_array_interface(nb::handle obj, const Request& req) {
   if (data.is_valid() && PyTuple_Check(data.ptr())) {
     // (pointer, read_only): 'offset' does not apply.
     read_data_tuple(proto, data, desc);
-    keep = keep_python_alive(obj.ptr());
+    keep = keep_interface_alive(obj, d);
   } else {
     // None: the object itself exposes a buffer; otherwise 'data' is a buffer-like object. 'offset' applies.
     nb::handle src = (!data.is_valid() || data.is_none()) ? obj : data;

@@ -851,3 +851,18 @@ def test_lists_of_values_that_are_not_numbers_are_a_type_error_naming_numpys_dty
     # (an int beyond 64 bits is a number, but no tensor type holds it: the message says so rather than "not numbers")
     with pytest.raises(TypeError, match=want + r" \(NumPy makes a .* array of it\)"):
         tw.asarray(value)
+
+
+@pytest.mark.parametrize("scalar", [np.int64(7), np.int8(-3), np.uint16(65535), np.float32(1.5), np.float16(-2.0),
+                                    np.bool_(True), np.complex64(1 - 2j), np.float64(0.25), np.complex128(3j)])
+def test_a_numpy_scalar_imports_as_its_value_and_its_memory_outlives_the_call(scalar):
+    # NumPy's scalar __array_interface__ points into a temporary array that only the interface dict holds; the
+    # import kept the scalar alone, so the tensor read (and wrote) freed memory: 198 of 200 tries read garbage.
+    for _ in range(50):
+        t = tw.asarray(scalar)
+        junk = [np.full(1, 99, dtype=scalar.dtype) for _ in range(20)]
+        assert t.shape == () and t.dtype == scalar.dtype
+        assert t.item() == scalar.item(), (t.item(), scalar)
+        del junk
+    np.asarray(t)[()] = 0  # the tensor's own memory (a copy, as np.asarray's): the scalar stays as it was
+    assert t.item() == 0 and np.asarray(scalar).item() == scalar.item()
