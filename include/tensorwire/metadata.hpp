@@ -59,8 +59,10 @@ class Value {
   /// Dict access (kind dict): keys in insertion order, values parallel to them.
   const std::vector<std::string>& keys() const;
   const std::vector<Value>& values() const;
-  /// Inserts or replaces `key` in a dict, keeping the first insertion's position.
+  /// Inserts or replaces `key` in a dict, keeping the first insertion's position (linear in the dict's size).
   void set(std::string key, Value value);
+  /// set() of each of another dict's entries in its order, in time linear in both sizes.
+  void update(const Value& other);
   /// The value under `key` in a dict, or nullptr.
   const Value* find(std::string_view key) const;
   Value* find(std::string_view key);
@@ -95,6 +97,8 @@ class Metadata {
   size_t size() const noexcept { return root_.keys().size(); }
   bool empty() const noexcept { return size() == 0; }
   void set(std::string key, Value value) { root_.set(std::move(key), std::move(value)); }
+  /// set() of each of `other`'s entries in its order (linear time).
+  void update(const Metadata& other) { root_.update(other.root_); }
   const Value* find(std::string_view key) const { return root_.find(key); }
   Value* find(std::string_view key) { return root_.find(key); }
   /// The value under `key`; throws Error(out_of_range) naming the key when absent.

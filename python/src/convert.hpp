@@ -26,6 +26,8 @@ std::shared_ptr<const void> keep_python_alive(PyObject* obj);
 /// Metadata values <-> Python objects (None, bool, int, float, str, bytes, list, tuple, dict with str keys).
 /// Throws tw::Error(type_mismatch) naming the offending type and path.
 tw::Value to_value(PyObject* obj, const std::string& path, int depth = 0);
+/// A metadata= argument (None, a dict, or a mapping with keys()) as Metadata, in time linear in its size.
+tw::Metadata metadata_from(nb::handle h);
 
 // A tw::Error's text with C++ names turned into Python ones (tensorwire.Tensor.select: ...), for Python users.
 std::string python_message(std::string m);

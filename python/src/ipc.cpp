@@ -99,34 +99,6 @@ tw::Dims shape_from(nb::handle h) {
 }
 
 
-tw::Metadata metadata_from(nb::handle h) {
-  if (h.is_none()) return tw::Metadata();
-  if (!PyDict_Check(h.ptr())) {
-    if (!nb::hasattr(h, "keys"))
-      throw tw::Error(tw::ErrorCode::type_mismatch, std::string("metadata must be a dict with str keys, not ") +
-                                                        Py_TYPE(h.ptr())->tp_name);
-    nb::dict d;
-    for (nb::handle k : h.attr("keys")()) d[k] = h[k];
-    return metadata_from(d);
-  }
-  // Built in one step (a dict's keys are unique already): linear in the number of keys.
-  std::vector<std::string> keys;
-  std::vector<tw::Value> values;
-  keys.reserve(static_cast<size_t>(PyDict_Size(h.ptr())));
-  values.reserve(keys.capacity());
-  PyObject *k, *v;
-  Py_ssize_t pos = 0;
-  while (PyDict_Next(h.ptr(), &pos, &k, &v)) {
-    if (!PyUnicode_Check(k))
-      throw tw::Error(tw::ErrorCode::type_mismatch,
-                      std::string("metadata keys must be str, not ") + Py_TYPE(k)->tp_name);
-    std::string key = nb::borrow<nb::str>(k).c_str();
-    values.push_back(to_value(v, "['" + key + "']"));
-    keys.push_back(std::move(key));
-  }
-  return tw::Metadata::from_value(tw::Value::dict(std::move(keys), std::move(values)));
-}
-
 std::chrono::nanoseconds timeout_from(nb::handle h, bool& forever) {
   forever = h.is_none();
   if (forever) return std::chrono::nanoseconds(0);

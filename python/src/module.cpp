@@ -150,6 +150,39 @@ std::string qualified_type_name(PyObject* o) {
   }
 }
 
+const char* const kSurrogateKey = "metadata keys must be valid Unicode text; this one holds a lone surrogate (as "
+                                  "os.fsdecode() makes for undecodable bytes)";
+
+tw::Metadata metadata_from(nb::handle h) {
+  if (h.is_none()) return tw::Metadata();
+  if (!PyDict_Check(h.ptr())) {
+    if (!nb::hasattr(h, "keys"))
+      throw tw::Error(tw::ErrorCode::type_mismatch, std::string("metadata must be a dict with str keys, not ") +
+                                                        Py_TYPE(h.ptr())->tp_name);
+    nb::dict d;
+    for (nb::handle k : h.attr("keys")()) d[k] = h[k];
+    return metadata_from(d);
+  }
+  // Built in one step (a dict's keys are unique already): linear in the number of keys.
+  std::vector<std::string> keys;
+  std::vector<tw::Value> values;
+  keys.reserve(static_cast<size_t>(PyDict_Size(h.ptr())));
+  values.reserve(keys.capacity());
+  PyObject *k, *v;
+  Py_ssize_t pos = 0;
+  while (PyDict_Next(h.ptr(), &pos, &k, &v)) {
+    if (!PyUnicode_Check(k))
+      throw tw::Error(tw::ErrorCode::type_mismatch,
+                      std::string("metadata keys must be str, not ") + Py_TYPE(k)->tp_name);
+    std::optional<std::string> text = key_text(k);  // whole: embedded NULs kept (c_str() cut the key at one)
+    if (!text) throw tw::Error(tw::ErrorCode::invalid_argument, kSurrogateKey);
+    std::string key = std::move(*text);
+    values.push_back(to_value(v, "['" + key + "']"));
+    keys.push_back(std::move(key));
+  }
+  return tw::Metadata::from_value(tw::Value::dict(std::move(keys), std::move(values)));
+}
+
 tw::Value to_value(PyObject* o, const std::string& path, int depth) {
   if (depth > 64) throw tw::Error(tw::ErrorCode::type_mismatch, "metadata " + path + " is nested deeper than 64 levels");
   if (o == Py_None) return tw::Value();
@@ -188,7 +221,11 @@ tw::Value to_value(PyObject* o, const std::string& path, int depth) {
     return list ? tw::Value::list(std::move(items)) : tw::Value::tuple(std::move(items));
   }
   if (PyDict_Check(o)) {
-    tw::Value d = tw::Value::dict();
+    // Built in one step (a dict's keys are unique already): linear in the number of keys.
+    std::vector<std::string> keys;
+    std::vector<tw::Value> values;
+    keys.reserve(static_cast<size_t>(PyDict_Size(o)));
+    values.reserve(keys.capacity());
     PyObject *k, *v;
     Py_ssize_t pos = 0;
     while (PyDict_Next(o, &pos, &k, &v)) {
@@ -203,9 +240,10 @@ tw::Value to_value(PyObject* o, const std::string& path, int depth) {
                         "metadata " + path + " has a key that is not valid Unicode text (a lone surrogate)");
       }
       std::string key(ks, static_cast<size_t>(kn));
-      d.set(key, to_value(v, path + "[" + key + "]", depth + 1));
+      values.push_back(to_value(v, path + "[" + key + "]", depth + 1));
+      keys.push_back(std::move(key));
     }
-    return d;
+    return tw::Value::dict(std::move(keys), std::move(values));
   }
   nb::handle h(o);
   const std::string type = qualified_type_name(o);
@@ -832,12 +870,12 @@ NB_MODULE(_tensorwire, m) {
           throw tw::Error(tw::ErrorCode::type_mismatch,
                           std::string("metadata keys must be str, not ") + Py_TYPE(k.ptr())->tp_name);
         const auto key = key_text(k);
-        if (!key)
-          throw tw::Error(tw::ErrorCode::invalid_argument,
-                          "metadata keys must be valid Unicode text; this one holds a lone surrogate (as os.fsdecode() "
-                          "makes for undecodable bytes)");
+        if (!key) throw tw::Error(tw::ErrorCode::invalid_argument, kSurrogateKey);
         t.metadata().set(*key, to_value(v.ptr(), "['" + *key + "']"));
       }, "key"_a.none(), "value"_a.none())
+      .def("_meta_replace", [](tw::Tensor& t, nb::handle mapping) {
+        t.metadata() = metadata_from(mapping);  // (converted whole first: a refused value leaves the old metadata)
+      }, "mapping"_a.none())
       .def("_meta_del", [](tw::Tensor& t, nb::handle k) {
         const auto key = key_text(k);
         if (!key || !t.metadata().erase(*key)) missing_key(k);

@@ -70,15 +70,7 @@ def _get_metadata(self: Tensor) -> Metadata:
 def _set_metadata(self: Tensor, value) -> None:
     if not hasattr(value, "keys"):
         raise TypeError(f"metadata must be a mapping with str keys, not {type(value).__name__}")
-    items = [(k, value[k]) for k in value.keys()]
-    old = self._meta_encode()
-    self._meta_clear()
-    try:
-        for k, v in items:
-            self._meta_set(k, v)
-    except BaseException:
-        self._meta_decode(old)
-        raise
+    self._meta_replace(value)  # converted whole before it replaces anything; linear in the number of keys
 
 
 Tensor.metadata = property(

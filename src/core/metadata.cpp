@@ -1,5 +1,6 @@
 #include "tensorwire/metadata.hpp"
 
+#include <unordered_map>
 #include <unordered_set>
 
 #include <algorithm>
@@ -64,6 +65,35 @@ void Value::set(std::string key, Value value) {
   }
   keys_.push_back(std::move(key));
   items_.push_back(std::move(value));
+}
+
+void Value::update(const Value& other) {
+  expect(Kind::dict);
+  other.expect(Kind::dict);
+  if (keys_.empty()) {
+    keys_ = other.keys_;
+    items_ = other.items_;
+    return;
+  }
+  if (other.keys_.size() <= 8) {  // a few: set()'s scans are cheaper than an index
+    for (size_t j = 0; j < other.keys_.size(); ++j) set(other.keys_[j], other.items_[j]);
+    return;
+  }
+  // An index of this dict's keys. Views into keys_ stay valid: the reservation means push_back never moves them.
+  keys_.reserve(keys_.size() + other.keys_.size());
+  items_.reserve(keys_.capacity());
+  std::unordered_map<std::string_view, size_t> at;
+  at.reserve(keys_.capacity());
+  for (size_t i = 0; i < keys_.size(); ++i) at.emplace(keys_[i], i);
+  for (size_t j = 0; j < other.keys_.size(); ++j) {
+    if (auto it = at.find(other.keys_[j]); it != at.end()) {
+      items_[it->second] = other.items_[j];
+    } else {
+      keys_.push_back(other.keys_[j]);
+      items_.push_back(other.items_[j]);
+      at.emplace(keys_.back(), keys_.size() - 1);
+    }
+  }
 }
 
 Value Value::dict(std::vector<std::string> keys, std::vector<Value> values) {

@@ -769,7 +769,7 @@ class PublisherImpl {
       parts[i].t = &t;
       if (!t.metadata().empty() || !extra.empty()) {
         Metadata m = t.metadata();
-        for (size_t k = 0; k < extra.size(); ++k) m.set(extra.keys()[k], extra.values()[k]);
+        m.update(extra);
         parts[i].meta = encode_metadata(m);
         if (parts[i].meta.size() > opt_.max_metadata_bytes)
           throw Error(ErrorCode::invalid_argument, "Publisher::send: the metadata" + which + " encodes to " +

@@ -318,3 +318,34 @@ def test_keys_and_text_that_are_not_unicode_get_clear_errors(t):
         with pytest.raises(ValueError, match="not valid UTF-8"):
             pickle.loads(data.replace(old, new))
     assert dict(pickle.loads(data).metadata) == {"a\x00b": 2, "key": "val"}
+
+
+def test_send_keeps_metadata_keys_whole_and_names_a_key_that_is_not_text():
+    # Publisher.send's metadata= cut a key at an embedded NUL ({"a\0b": 1} arrived as {"a": 1}) and answered a
+    # lone surrogate with a C++ message ("basic_string: construction from null is not valid").
+    name = "tw-meta-send-keys"
+    with tw.Publisher(name) as pub, tw.Subscriber(name) as sub:
+        pub.send(np.zeros(1), {"a\x00b": 1, "a\x00c": 2, "x": {"n\x00": 3}})
+        assert dict(sub.recv(timeout=5.0).metadata) == {"a\x00b": 1, "a\x00c": 2, "x": {"n\x00": 3}}
+        with pytest.raises(ValueError, match="metadata keys must be valid Unicode text; this one holds a lone"):
+            pub.send(np.zeros(1), {"\ud800": 1})
+        with pytest.raises(TimeoutError):
+            sub.recv(timeout=0)  # the refused message never went
+
+
+def test_many_keys_merge_in_order_through_send_and_assignment():
+    # send merges metadata= into the tensor's own (replacing, then appending in order); assignment of a whole
+    # mapping and nested dicts convert in one pass (each was a set() per key, quadratic: 40 000 keys took seconds)
+    n = 20000
+    md = {f"k{i}": i for i in range(n)}
+    name = "tw-meta-many"
+    with tw.Publisher(name, max_metadata_bytes=8 << 20) as pub, tw.Subscriber(name) as sub:
+        x = tw.zeros(1)
+        x.metadata = {f"k{i}": -1 for i in range(0, n, 2)}
+        x.metadata["nested"] = md
+        pub.send(x, md)
+        got = sub.recv(timeout=5.0).metadata
+    keys = list(got)
+    assert len(keys) == n + 1 and keys[:3] == ["k0", "k2", "k4"] and keys[n // 2] == "nested"
+    assert keys[n // 2 + 1:n // 2 + 3] == ["k1", "k3"]
+    assert got["k2"] == 2 and got["k3"] == 3 and got["nested"] == md
