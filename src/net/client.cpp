@@ -109,6 +109,7 @@ class ClientImpl final : public Client, public Session {
                                                "can be at (a publisher given port 0 says its real one in address)");
     if (opt_.keepalive < std::chrono::milliseconds(100))
       throw Error(ErrorCode::invalid_argument, "keepalive must be at least 0.1 s");
+    ping_every_ = std::min<std::chrono::milliseconds>(kPingEvery, opt_.keepalive / 3);
     addr_ = resolve(hp_, false, "connect='" + opt_.connect + "'");
     engine_ = &Engine::get();
     cuda_path_ = ucx_cuda_path();
@@ -330,9 +331,12 @@ class ClientImpl final : public Client, public Session {
           return;
         }
         publisher_nonce_ = hello.nonce;
+        // Silent for less than a third of the shorter keepalive: the publisher's may be shorter than this one's.
+        ping_every_ = std::min(ping_every_, std::chrono::milliseconds(hello.keepalive_ms) / 3);
         random_bytes(nonce_);
         Auth a;
         a.topic = topic_;
+        a.keepalive_ms = keepalive_on_wire(opt_.keepalive);
         a.nonce = nonce_;
         if (!opt_.token.empty()) {
           a.has_proof = true;
@@ -709,7 +713,7 @@ class ClientImpl final : public Client, public Session {
       } else if (now - last_heard_ > opt_.keepalive) {
         abandon_landing();
         end_stream();  // the publisher went silent: its machine or the link is gone
-      } else if (now - last_sent_ >= std::min<std::chrono::milliseconds>(kPingEvery, opt_.keepalive / 3)) {
+      } else if (now - last_sent_ >= ping_every_) {
         send_control(NetType::ping, {});
       }
     }
@@ -744,6 +748,8 @@ class ClientImpl final : public Client, public Session {
   uint32_t depth_ = 1;
   bool bye_ = false;
   Clock::time_point since_{}, last_heard_{}, last_sent_{};
+  // A second, or a third of the shorter of the two keepalives (this one's, and the publisher's from HELLO).
+  std::chrono::milliseconds ping_every_{kPingEvery};
   std::deque<std::unique_ptr<Landing>> landing_;
   CudaPath cuda_path_;  // (set before the engine runs anything of ours)
   std::shared_ptr<LandingPool> landing_pool_ = std::make_shared<LandingPool>();

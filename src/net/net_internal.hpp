@@ -17,7 +17,8 @@
 //     credit back (CREDIT) when its user takes a message (block, raise) or as soon as one lands (drop_oldest: the
 //     subscriber then drops its oldest unread message itself). The publisher never has more than `depth` messages
 //     in flight per subscriber, and queues at most `depth` more: a slow subscriber costs bounded memory.
-//  4. PING both ways every second of silence; a peer silent for the keepalive (10 s by default) is gone. BYE ends
+//  4. PING both ways after a second of silence, or a third of the shorter of the two keepalives (each side's is in
+//     HELLO / AUTH) when that is sooner; a peer silent for its keepalive (10 s by default) is gone. BYE ends
 //     the stream after the last message.
 //
 // Everything read from a peer is hostile: decode_* are pure functions of their bytes (fuzz/fuzz_net_header.cpp),
@@ -25,6 +26,7 @@
 // disconnected.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstddef>
@@ -46,8 +48,9 @@ namespace tw::net_detail {
 // ---- wire format ------------------------------------------------------------------------------------------------
 
 inline constexpr uint32_t kNetMagic = 0x544E5754;  // "TWNT" little-endian
-// 2: a tensor's flags byte carries cuda_origin (staged CUDA tensors); 3: and cuda_direct (device 0..31)
-inline constexpr uint16_t kNetVersion = 3;
+// 2: a tensor's flags byte carries cuda_origin (staged CUDA tensors); 3: and cuda_direct (device 0..31); 4: HELLO
+// and AUTH carry each side's keepalive, and each side pings often enough for the shorter of the two
+inline constexpr uint16_t kNetVersion = 4;
 /// Active-message ids: publisher -> subscriber, subscriber -> publisher.
 inline constexpr unsigned kAmToSubscriber = 0x7731;
 inline constexpr unsigned kAmToPublisher = 0x7732;
@@ -102,12 +105,20 @@ inline constexpr size_t kNonceBytes = 32;
 using Nonce = std::array<uint8_t, kNonceBytes>;
 using Proof = std::array<uint8_t, 32>;
 
+/// A keepalive as it crosses (milliseconds), within what both ends accept: 0.1 s to a day.
+inline constexpr uint32_t kMinKeepaliveMs = 100, kMaxKeepaliveMs = 86'400'000;
+/// A keepalive for HELLO / AUTH: a longer one than a day says a day (the peer pings at most every second anyway).
+inline uint32_t keepalive_on_wire(std::chrono::milliseconds k) {
+  return static_cast<uint32_t>(std::clamp<int64_t>(k.count(), kMinKeepaliveMs, kMaxKeepaliveMs));
+}
 struct Hello {
   Nonce nonce{};
   bool token_required = false;
+  uint32_t keepalive_ms = 10000;  ///< the publisher's: the subscriber is silent for less than a third of it
 };
 struct Auth {
   std::string topic;
+  uint32_t keepalive_ms = 10000;  ///< the subscriber's: the publisher is silent for less than a third of it
   Nonce nonce{};
   bool has_proof = false;
   Proof proof{};

@@ -266,6 +266,7 @@ class ServerImpl final : public Server, public Session {
     std::atomic<State> state{State::hello_sent};
     Nonce nonce{};
     Clock::time_point since{}, last_heard{}, last_sent{};
+    std::chrono::milliseconds ping_every{kPingEvery};  // the publisher's, or a third of the subscriber's keepalive
     // -- under mu_ (send() reads and appends) --
     std::deque<std::shared_ptr<OutMessage>> pending;
     uint32_t unacked = 0;  // posted, not yet credited back
@@ -335,6 +336,7 @@ class ServerImpl final : public Server, public Session {
     Hello h;
     h.nonce = peer->nonce;
     h.token_required = !self->opt_.token.empty();
+    h.keepalive_ms = keepalive_on_wire(self->opt_.keepalive);
     self->send_control(peer, NetType::hello, encode_hello(h));
   }
 
@@ -378,6 +380,7 @@ class ServerImpl final : public Server, public Session {
       case NetType::auth: {
         if (p->state != State::hello_sent) throw Error(ErrorCode::invalid_argument, "a second AUTH");
         const Auth a = decode_auth(body);
+        p->ping_every = std::min(ping_every_, std::chrono::milliseconds(a.keepalive_ms) / 3);
         std::string refuse;
         if (a.topic != topic_) {
           refuse = "this publisher serves topic '" + topic_ + "', not '" + a.topic + "'";
@@ -649,7 +652,7 @@ class ServerImpl final : public Server, public Session {
           p->bye_sent = true;
         }
         if (p->bye_sent && p->requests == 0) p->state = State::closing;
-      } else if (now - p->last_sent >= ping_every_) {
+      } else if (now - p->last_sent >= p->ping_every) {
         send_control(p, NetType::ping, std::string());
       }
     }

@@ -143,8 +143,17 @@ std::string encode_hello(const Hello& h) {
   Writer w;
   w.bytes(h.nonce.data(), h.nonce.size());
   w.put(static_cast<uint8_t>(h.token_required));
+  w.put(h.keepalive_ms);
   return w.out;
 }
+
+namespace {
+uint32_t read_keepalive(Reader& r) {
+  const uint32_t ms = r.get<uint32_t>("keepalive");
+  if (ms < kMinKeepaliveMs || ms > kMaxKeepaliveMs) bad("keepalive " + std::to_string(ms) + " ms");
+  return ms;
+}
+}  // namespace
 
 Hello decode_hello(std::span<const uint8_t> body) {
   Reader r(body);
@@ -154,6 +163,7 @@ Hello decode_hello(std::span<const uint8_t> body) {
   const uint8_t t = r.get<uint8_t>("token flag");
   if (t > 1) bad("token flag " + std::to_string(t));
   h.token_required = t != 0;
+  h.keepalive_ms = read_keepalive(r);
   r.end("hello");
   return h;
 }
@@ -164,6 +174,7 @@ std::string encode_auth(const Auth& a) {
   w.bytes(a.nonce.data(), a.nonce.size());
   w.put(static_cast<uint8_t>(a.has_proof));
   if (a.has_proof) w.bytes(a.proof.data(), a.proof.size());
+  w.put(a.keepalive_ms);
   return w.out;
 }
 
@@ -180,6 +191,7 @@ Auth decode_auth(std::span<const uint8_t> body) {
     auto pr = r.take(a.proof.size(), "proof");
     std::copy(pr.begin(), pr.end(), a.proof.begin());
   }
+  a.keepalive_ms = read_keepalive(r);
   r.end("auth");
   return a;
 }

@@ -92,16 +92,25 @@ TEST(NetWire, HandshakeMessagesRoundTrip) {
   h.nonce[0] = 7;
   h.nonce[31] = 9;
   h.token_required = true;
+  h.keepalive_ms = 300;
   const Hello h2 = decode_hello(bytes(encode_hello(h)));
   EXPECT_EQ(h2.nonce, h.nonce);
   EXPECT_TRUE(h2.token_required);
+  EXPECT_EQ(h2.keepalive_ms, 300u);
+  for (uint32_t bad : {0u, 99u, 86'400'001u}) {  // outside what either end accepts: a broken peer
+    h.keepalive_ms = bad;
+    EXPECT_THROW(decode_hello(bytes(encode_hello(h))), Error) << bad;
+  }
+  EXPECT_EQ(keepalive_on_wire(std::chrono::hours(48)), kMaxKeepaliveMs);
 
   Auth a;
   a.topic = "lidar";
   a.nonce[3] = 1;
   a.has_proof = true;
   a.proof[5] = 42;
+  a.keepalive_ms = 86'400'000;
   const Auth a2 = decode_auth(bytes(encode_auth(a)));
+  EXPECT_EQ(a2.keepalive_ms, 86'400'000u);
   EXPECT_EQ(a2.topic, "lidar");
   EXPECT_EQ(a2.nonce, a.nonce);
   EXPECT_TRUE(a2.has_proof);

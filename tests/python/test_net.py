@@ -1551,3 +1551,21 @@ class TestTwoHosts:
         assert a("pub.send(np.ones(2), timeout=10)") == 1
         assert b("col_sub.wait(2, 10)") == 2
         assert a.alive() and a("pub.subscribers") == 1 and a("pub.closed") is False
+
+
+@pytest.mark.parametrize("pub_keepalive, sub_keepalive", [(10.0, 0.3), (0.3, 10.0)])
+def test_an_idle_link_outlives_a_keepalive_shorter_on_one_side(pub_keepalive, sub_keepalive):
+    # Each side pinged after min(1 s, its own keepalive / 3) of silence, so a side whose keepalive was under a
+    # second gave up on a healthy, idle peer (a subscriber with keepalive=0.3 saw end of stream after ~0.3 s).
+    # HELLO and AUTH now carry both, and each side pings often enough for the shorter one.
+    p = Pair("ka-mismatch", sub_kw={"keepalive": sub_keepalive}, keepalive=pub_keepalive)
+    try:
+        end = time.monotonic() + 2.0  # several of the short keepalives, idle
+        while time.monotonic() < end:
+            assert p.pub.remote_subscribers == 1 and p.sub.connected
+            time.sleep(0.05)
+        got = p.roundtrip(np.arange(5.0))
+        assert np.asarray(got).tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+    finally:
+        p.sub.close()
+        p.pub.close()
