@@ -27,6 +27,7 @@
 namespace tw::net_detail {
 
 sockaddr_storage resolve(const HostPort& hp, bool passive, const std::string& what);
+bool is_loopback(const sockaddr_storage& ss);
 
 namespace {
 
@@ -111,6 +112,8 @@ class ClientImpl final : public Client, public Session {
       throw Error(ErrorCode::invalid_argument, "keepalive must be at least 0.1 s");
     ping_every_ = std::min<std::chrono::milliseconds>(kPingEvery, opt_.keepalive / 3);
     addr_ = resolve(hp_, false, "connect='" + opt_.connect + "'");
+    // A subscriber of a loopback publisher opens no UCX port on other interfaces (UCX_NET_DEVICES=lo).
+    ucx_require_scope(is_loopback(addr_) ? UcxScope::loopback : UcxScope::any, "connect='" + opt_.connect + "'");
     engine_ = &Engine::get();
     cuda_path_ = ucx_cuda_path();
     event_ = os::Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));

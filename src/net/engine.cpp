@@ -62,10 +62,14 @@ void Engine::open_worker() {
   // One thread at a time: made by the thread that starts the engine, then used by the engine's thread only.
   p.thread_mode = UCS_THREAD_MODE_SERIALIZED;
   ucp_worker_h w = nullptr;
-  ucs_status_t st = api.worker_create(ucx_context(), &p, &w);
-  if (st != UCS_OK) throw Error(ErrorCode::unsupported, "tensorwire net: creating a UCX worker failed: " + ucx_status(st));
+  ucs_status_t st = api.worker_create(ucx_context_for_worker(), &p, &w);
+  if (st != UCS_OK) {
+    ucx_worker_gone();
+    throw Error(ErrorCode::unsupported, "tensorwire net: creating a UCX worker failed: " + ucx_status(st));
+  }
   const auto fail = [&](const std::string& what) {
     api.worker_destroy(w);
+    ucx_worker_gone();
     throw Error(ErrorCode::unsupported, "tensorwire net: " + what);
   };
   int efd = -1;
@@ -305,6 +309,7 @@ void Engine::run() {
         // gone, with its queue of missed events, before the next exists.)
         eps_.clear();
         ucx().worker_destroy(worker_);
+        ucx_worker_gone();
         worker_ = nullptr;
         efd_ = -1;
         running_ = false;

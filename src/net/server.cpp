@@ -73,14 +73,14 @@ bool zero_copy_iov(ucp_ep_h ep) {
   return false;
 }
 
+}  // namespace
+
 bool is_loopback(const sockaddr_storage& ss) {
   if (ss.ss_family == AF_INET)
     return (ntohl(reinterpret_cast<const sockaddr_in*>(&ss)->sin_addr.s_addr) >> 24) == 127;
   if (ss.ss_family == AF_INET6) return IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_addr);
   return false;
 }
-
-}  // namespace
 
 /// The address family of UCX's TCP interfaces: the first of UCX_TCP_AF_PRIO ("inet,inet6" when unset: IPv4).
 int ucx_tcp_family() {
@@ -151,6 +151,8 @@ class ServerImpl final : public Server, public Session {
     if (opt_.keepalive < std::chrono::milliseconds(100))
       throw Error(ErrorCode::invalid_argument, "keepalive must be at least 0.1 s");
     ping_every_ = std::min<std::chrono::milliseconds>(kPingEvery, opt_.keepalive / 3);
+    // A loopback listener's process opens no UCX port on other interfaces either (UCX_NET_DEVICES=lo).
+    ucx_require_scope(is_loopback(ss) ? UcxScope::loopback : UcxScope::any, "listen='" + opt_.listen + "'");
     engine_ = &Engine::get();
     cuda_path_ = ucx_cuda_path();
     // The listener is made on the engine's thread, which from then on serves it.

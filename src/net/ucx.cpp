@@ -94,6 +94,8 @@ const Loaded& loaded() {
     UcxApi& a = r.api;
     sym(a.config_read, "ucp_config_read");
     sym(a.config_release, "ucp_config_release");
+    sym(a.config_modify, "ucp_config_modify");
+    sym(a.cleanup, "ucp_cleanup");
     sym(a.init_version, "ucp_init_version");
     sym(a.context_query, "ucp_context_query");
     sym(a.get_version, "ucp_get_version");
@@ -217,14 +219,32 @@ bool ucx_cuda_transports() {
   return g_cuda_memory.load(std::memory_order_acquire) || (e && std::string(e) == "host");
 }
 
-ucp_context_h ucx_context() {
-  static std::mutex mu;
-  static ucp_context_h ctx = nullptr;
-  static pid_t owner = 0;
+namespace {
+struct ContextState {
+  std::mutex mu;
+  ucp_context_h ctx = nullptr;
+  pid_t owner = 0;
+  bool loopback = false;   // made with NET_DEVICES=lo
+  UcxScope wanted = UcxScope::any;  // what the next context is made for
+  int workers = 0;         // workers made on ctx and not yet destroyed
+};
+ContextState& state() {
+  static ContextState s;
+  return s;
+}
+
+// Whether the user chose UCX's devices: then tensorwire never narrows them.
+bool devices_set_by_user() { return std::getenv("UCX_NET_DEVICES") != nullptr; }
+
+ucp_context_h make_context(ContextState& s) {
   const UcxApi& api = ucx();
-  std::lock_guard lock(mu);
-  if (ctx && owner == ::getpid()) return ctx;
-  // (A context inherited over fork() is abandoned, never cleaned up: its resources belong to the parent.)
+  if (s.ctx && s.owner != ::getpid())
+    throw Error(ErrorCode::unsupported,
+                "tensorwire net: this process is a fork() of pid " + std::to_string(s.owner) + ", which had started "
+                "UCX; UCX cannot start again in a forked child (its threads and state stay the parent's). Start "
+                "processes that use listen= or connect= with multiprocessing's 'spawn' or 'forkserver' method, or "
+                "fork before the parent's first network publisher or subscriber");
+  if (s.ctx) return s.ctx;
   ucp_config_t* config = nullptr;
   // A publisher restarted on its address must be able to listen at once, while the old connections sit in
   // TIME_WAIT: UCX's TCP connection manager sets SO_REUSEADDR only when asked (the user's setting wins). UCX 1.13
@@ -233,6 +253,13 @@ ucp_context_h ucx_context() {
   if (!std::getenv("UCX_TCP_CM_REUSEADDR")) ::setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
   ucs_status_t st = api.config_read(nullptr, nullptr, &config);
   if (st != UCS_OK) throw Error(ErrorCode::unsupported, "tensorwire net: reading UCX's configuration failed: " + ucx_status(st));
+  // NET_DEVICES is the context's own setting (ucp_config_modify reaches it in every supported UCX).
+  const bool loopback = s.wanted == UcxScope::loopback && !devices_set_by_user();
+  if (loopback && (st = api.config_modify(config, "NET_DEVICES", "lo")) != UCS_OK) {
+    api.config_release(config);
+    throw Error(ErrorCode::unsupported, "tensorwire net: limiting UCX to the loopback interface failed: " +
+                                            ucx_status(st));
+  }
   ucp_params_t p{};
   p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   p.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
@@ -249,9 +276,55 @@ ucp_context_h ucx_context() {
   attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
   const bool cuda = api.context_query(c, &attr) == UCS_OK && (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
   g_cuda_memory.store(cuda && ucx_tells_cuda_memory(), std::memory_order_release);
-  ctx = c;
-  owner = ::getpid();
-  return ctx;
+  s.ctx = c;
+  s.owner = ::getpid();
+  s.loopback = loopback;
+  return c;
+}
+}  // namespace
+
+ucp_context_h ucx_context() {
+  ContextState& s = state();
+  std::lock_guard lock(s.mu);
+  return make_context(s);
+}
+
+void ucx_require_scope(UcxScope scope, const std::string& who) {
+  ContextState& s = state();
+  std::lock_guard lock(s.mu);
+  s.wanted = scope;
+  if (s.ctx && s.owner == ::getpid() && !devices_set_by_user()) {
+    const bool want_loopback = scope == UcxScope::loopback;
+    if (s.loopback != want_loopback) {
+      if (s.workers == 0) {
+        // Nothing uses it: made again for this scope. (Narrowing a context that serves a worker is pointless: that
+        // worker's ports are open already; widening one is impossible while it serves.)
+        ucx().cleanup(s.ctx);
+        s.ctx = nullptr;
+      } else if (!want_loopback) {
+        throw Error(ErrorCode::invalid_argument,
+                    who + " reaches other machines, but this process's UCX serves loopback only while its "
+                          "loopback publishers and subscribers are open (so that no UCX port listens on another "
+                          "interface); close them first, or set UCX_NET_DEVICES (e.g. UCX_NET_DEVICES=all) "
+                          "before the process's first network publisher or subscriber");
+      }
+    }
+  }
+  (void)make_context(s);
+}
+
+ucp_context_h ucx_context_for_worker() {
+  ContextState& s = state();
+  std::lock_guard lock(s.mu);
+  ucp_context_h c = make_context(s);
+  ++s.workers;
+  return c;
+}
+
+void ucx_worker_gone() noexcept {
+  ContextState& s = state();
+  std::lock_guard lock(s.mu);
+  if (s.workers > 0) --s.workers;
 }
 
 }  // namespace tw::net_detail

@@ -14,6 +14,8 @@ namespace tw::net_detail {
 struct UcxApi {
   decltype(&::ucp_config_read) config_read;
   decltype(&::ucp_config_release) config_release;
+  decltype(&::ucp_config_modify) config_modify;
+  decltype(&::ucp_cleanup) cleanup;
   decltype(&::ucp_init_version) init_version;
   decltype(&::ucp_context_query) context_query;
   decltype(&::ucp_get_version) get_version;
@@ -43,9 +45,22 @@ struct UcxApi {
 
 /// The loaded API; throws Error(unsupported) saying why UCX cannot be used (library missing, symbol missing).
 const UcxApi& ucx();
-/// The process's UCX context (active messages; workers used from several threads). Created on first use, and
-/// again in a fork()ed child (UCX contexts do not survive fork). Throws Error(unsupported).
+/// The process's UCX context (active messages; workers used from several threads), created on first use. A
+/// fork()ed child of a process that started UCX cannot start it again (its threads and state stay the parent's):
+/// Error(unsupported) says so. Throws Error(unsupported).
 ucp_context_h ucx_context();
+
+/// Which network interfaces UCX's transports open ports on. A publisher that listens on loopback, or a subscriber
+/// that connects to it, needs loopback alone; UCX's TCP transport otherwise listens for its data connections on
+/// every interface (UCX_NET_DEVICES=all), reachable from other machines whatever tensorwire's own listener binds.
+enum class UcxScope { loopback, any };
+/// Before a session starts: the context is made (or made again, while no worker lives) with NET_DEVICES=lo for
+/// `loopback` and UCX's default for `any`, unless the user set UCX_NET_DEVICES. A loopback context still serving a
+/// worker cannot take an `any` session: Error(invalid_argument) says what to do. `who` names the caller.
+void ucx_require_scope(UcxScope scope, const std::string& who);
+/// The context for a new worker, counted as in use until ucx_worker_gone() (no context is replaced under one).
+ucp_context_h ucx_context_for_worker();
+void ucx_worker_gone() noexcept;
 /// How this process's UCX moves a CUDA tensor: `direct` when its context handles CUDA memory (a UCX built with
 /// CUDA transports, such as the libucx-cu12/cu13 wheels; Debian's has none), so UCX reads and writes device memory
 /// itself, declared to it as `memory_type`; else (direct false) tensorwire stages the bytes through pinned host

@@ -1569,3 +1569,100 @@ def test_an_idle_link_outlives_a_keepalive_shorter_on_one_side(pub_keepalive, su
     finally:
         p.sub.close()
         p.pub.close()
+
+
+_LOOPBACK_ONLY = r"""
+import os, socket, struct, sys, time
+import numpy as np
+import tensorwire as tw
+
+def listening():
+    # This process's listening TCP sockets, as (ip, port): /proc/net/tcp{,6} rows in state 0A whose inode is ours.
+    mine = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            mine.add(link[8:-1])
+    out = []
+    for path, fam in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
+        with open(path) as f:
+            for row in f.readlines()[1:]:
+                col = row.split()
+                if col[3] != "0A" or col[9] not in mine:
+                    continue
+                addr, port = col[1].split(":")
+                raw = bytes.fromhex(addr)
+                raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))  # each 32-bit word host-order
+                out.append((socket.inet_ntop(fam, raw), int(port, 16)))
+    return out
+
+name = sys.argv[1]
+pub = tw.Publisher(name, listen=":0")
+sub = tw.Subscriber(name, connect=pub.address)
+end = time.monotonic() + 30
+while pub.remote_subscribers < 1:
+    assert time.monotonic() < end, "never connected"
+    time.sleep(0.01)
+pub.send(np.arange(3.0))
+assert np.asarray(sub.recv(timeout=30)).tolist() == [0.0, 1.0, 2.0]
+socks = listening()
+assert socks and all(ip in ("127.0.0.1", "::1") for ip, _ in socks), socks
+try:
+    tw.Subscriber(name + "-far", connect="192.0.2.1:7447")  # (TEST-NET-1: never reached, refused before)
+    print("a non-loopback subscriber was made beside open loopback ones")
+except ValueError as e:
+    assert "serves loopback only" in str(e) and "UCX_NET_DEVICES" in str(e), e
+sub.close()
+pub.close()
+# With nothing open, a listener other machines can reach is made (its context again, for every interface).
+with tw.Publisher(name + "-open", listen="0.0.0.0:0", insecure=True) as wide:
+    port = int(wide.address.rsplit(":", 1)[1])
+    with tw.Subscriber(name + "-open", connect=f"127.0.0.1:{port}") as s2:
+        end = time.monotonic() + 30
+        while wide.remote_subscribers < 1:
+            assert time.monotonic() < end, "never connected"
+            time.sleep(0.01)
+        wide.send(np.arange(2.0))
+        assert np.asarray(s2.recv(timeout=30)).tolist() == [0.0, 1.0]
+print("ok")
+"""
+
+
+def test_a_loopback_publisher_and_subscriber_open_no_port_on_other_interfaces():
+    # UCX's TCP transport listens for its data connections on every interface of UCX_NET_DEVICES (all by default),
+    # so listen=":7447" ("loopback only") left a UCX port open on eth0, which other machines could reach (and
+    # Debian's UCX 1.13 aborted on crafted bytes sent there). A process whose network publishers and subscribers
+    # are loopback ones now runs UCX with NET_DEVICES=lo.
+    env = {k: v for k, v in os.environ.items() if k != "UCX_NET_DEVICES"}
+    r = subprocess.run([sys.executable, "-c", _LOOPBACK_ONLY, topic("lo-only")], env=env, capture_output=True,
+                       text=True, timeout=180)
+    assert r.returncode == 0 and r.stdout.splitlines() == ["ok"], (r.returncode, r.stdout, r.stderr[-3000:])
+
+
+_FORK_AFTER_NET = r"""
+import os, sys, time
+import tensorwire as tw
+name = sys.argv[1]
+pub = tw.Publisher(name, listen=":0")
+pid = os.fork()
+if pid == 0:
+    try:
+        tw.Publisher(name + "-child", listen=":0")
+        print("the child started UCX again")
+    except Exception as e:
+        print(type(e).__name__, str(e))
+    os._exit(0)
+os.waitpid(pid, 0)
+pub.close()
+"""
+
+
+def test_a_forked_child_of_a_process_that_started_ucx_is_told_why_it_cannot():
+    # (it timed out connecting, "no answer to the handshake ... (is it a tensorwire publisher?)")
+    r = subprocess.run([sys.executable, "-c", _FORK_AFTER_NET, topic("fork")], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "a fork() of pid" in r.stdout and "'spawn' or 'forkserver'" in r.stdout, r.stdout
