@@ -983,6 +983,8 @@ NB_MODULE(_tensorwire, m) {
     const tw::Device dev = target_device(device, pinned, "tensorwire.zeros");
     return as_python("tensorwire.zeros", [&] {
       nb::gil_scoped_release nogil;
+      // Without a device runtime, empty() says why at once: never build (and fault in) the zeros on the host first.
+      if (dev.type != kDLCPU && !tw::cuda::is_available()) return tw::Tensor::empty(d, dt, dev, parse_order(order));
       tw::Tensor host = tw::Tensor::zeros(d, dt, parse_order(order));
       return dev.type == kDLCPU ? host : host.to(dev, std::nullopt, true);
     });

@@ -104,3 +104,12 @@ def test_to_another_device_without_copy_raises_copy_error():
     t = tw.asarray(np.ones(3))
     with pytest.raises(tw.CopyError):
         t.to("cuda:0", copy=False)
+
+
+@pytest.mark.parametrize("kw", [{"device": "cuda:0"}, {"pinned": True}])
+def test_zeros_says_why_before_building_anything_on_the_host(kw):
+    # tw.zeros made the zero-filled host tensor first and only then tried to move it: 3 GiB of page faults before
+    # "CUDA is unavailable", and a MemoryError (about host memory) for sizes the host could not hold.
+    for n in (3 << 30, 1 << 45):
+        with pytest.raises(BufferError, match="tensorwire.zeros: .*CUDA is unavailable"):
+            tw.zeros((n,), "uint8", **kw)
