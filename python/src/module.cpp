@@ -579,10 +579,12 @@ tw::Tensor index_tensor(const tw::Tensor& t, nb::handle index) {
                                                      std::to_string(t.ndim()));
   tw::Tensor r = t;
   int64_t dim = 0;  // current dimension of r
+  size_t src_dim = 0;  // the dimension of t it comes from (errors name t's dimensions, as NumPy's do)
   std::vector<int64_t> new_axes;
   for (auto x : items) {
     if (x.ptr() == Py_Ellipsis) {
       dim += static_cast<int64_t>(t.ndim() - consumed);
+      src_dim += t.ndim() - consumed;
     } else if (x.is_none()) {
       new_axes.push_back(dim);
       tw::Shape sh = r.shape();
@@ -599,8 +601,15 @@ tw::Tensor index_tensor(const tw::Tensor& t, nb::handle index) {
       std::optional<int64_t> e = sl->stop == Py_None ? std::nullopt : std::optional<int64_t>(stop);
       r = r.slice(dim, b, e, step);
       ++dim;
+      ++src_dim;
     } else if (PyIndex_Check(x.ptr()) && !PyBool_Check(x.ptr())) {
-      r = r.select(dim, as_index(x, "index"));
+      const int64_t i = as_index(x, "index");
+      const int64_t n = r.shape()[static_cast<size_t>(dim)];
+      if (i < -n || i >= n)
+        throw tw::Error(tw::ErrorCode::out_of_range, "index " + std::to_string(i) + " is out of range for dimension " +
+                                                         std::to_string(src_dim) + " of size " + std::to_string(n));
+      r = r.select(dim, i);
+      ++src_dim;
     } else {
       throw tw::Error(tw::ErrorCode::type_mismatch,
                       std::string("tensorwire supports basic indexing only (ints, slices, ..., None), not ") +

@@ -287,3 +287,14 @@ def test_iteration_walks_the_first_dimension_and_a_0d_tensor_refuses_it():
         list(tw.asarray(np.array(7)))
     with pytest.raises(TypeError, match="iteration over a 0-d tensor"):
         iter(tw.asarray(np.array(7)))
+
+
+def test_an_index_out_of_range_names_the_tensors_own_dimension():
+    # The count restarted after each int index (it names the view's dimension): t[0, 3] said "dimension 0".
+    t = tw.zeros((2, 3, 4))
+    for idx, dim, size, i in [((0, 3), 1, 3, 3), ((0, slice(None), 9), 2, 4, 9), ((Ellipsis, 5), 2, 4, 5),
+                              ((None, 0, 7), 1, 3, 7), ((1, -4), 1, 3, -4), ((2,), 0, 2, 2)]:
+        with pytest.raises(IndexError, match=rf"index {i} is out of range for dimension {dim} of size {size}$"):
+            t[idx]
+        with pytest.raises(IndexError):
+            np.zeros((2, 3, 4))[idx]  # NumPy refuses the same ones
