@@ -16,10 +16,12 @@ def _host_value(self, what: str) -> Any:
     """The value of a tensor known to hold one element; `what` names the operation the caller asked for."""
     dev = self.device
     if not dev.host_accessible:
-        raise TypeError(
-            f"{what}: the tensor is on {dev}, which the host cannot read, and tensorwire does not copy device memory "
-            "yet; copy it to the host first, e.g. torch.from_dlpack(t).cpu() or cupy.asnumpy(cupy.from_dlpack(t))"
-        )
+        # As torch's item() does: one element crosses to the host (Tensor.to, after the tensor's stream).
+        try:
+            self = self.to("cpu")
+        except BufferError as e:
+            raise BufferError(f"{what}: the tensor is on {dev}, which the host cannot read, and copying its element "
+                              f"to the host failed: {e}") from None
     dt = self.dtype
     if dt.bits * dt.lanes < 8 and not self.subbyte_padded:
         return _packed_value(self, what)

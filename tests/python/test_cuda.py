@@ -10,6 +10,7 @@ TW_REQUIRE_CUDA=1 (scripts/test-gpu.sh sets it) makes a missing device a failure
 from __future__ import annotations
 
 import gc
+import operator
 import os
 
 # JAX would otherwise take 75% of the GPU's memory when its GPU backend starts, starving the other libraries here.
@@ -657,3 +658,11 @@ def test_device_memory_is_returned_to_the_pool():
     tw.cuda.empty_cache()  # (waits for this test's copies, whose buffers are held until they are done)
     assert tw.cuda.device_pool_stats(0)["in_use_bytes"] == before
     assert tw.cuda.pinned_pool_stats()["in_use_bytes"] == pinned_before
+
+
+def test_scalar_conversions_of_a_device_tensor_copy_its_element():
+    # As torch's item(): one element crosses to the host, after the tensor's stream.
+    g = tw.asarray(np.array([[1.5, -2.0], [3.25, 4.0]]), device="cuda:0")
+    assert g[1, 0].item() == 3.25 and float(g[0, 1]) == -2.0
+    i = tw.asarray(np.array([7], np.int64), device="cuda:0")
+    assert int(i) == 7 and operator.index(i[0]) == 7 and bool(i)
