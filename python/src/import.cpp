@@ -764,6 +764,7 @@ nb::object asarray(nb::handle obj_in, nb::handle device, nb::handle copy, nb::ha
   }
   if (is_tensor(obj)) {
     const tw::Tensor& t = unwrap(obj);
+    if (!t.defined()) (void)t.layout();  // a spent loan: raises, naming it (it was returned as it was)
     if (!tw::import_may_copy(req.policy, {}) && (!req.policy.device || *req.policy.device == t.device()))
       return nb::borrow(obj);
     return wrap(finish(t, req, {}));

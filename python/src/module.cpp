@@ -619,6 +619,14 @@ tw::Tensor index_tensor(const tw::Tensor& t, nb::handle index) {
   return r;
 }
 
+// A spent loan (handed over by Publisher.send) or any undefined tensor: every use raises, as layout() does; for
+// the accessors that read no layout (metadata, readonly, stream, transport), which answered as if it were empty.
+template <class T>
+T& live(T& t) {
+  if (!t.defined()) (void)t.layout();  // throws, naming a spent loan
+  return t;
+}
+
 std::string repr(const tw::Tensor& t) {
   // Never raises: a loan handed over by Publisher.send (or any undefined tensor) says so.
   if (!t.defined()) return "tensorwire.Tensor(<spent: a loan handed over by Publisher.send>)";
@@ -738,13 +746,13 @@ NB_MODULE(_tensorwire, m) {
       .def_prop_ro("size", [](const tw::Tensor& t) { return t.numel(); }, "Number of elements.")
       .def_prop_ro("itemsize", [](const tw::Tensor& t) { return t.dtype().itemsize(); }, "Bytes per element.")
       .def_prop_ro("transport", [](const tw::Tensor& t) -> nb::object {
-        const char* tr = t.defined() ? t.buffer().transport() : nullptr;
+        const char* tr = live(t).buffer().transport();
         if (!tr) return nb::none();
         return nb::str(tr);
       }, "How a received tensor's memory arrived: 'shm' (shared memory, no copy), 'ucx' (from another machine, "
          "layout kept), 'ucx-packed' (from another machine, packed dense by the sender); None when no transport "
          "made it.")
-      .def_prop_ro("readonly", [](const tw::Tensor& t) { return t.readonly(); }, "True when the memory must not be written (received messages, read-only producers, as_readonly()).")
+      .def_prop_ro("readonly", [](const tw::Tensor& t) { return live(t).readonly(); }, "True when the memory must not be written (received messages, read-only producers, as_readonly()).")
       .def_prop_ro("data_ptr", [](const tw::Tensor& t) {
         t.buffer().mark_escaped();  // a raw address: whoever holds it can write without being counted
         return reinterpret_cast<uintptr_t>(t.data_ptr());
@@ -755,7 +763,7 @@ NB_MODULE(_tensorwire, m) {
       }, "(base address, byte size) of the memory block the tensor lives in.")
       .def_prop_ro("dtype", [](const tw::Tensor& t) { return t.dtype(); }, "The element type, a tensorwire.DType.")
       .def_prop_ro("device", [](const tw::Tensor& t) { return t.device(); }, "Where the memory lives, a tensorwire.Device ('cpu', 'cuda:0', ...).")
-      .def_prop_ro("stream", [](const tw::Tensor& t) { return t.stream(); }, "The CUDA stream the data is ordered on (1: the legacy default, 2: per-thread, else a handle), or None: for an "
+      .def_prop_ro("stream", [](const tw::Tensor& t) { return live(t).stream(); }, "The CUDA stream the data is ordered on (1: the legacy default, 2: per-thread, else a handle), or None: for an "
                    "import, the producer's stream, which the producer may have destroyed since (tensorwire's own uses "
                    "wait on an event recorded on it at import, never on the stream); for to(), copy() and empty(), "
                    "the stream their work was queued on; for a received tensor, the stream it arrived on.")
@@ -859,19 +867,19 @@ NB_MODULE(_tensorwire, m) {
       // metadata primitives; the MutableMapping view lives in the Python package
       .def("_meta_keys", [](const tw::Tensor& t) {
         nb::list l;
-        for (const auto& k : t.metadata().keys()) l.append(nb::str(k.data(), k.size()));
+        for (const auto& k : live(t).metadata().keys()) l.append(nb::str(k.data(), k.size()));
         return l;
       })
       .def("_meta_get", [](const tw::Tensor& t, nb::handle k) -> nb::object {
         const auto key = key_text(k);
-        const tw::Value* v = key ? t.metadata().find(*key) : nullptr;
+        const tw::Value* v = key ? live(t).metadata().find(*key) : nullptr;
         if (!v) missing_key(k);
         return from_value(*v);
       }, "key"_a.none())
       .def("_meta_get_or", [](const tw::Tensor& t, nb::handle k, nb::handle fallback) -> nb::object {
         // (Metadata.get: the mixin's try/except around __getitem__ costs a C++ exception per missing key, ~4 us)
         const auto key = key_text(k);
-        const tw::Value* v = key ? t.metadata().find(*key) : nullptr;
+        const tw::Value* v = key ? live(t).metadata().find(*key) : nullptr;
         return v ? from_value(*v) : nb::borrow(fallback);
       }, "key"_a.none(), "default"_a.none())
       .def("_meta_set", [](tw::Tensor& t, nb::handle k, nb::handle v) {
@@ -880,27 +888,27 @@ NB_MODULE(_tensorwire, m) {
                           std::string("metadata keys must be str, not ") + Py_TYPE(k.ptr())->tp_name);
         const auto key = key_text(k);
         if (!key) throw tw::Error(tw::ErrorCode::invalid_argument, kSurrogateKey);
-        t.metadata().set(*key, to_value(v.ptr(), "['" + *key + "']"));
+        live(t).metadata().set(*key, to_value(v.ptr(), "['" + *key + "']"));
       }, "key"_a.none(), "value"_a.none())
       .def("_meta_replace", [](tw::Tensor& t, nb::handle mapping) {
-        t.metadata() = metadata_from(mapping);  // (converted whole first: a refused value leaves the old metadata)
+        live(t).metadata() = metadata_from(mapping);  // (converted whole first: a refused value leaves the old metadata)
       }, "mapping"_a.none())
       .def("_meta_del", [](tw::Tensor& t, nb::handle k) {
         const auto key = key_text(k);
-        if (!key || !t.metadata().erase(*key)) missing_key(k);
+        if (!key || !live(t).metadata().erase(*key)) missing_key(k);
       }, "key"_a.none())
-      .def("_meta_len", [](const tw::Tensor& t) { return t.metadata().size(); })
+      .def("_meta_len", [](const tw::Tensor& t) { return live(t).metadata().size(); })
       .def("_meta_contains", [](const tw::Tensor& t, nb::handle k) {
         const auto key = key_text(k);
-        return key && t.metadata().contains(*key);
+        return key && live(t).metadata().contains(*key);
       })
-      .def("_meta_clear", [](tw::Tensor& t) { t.metadata().clear(); })
+      .def("_meta_clear", [](tw::Tensor& t) { live(t).metadata().clear(); })
       .def("_meta_encode", [](const tw::Tensor& t) {
-        std::string s = tw::encode_metadata(t.metadata());
+        std::string s = tw::encode_metadata(live(t).metadata());
         return nb::bytes(s.data(), s.size());
       })
       .def("_meta_decode", [](tw::Tensor& t, nb::bytes b) {
-        t.metadata() = tw::decode_metadata(std::string_view(b.c_str(), b.size()));
+        live(t).metadata() = tw::decode_metadata(std::string_view(b.c_str(), b.size()));
       })
       .def("_byte_view", [](const tw::Tensor& t) {
         // The raw bytes of a C-contiguous host tensor as a 1-D uint8 tensor over the same memory (pickling).
