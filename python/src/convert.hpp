@@ -40,6 +40,8 @@ nb::object from_value(const tw::Value& v);
 /// A Python int argument as int64_t: TypeError (tw type_mismatch) for a non-int or a bool, ValueError
 /// (tw overflow) when it does not fit. Never std::bad_cast, which would surface as an opaque RuntimeError.
 int64_t int64_arg(nb::handle h, const std::string& what);
+/// A flag: True or False (NumPy's bool too); TypeError naming `what` for anything else.
+bool bool_arg(nb::handle h, const char* what);
 
 /// The one dtype converter behind every dtype= argument: a tw.DType, a name ("float32", and what NumPy accepts:
 /// "f4", "<f4", "double"), a NumPy dtype or scalar type, an ml_dtypes type, a PyTorch dtype (torch.float32), or

@@ -31,16 +31,8 @@ std::string str_arg(nb::handle h, const char* what) {
                          " is not valid Unicode text (it holds a lone surrogate)").c_str());
 }
 
-bool bool_arg(nb::handle h, const char* what) {
-  const std::string t = py_type(h);
-  if (t == "numpy.bool" || t == "numpy.bool_") return PyObject_IsTrue(h.ptr()) == 1;
-  if (!PyBool_Check(h.ptr()))
-    throw nb::type_error((std::string(what) + " must be True or False, not " + py_type(h)).c_str());
-  return h.ptr() == Py_True;
-}
-
 std::chrono::milliseconds keepalive_from(nb::handle h) {
-  if (PyBool_Check(h.ptr()) || !(PyFloat_Check(h.ptr()) || PyLong_Check(h.ptr())))
+  if (PyBool_Check(h.ptr()) || !(PyFloat_Check(h.ptr()) || PyIndex_Check(h.ptr())))
     throw nb::type_error(("keepalive must be a number of seconds, not " + py_type(h)).c_str());
   const double s = PyFloat_AsDouble(h.ptr());
   if (s == -1.0 && PyErr_Occurred()) PyErr_Clear();  // (an int too large for a double: refused below)
@@ -102,7 +94,7 @@ tw::Dims shape_from(nb::handle h) {
 std::chrono::nanoseconds timeout_from(nb::handle h, bool& forever) {
   forever = h.is_none();
   if (forever) return std::chrono::nanoseconds(0);
-  if (PyBool_Check(h.ptr()) || !(PyFloat_Check(h.ptr()) || PyLong_Check(h.ptr())))
+  if (PyBool_Check(h.ptr()) || !(PyFloat_Check(h.ptr()) || PyIndex_Check(h.ptr())))  // (numpy.int64 too)
     throw tw::Error(tw::ErrorCode::type_mismatch,
                     std::string("timeout must be None or a number of seconds, not ") + Py_TYPE(h.ptr())->tp_name);
   const double s = PyFloat_AsDouble(h.ptr());
@@ -440,8 +432,11 @@ void register_ipc(nb::module_& m) {
            "(no host: loopback only; a reachable address needs token='secret' or insecure=True; data is not "
            "encrypted); keepalive: seconds of silence after which a remote subscriber is dropped.")
       .def("send",
-           [](tw::Publisher& p, nb::handle obj, nb::handle metadata, nb::handle timeout, std::optional<bool> copy,
+           [](tw::Publisher& p, nb::handle obj, nb::handle metadata, nb::handle timeout, nb::handle copy_h,
               nb::handle stream) -> size_t {
+             const CopyMode cm = parse_copy(copy_h);  // (None, True or False; TypeError naming copy= otherwise)
+             const std::optional<bool> copy =
+                 cm == CopyMode::if_needed ? std::nullopt : std::optional<bool>(cm == CopyMode::always);
              if (p.closed()) {
                // The publisher says why (closed, or inherited by a fork()ed child, which its message explains):
                // a send of nothing reaches its check before anything else.
@@ -493,7 +488,7 @@ void register_ipc(nb::module_& m) {
                throw;
              }
            },
-           nb::arg("obj").none(), "metadata"_a = nb::none(), nb::kw_only(), "timeout"_a = nb::none(), "copy"_a = nb::none(),
+           nb::arg("obj").none(), "metadata"_a = nb::none(), nb::kw_only(), "timeout"_a = nb::none(), "copy"_a.none() = nb::none(),
            "stream"_a = nb::none(),
            "Delivers obj (anything tw.asarray accepts) to every current subscriber, or to none, with its metadata "
            "merged with `metadata`; returns how many subscribers got it. A loan()ed tensor crosses with no copy and "

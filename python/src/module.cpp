@@ -311,11 +311,23 @@ nb::object from_value(const tw::Value& v) {
   return nb::none();
 }
 
+bool bool_arg(nb::handle h, const char* what) {
+  const std::string t = Py_TYPE(h.ptr())->tp_name;
+  if (t == "numpy.bool" || t == "numpy.bool_") return PyObject_IsTrue(h.ptr()) == 1;
+  if (!PyBool_Check(h.ptr())) throw nb::type_error((std::string(what) + " must be True or False, not " + t).c_str());
+  return h.ptr() == Py_True;
+}
+
 int64_t int64_arg(nb::handle h, const std::string& what) {
-  if (PyBool_Check(h.ptr()) || !PyLong_Check(h.ptr()))
+  if (PyBool_Check(h.ptr()) || !PyIndex_Check(h.ptr()))
     throw tw::Error(tw::ErrorCode::type_mismatch, what + " must be an int, not " + Py_TYPE(h.ptr())->tp_name);
+  nb::object i = nb::borrow(h);
+  if (!PyLong_Check(h.ptr())) {  // an integer of another type (numpy.int64): its operator.index() value
+    i = nb::steal(PyNumber_Index(h.ptr()));
+    if (!i.is_valid()) throw nb::python_error();
+  }
   int overflow = 0;
-  const long long v = PyLong_AsLongLongAndOverflow(h.ptr(), &overflow);
+  const long long v = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
   if (overflow) throw tw::Error(tw::ErrorCode::overflow, what + " " + std::string(nb::repr(h).c_str()) +
                                                           " does not fit in 64 bits");
   if (v == -1 && PyErr_Occurred()) throw nb::python_error();
@@ -520,7 +532,11 @@ nb::tuple to_tuple(const tw::Dims& d) {
   return nb::steal<nb::tuple>(t);
 }
 
-tw::MemoryOrder parse_order(const std::string& order) {
+tw::MemoryOrder parse_order(nb::handle h) {
+  if (!PyUnicode_Check(h.ptr()))
+    throw tw::Error(tw::ErrorCode::type_mismatch,
+                    std::string("order must be 'C', 'F' or 'any', not ") + Py_TYPE(h.ptr())->tp_name);
+  const std::string order = nb::cast<std::string>(h);
   if (order == "C") return tw::MemoryOrder::C;
   if (order == "F") return tw::MemoryOrder::F;
   if (order == "A" || order == "any" || order == "K") return tw::MemoryOrder::Any;
@@ -681,7 +697,7 @@ NB_MODULE(_tensorwire, m) {
 
   // ---- DType ------------------------------------------------------------------------------------------------
   nb::class_<tw::DType>(m, "DType", "An element type (DLPack code, bits, lanes); str() gives its NumPy/PyTorch name.")
-      .def("__init__", [](tw::DType* self, nb::handle dtype) { new (self) tw::DType(parse_dtype(dtype)); }, "dtype"_a,
+      .def("__init__", [](tw::DType* self, nb::handle dtype) { new (self) tw::DType(parse_dtype(dtype)); }, "dtype"_a.none(),
            "DType(dtype): from a name, a NumPy/PyTorch/ml_dtypes dtype or another DType.")
       .def_prop_ro("name", &tw::DType::name, "The canonical name ('float32', 'bfloat16', ...).")
       .def_prop_ro("code", [](const tw::DType& d) { return d.code; }, "The DLPack type code (kDLInt, kDLUInt, kDLFloat, ...).")
@@ -768,8 +784,8 @@ NB_MODULE(_tensorwire, m) {
                    "wait on an event recorded on it at import, never on the stream); for to(), copy() and empty(), "
                    "the stream their work was queued on; for a received tensor, the stream it arrived on.")
       .def_prop_ro("subbyte_padded", [](const tw::Tensor& t) { return t.subbyte_padded(); }, "True when sub-byte elements (int4, float4...) are stored one per byte.")
-      .def("is_contiguous", [](const tw::Tensor& t, const std::string& order) { return t.is_contiguous(parse_order(order)); },
-           "order"_a = "C", "True when dense in C order ('C'), Fortran order ('F'), or some order ('any').")
+      .def("is_contiguous", [](const tw::Tensor& t, nb::handle order) { return t.is_contiguous(parse_order(order)); },
+           "order"_a.none() = "C", "True when dense in C order ('C'), Fortran order ('F'), or some order ('any').")
       .def("contiguous", [](nb::handle self) -> nb::object {
         const tw::Tensor& t = unwrap(self);
         if (t.is_contiguous()) return nb::borrow(self);
@@ -794,7 +810,7 @@ NB_MODULE(_tensorwire, m) {
           nb::gil_scoped_release nogil;  // a copy may wait for a stream
           return t.to(*dev, s, c);
         }));
-      }, "device"_a, nb::kw_only(), "stream"_a = nb::none(), "copy"_a = nb::none(),
+      }, "device"_a.none(), nb::kw_only(), "stream"_a = nb::none(), "copy"_a = nb::none(),
          "This tensor on `device` ('cpu', 'cuda:N', 'cuda_host' = pinned): the same object when already there "
          "(copy=None), else one copy keeping a dense layout's order, dtype and metadata. copy=True always copies; "
          "copy=False raises CopyError instead of copying. CUDA work is queued on `stream` (an int handle, "
@@ -812,14 +828,16 @@ NB_MODULE(_tensorwire, m) {
          "metadata kept; the same object when already pinned. Host-to-device copies from it are asynchronous.")
       .def_prop_ro("pinned", [](const tw::Tensor& t) { return t.pinned(); },
                    "True for pinned host memory (device 'cuda_host').")
-      .def("copy", [](const tw::Tensor& t, const std::string& order) { return copy_released(t, parse_order(order)); },
-           "order"_a = "C", "A new tensor with its own memory ('C', 'F', or 'any' to keep a dense layout's order).")
+      .def("copy", [](const tw::Tensor& t, nb::handle order) { return copy_released(t, parse_order(order)); },
+           "order"_a.none() = "C", "A new tensor with its own memory ('C', 'F', or 'any' to keep a dense layout's order).")
       .def("permute", [](const tw::Tensor& t, nb::args dims) {
         if (dims.size() == 1 && !PyLong_Check(dims[0].ptr())) return t.permute(dims_from(dims[0], "permute dims"));
         return t.permute(dims_from(nb::tuple(dims), "permute dims"));
       }, nb::sig("def permute(self, *dims: int) -> Tensor"),
       "permute(*dims) or permute(dims): a view with the dimensions reordered (no copy).")
-      .def("transpose", [](const tw::Tensor& t, int64_t a, int64_t b) { return t.transpose(a, b); }, "dim0"_a, "dim1"_a,
+      .def("transpose", [](const tw::Tensor& t, nb::handle a, nb::handle b) {
+        return t.transpose(int64_arg(a, "transpose: dim0"), int64_arg(b, "transpose: dim1"));
+      }, "dim0"_a.none(), "dim1"_a.none(),
            "A view with dimensions dim0 and dim1 swapped (no copy); negative dimensions count from the end.")
       .def_prop_ro("T", [](const tw::Tensor& t) {
         std::vector<int64_t> p;
@@ -845,12 +863,18 @@ NB_MODULE(_tensorwire, m) {
         return t.expand(d);
       }, nb::sig("def expand(self, *shape: int) -> Tensor"),
       "expand(*shape) or expand(shape): broadcast size-1 dimensions with stride 0 (no copy); -1 keeps a size.")
-      .def("select", [](const tw::Tensor& t, int64_t dim, int64_t index) { return t.select(dim, index); }, "dim"_a, "index"_a,
+      .def("select", [](const tw::Tensor& t, nb::handle dim, nb::handle index) {
+        return t.select(int64_arg(dim, "select: dim"), int64_arg(index, "select: index"));
+      }, "dim"_a.none(), "index"_a.none(),
            "The view at `index` along `dim`, with that dimension removed (t.select(0, i) is t[i]); negative "
            "values count from the end.")
-      .def("slice", [](const tw::Tensor& t, int64_t dim, std::optional<int64_t> start, std::optional<int64_t> stop,
-                       int64_t step) { return t.slice(dim, start, stop, step); },
-           "dim"_a, "start"_a = nb::none(), "stop"_a = nb::none(), "step"_a = 1,
+      .def("slice", [](const tw::Tensor& t, nb::handle dim, nb::handle start, nb::handle stop, nb::handle step) {
+        const auto opt = [](nb::handle h, const char* what) {
+          return h.is_none() ? std::nullopt : std::optional<int64_t>(int64_arg(h, what));
+        };
+        return t.slice(int64_arg(dim, "slice: dim"), opt(start, "slice: start"), opt(stop, "slice: stop"),
+                       int64_arg(step, "slice: step"));
+      }, "dim"_a.none(), "start"_a.none() = nb::none(), "stop"_a.none() = nb::none(), "step"_a.none() = 1,
            "The view of elements start:stop:step along `dim`, as Python slicing (negative steps give negative "
            "strides); no copy.")
       .def("as_readonly", &tw::Tensor::as_readonly, "A read-only view of the same memory (exports carry the flag).")
@@ -982,31 +1006,35 @@ NB_MODULE(_tensorwire, m) {
     d["misses"] = st.misses;
     return d;
   }, "The buffer cache now: limit, bytes and blocks held, hits and misses of large allocations.");
-  m.def("empty", [](nb::handle shape, nb::handle dtype, const std::string& order, nb::handle device, bool pinned) {
+  m.def("empty", [](nb::handle shape, nb::handle dtype, nb::handle order, nb::handle device, nb::handle pinned_h) {
+    const bool pinned = bool_arg(pinned_h, "pinned");
     const tw::Dims d = dims_from(shape, "shape");
     const tw::DType dt = parse_dtype(dtype);
     const tw::Device dev = target_device(device, pinned, "tensorwire.empty");
+    const tw::MemoryOrder ord = parse_order(order);  // (Python objects: read before the lock is released)
     return as_python("tensorwire.empty", [&] {
       nb::gil_scoped_release nogil;
-      return tw::Tensor::empty(d, dt, dev, parse_order(order));
+      return tw::Tensor::empty(d, dt, dev, ord);
     });
-  }, "shape"_a, "dtype"_a.none() = "float32", "order"_a = "C", nb::kw_only(), "device"_a = nb::none(),
-  "pinned"_a = false,
+  }, "shape"_a, "dtype"_a.none() = "float32", "order"_a.none() = "C", nb::kw_only(), "device"_a = nb::none(),
+  "pinned"_a.none() = false,
   "A new uninitialised tensor: on the host (default), on device='cuda:N' (tensorwire's device pool) or in pinned "
   "host memory (pinned=True); dtype: a name, a NumPy/PyTorch/ml_dtypes dtype or a tensorwire.DType.");
-  m.def("zeros", [](nb::handle shape, nb::handle dtype, const std::string& order, nb::handle device, bool pinned) {
+  m.def("zeros", [](nb::handle shape, nb::handle dtype, nb::handle order, nb::handle device, nb::handle pinned_h) {
+    const bool pinned = bool_arg(pinned_h, "pinned");
     const tw::Dims d = dims_from(shape, "shape");
     const tw::DType dt = parse_dtype(dtype);
     const tw::Device dev = target_device(device, pinned, "tensorwire.zeros");
+    const tw::MemoryOrder ord = parse_order(order);  // (Python objects: read before the lock is released)
     return as_python("tensorwire.zeros", [&] {
       nb::gil_scoped_release nogil;
       // Without a device runtime, empty() says why at once: never build (and fault in) the zeros on the host first.
-      if (dev.type != kDLCPU && !tw::cuda::is_available()) return tw::Tensor::empty(d, dt, dev, parse_order(order));
-      tw::Tensor host = tw::Tensor::zeros(d, dt, parse_order(order));
+      if (dev.type != kDLCPU && !tw::cuda::is_available()) return tw::Tensor::empty(d, dt, dev, ord);
+      tw::Tensor host = tw::Tensor::zeros(d, dt, ord);
       return dev.type == kDLCPU ? host : host.to(dev, std::nullopt, true);
     });
-  }, "shape"_a, "dtype"_a.none() = "float32", "order"_a = "C", nb::kw_only(), "device"_a = nb::none(),
-  "pinned"_a = false, "A new zero-filled tensor; dtype, device and pinned as in tensorwire.empty.");
+  }, "shape"_a, "dtype"_a.none() = "float32", "order"_a.none() = "C", nb::kw_only(), "device"_a = nb::none(),
+  "pinned"_a.none() = false, "A new zero-filled tensor; dtype, device and pinned as in tensorwire.empty.");
   m.def("_copy_into", [](const tw::Tensor& src, const tw::Tensor& dst) {
     nb::gil_scoped_release nogil;
     tw::copy(src, dst);

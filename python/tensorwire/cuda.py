@@ -54,9 +54,22 @@ def pinned_pool_stats() -> dict:
     return _ext._cuda_pinned_pool_stats()
 
 
-def device_pool_stats(device: int = 0) -> dict:
-    """cuda:``device``'s pool: reserved_bytes, in_use_bytes, cached_blocks, hits, misses."""
-    return _ext._cuda_device_pool_stats(device)
+def device_pool_stats(device: int | str | _ext.Device = 0) -> dict:
+    """cuda:``device``'s pool (an index, "cuda:N" or a tw.Device): reserved_bytes, in_use_bytes, cached_blocks,
+    hits, misses."""
+    if isinstance(device, (str, _ext.Device)):
+        d = _ext.Device(device) if isinstance(device, str) else device
+        if d.type != "cuda":
+            raise ValueError(f"tensorwire.cuda.device_pool_stats: {d} is not a CUDA device (cuda:N)")
+        index = d.index
+    elif isinstance(device, bool) or not hasattr(device, "__index__"):
+        raise TypeError("tensorwire.cuda.device_pool_stats: device must be an int, 'cuda:N' or a tw.Device, not "
+                        f"{type(device).__name__}")
+    else:
+        index = device.__index__()
+    if not 0 <= index < 2**31:
+        raise ValueError(f"tensorwire.cuda.device_pool_stats: cuda:{index} does not exist")
+    return _ext._cuda_device_pool_stats(index)
 
 
 def empty_cache() -> None:

@@ -113,3 +113,15 @@ def test_zeros_says_why_before_building_anything_on_the_host(kw):
     for n in (3 << 30, 1 << 45):
         with pytest.raises(BufferError, match="tensorwire.zeros: .*CUDA is unavailable"):
             tw.zeros((n,), "uint8", **kw)
+
+
+def test_device_pool_stats_takes_the_device_as_every_other_call_does():
+    # (a "cuda:0" string was nanobind's "incompatible function arguments" for a private name)
+    assert tw.cuda.device_pool_stats("cuda:0") == tw.cuda.device_pool_stats(tw.Device("cuda:0")) \
+        == tw.cuda.device_pool_stats(np.int64(0)) == tw.cuda.device_pool_stats()
+    with pytest.raises(ValueError, match="cpu is not a CUDA device"):
+        tw.cuda.device_pool_stats("cpu")
+    with pytest.raises(ValueError, match="does not exist"):
+        tw.cuda.device_pool_stats(2**40)
+    with pytest.raises(TypeError, match="device must be an int, 'cuda:N' or a tw.Device, not NoneType"):
+        tw.cuda.device_pool_stats(None)

@@ -674,6 +674,11 @@ def test_constructor_arguments_of_the_wrong_type_are_named_in_the_error():
         tw.Subscriber(None)
     with pytest.raises(TypeError, match=r"keepalive must be a number of seconds, not NoneType"):
         tw.Subscriber("tw-args", keepalive=None)
-    # what the checks accept: NumPy's bool for a flag, an int for seconds
-    with tw.Publisher("tw-args", protect_sent_loans=np.bool_(False), keepalive=5) as pub:
+    # what the checks accept: NumPy's bool for a flag, an int for seconds, NumPy's integers for counts and seconds
+    with tw.Publisher("tw-args", protect_sent_loans=np.bool_(False), keepalive=5, depth=np.int64(4)) as pub, \
+            tw.Subscriber("tw-args", keepalive=np.int32(5)) as sub:
         assert repr(pub) == "tensorwire.Publisher('tw-args')"
+        with pytest.raises(TypeError, match="copy must be None, True or False, not int"):
+            pub.send(np.zeros(2), copy=1)
+        assert pub.send(np.zeros(2), timeout=np.int64(1)) == 1
+        assert sub.recv(timeout=np.int64(0)).shape == (2,)

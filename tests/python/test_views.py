@@ -298,3 +298,21 @@ def test_an_index_out_of_range_names_the_tensors_own_dimension():
             t[idx]
         with pytest.raises(IndexError):
             np.zeros((2, 3, 4))[idx]  # NumPy refuses the same ones
+
+
+def test_arguments_of_the_wrong_type_are_named_and_numpy_integers_are_integers():
+    # (each of these was nanobind's "incompatible function arguments" and a signature)
+    t = tw.zeros((2, 3))
+    for call, exc, text in [(lambda: t.to(None), ValueError, "device must not be None"),
+                            (lambda: tw.empty((2,), pinned=1), TypeError, "pinned must be True or False, not int"),
+                            (lambda: tw.zeros((2,), pinned=None), TypeError, "pinned must be True or False"),
+                            (lambda: tw.empty((2,), order=None), TypeError, "order must be 'C', 'F' or 'any', not"),
+                            (lambda: t.copy(order=3), TypeError, "order must be 'C', 'F' or 'any', not int"),
+                            (lambda: tw.DType(None), TypeError, "dtype must be given"),
+                            (lambda: t.slice(0, 2**64), ValueError, "start 18446744073709551616 does not fit"),
+                            (lambda: t.select(0.5, 0), TypeError, "select: dim must be an int, not float")]:
+        with pytest.raises(exc, match=text):
+            call()
+    assert t.slice(np.int64(1), np.int32(1)).shape == (2, 2)
+    assert t.select(np.int64(0), np.uint8(1)).shape == (3,) and t.transpose(np.int64(0), 1).shape == (3, 2)
+    assert tw.empty((2,), pinned=np.bool_(False)).shape == (2,)
