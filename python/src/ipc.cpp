@@ -421,6 +421,10 @@ void register_ipc(nb::module_& m) {
                throw nb::python_error();
              }
            },
+           nb::sig("def __init__(self, name: str, *, depth: int = 8, on_full: str = 'block', max_metadata_bytes: int = "
+                   "65536, max_buffers: int = 1024, pool_bytes: int = 2147483648, max_subscribers: int = 256, "
+                   "protect_sent_loans: bool = True, listen: str | int | None = None, token: str | None = None, "
+                   "insecure: bool = False, keepalive: float = 10.0) -> None"),
            nb::arg("name").none(), nb::kw_only(), "depth"_a = 8, nb::arg("on_full").none() = "block",
            "max_metadata_bytes"_a = 64 * 1024, "max_buffers"_a = 1024, "pool_bytes"_a = size_t{2} << 30,
            "max_subscribers"_a = 256, nb::arg("protect_sent_loans").none() = true, "listen"_a = nb::none(),
@@ -488,6 +492,8 @@ void register_ipc(nb::module_& m) {
                throw;
              }
            },
+           nb::sig("def send(self, obj: object, metadata: dict | None = None, *, timeout: float | None = None, "
+                   "copy: bool | None = None, stream: object = None) -> int"),
            nb::arg("obj").none(), "metadata"_a = nb::none(), nb::kw_only(), "timeout"_a = nb::none(), "copy"_a.none() = nb::none(),
            "stream"_a = nb::none(),
            "Delivers obj (anything tw.asarray accepts) to every current subscriber, or to none, with its metadata "
@@ -587,7 +593,9 @@ void register_ipc(nb::module_& m) {
              o.max_message_bytes = count_arg(max_message_bytes, "max_message_bytes");
              nb::gil_scoped_release nogil;
              new (self) tw::Subscriber(name, o);
-           }, nb::arg("name").none(), nb::kw_only(), "connect"_a = nb::none(), "token"_a = nb::none(),
+           }, nb::sig("def __init__(self, name: str, *, connect: str | int | None = None, token: str | None = None, "
+                      "keepalive: float = 10.0, max_message_bytes: int = 17179869184, device: object = None) -> None"),
+           nb::arg("name").none(), nb::kw_only(), "connect"_a = nb::none(), "token"_a = nb::none(),
            nb::arg("keepalive").none() = 10.0,
            "max_message_bytes"_a = uint64_t{1} << 34, "device"_a = nb::none(),
            "Subscribe to topic `name`; the publisher may start before or after, and each message sent while "

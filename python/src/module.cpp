@@ -697,7 +697,8 @@ NB_MODULE(_tensorwire, m) {
 
   // ---- DType ------------------------------------------------------------------------------------------------
   nb::class_<tw::DType>(m, "DType", "An element type (DLPack code, bits, lanes); str() gives its NumPy/PyTorch name.")
-      .def("__init__", [](tw::DType* self, nb::handle dtype) { new (self) tw::DType(parse_dtype(dtype)); }, "dtype"_a.none(),
+      .def("__init__", [](tw::DType* self, nb::handle dtype) { new (self) tw::DType(parse_dtype(dtype)); },
+           nb::sig("def __init__(self, dtype: object) -> None"), "dtype"_a.none(),
            "DType(dtype): from a name, a NumPy/PyTorch/ml_dtypes dtype or another DType.")
       .def_prop_ro("name", &tw::DType::name, "The canonical name ('float32', 'bfloat16', ...).")
       .def_prop_ro("code", [](const tw::DType& d) { return d.code; }, "The DLPack type code (kDLInt, kDLUInt, kDLFloat, ...).")
@@ -785,6 +786,7 @@ NB_MODULE(_tensorwire, m) {
                    "the stream their work was queued on; for a received tensor, the stream it arrived on.")
       .def_prop_ro("subbyte_padded", [](const tw::Tensor& t) { return t.subbyte_padded(); }, "True when sub-byte elements (int4, float4...) are stored one per byte.")
       .def("is_contiguous", [](const tw::Tensor& t, nb::handle order) { return t.is_contiguous(parse_order(order)); },
+           nb::sig("def is_contiguous(self, order: str = 'C') -> bool"),
            "order"_a.none() = "C", "True when dense in C order ('C'), Fortran order ('F'), or some order ('any').")
       .def("contiguous", [](nb::handle self) -> nb::object {
         const tw::Tensor& t = unwrap(self);
@@ -829,6 +831,7 @@ NB_MODULE(_tensorwire, m) {
       .def_prop_ro("pinned", [](const tw::Tensor& t) { return t.pinned(); },
                    "True for pinned host memory (device 'cuda_host').")
       .def("copy", [](const tw::Tensor& t, nb::handle order) { return copy_released(t, parse_order(order)); },
+           nb::sig("def copy(self, order: str = 'C') -> Tensor"),
            "order"_a.none() = "C", "A new tensor with its own memory ('C', 'F', or 'any' to keep a dense layout's order).")
       .def("permute", [](const tw::Tensor& t, nb::args dims) {
         if (dims.size() == 1 && !PyLong_Check(dims[0].ptr())) return t.permute(dims_from(dims[0], "permute dims"));
@@ -837,7 +840,7 @@ NB_MODULE(_tensorwire, m) {
       "permute(*dims) or permute(dims): a view with the dimensions reordered (no copy).")
       .def("transpose", [](const tw::Tensor& t, nb::handle a, nb::handle b) {
         return t.transpose(int64_arg(a, "transpose: dim0"), int64_arg(b, "transpose: dim1"));
-      }, "dim0"_a.none(), "dim1"_a.none(),
+      }, nb::sig("def transpose(self, dim0: int, dim1: int) -> Tensor"), "dim0"_a.none(), "dim1"_a.none(),
            "A view with dimensions dim0 and dim1 swapped (no copy); negative dimensions count from the end.")
       .def_prop_ro("T", [](const tw::Tensor& t) {
         std::vector<int64_t> p;
@@ -865,7 +868,7 @@ NB_MODULE(_tensorwire, m) {
       "expand(*shape) or expand(shape): broadcast size-1 dimensions with stride 0 (no copy); -1 keeps a size.")
       .def("select", [](const tw::Tensor& t, nb::handle dim, nb::handle index) {
         return t.select(int64_arg(dim, "select: dim"), int64_arg(index, "select: index"));
-      }, "dim"_a.none(), "index"_a.none(),
+      }, nb::sig("def select(self, dim: int, index: int) -> Tensor"), "dim"_a.none(), "index"_a.none(),
            "The view at `index` along `dim`, with that dimension removed (t.select(0, i) is t[i]); negative "
            "values count from the end.")
       .def("slice", [](const tw::Tensor& t, nb::handle dim, nb::handle start, nb::handle stop, nb::handle step) {
@@ -874,7 +877,8 @@ NB_MODULE(_tensorwire, m) {
         };
         return t.slice(int64_arg(dim, "slice: dim"), opt(start, "slice: start"), opt(stop, "slice: stop"),
                        int64_arg(step, "slice: step"));
-      }, "dim"_a.none(), "start"_a.none() = nb::none(), "stop"_a.none() = nb::none(), "step"_a.none() = 1,
+      }, nb::sig("def slice(self, dim: int, start: int | None = None, stop: int | None = None, step: int = 1) -> Tensor"),
+         "dim"_a.none(), "start"_a.none() = nb::none(), "stop"_a.none() = nb::none(), "step"_a.none() = 1,
            "The view of elements start:stop:step along `dim`, as Python slicing (negative steps give negative "
            "strides); no copy.")
       .def("as_readonly", &tw::Tensor::as_readonly, "A read-only view of the same memory (exports carry the flag).")
@@ -1016,7 +1020,8 @@ NB_MODULE(_tensorwire, m) {
       nb::gil_scoped_release nogil;
       return tw::Tensor::empty(d, dt, dev, ord);
     });
-  }, "shape"_a, "dtype"_a.none() = "float32", "order"_a.none() = "C", nb::kw_only(), "device"_a = nb::none(),
+  }, nb::sig("def empty(shape: int | tuple[int, ...], dtype: object = 'float32', order: str = 'C', *, device: object = None, pinned: bool = False) -> Tensor"),
+  "shape"_a, "dtype"_a.none() = "float32", "order"_a.none() = "C", nb::kw_only(), "device"_a = nb::none(),
   "pinned"_a.none() = false,
   "A new uninitialised tensor: on the host (default), on device='cuda:N' (tensorwire's device pool) or in pinned "
   "host memory (pinned=True); dtype: a name, a NumPy/PyTorch/ml_dtypes dtype or a tensorwire.DType.");
@@ -1033,7 +1038,8 @@ NB_MODULE(_tensorwire, m) {
       tw::Tensor host = tw::Tensor::zeros(d, dt, ord);
       return dev.type == kDLCPU ? host : host.to(dev, std::nullopt, true);
     });
-  }, "shape"_a, "dtype"_a.none() = "float32", "order"_a.none() = "C", nb::kw_only(), "device"_a = nb::none(),
+  }, nb::sig("def zeros(shape: int | tuple[int, ...], dtype: object = 'float32', order: str = 'C', *, device: object = None, pinned: bool = False) -> Tensor"),
+  "shape"_a, "dtype"_a.none() = "float32", "order"_a.none() = "C", nb::kw_only(), "device"_a = nb::none(),
   "pinned"_a.none() = false, "A new zero-filled tensor; dtype, device and pinned as in tensorwire.empty.");
   m.def("_copy_into", [](const tw::Tensor& src, const tw::Tensor& dst) {
     nb::gil_scoped_release nogil;
