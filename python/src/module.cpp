@@ -119,6 +119,10 @@ std::string error_text(const nb::python_error& e) {
     Py_DECREF(s);
   }
   if (PyErr_Occurred()) PyErr_Clear();  // str() of the exception itself failed: the type name says enough
+  // PyTorch's C++ errors carry their C++ backtrace after the message (c10's "Exception raised from ... frame #0
+  // ..."): some 2 000 characters of addresses, in what is one line of a list of reasons here.
+  if (const auto bt = text.find("\nException raised from "); bt != std::string::npos) text.resize(bt);
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
   for (char& c : text)
     if (c == '\n') c = ' ';
   return text.empty() ? name : name + ": " + text;

@@ -266,3 +266,16 @@ def test_allocator_refuses_devices_other_than_the_cpu():
         assert kind == b"BufferError", (kind, msg)
         assert msg.startswith(f"tensorwire exchange API: cannot allocate on {name} ("), msg
     assert errors == []
+
+
+@pytest.mark.parametrize("make", [lambda: torch.eye(2).to_sparse(), lambda: torch.empty(2, device="meta")],
+                         ids=["sparse", "meta"])
+def test_a_refusal_from_pytorchs_cpp_side_is_one_line_without_its_backtrace(make):
+    # PyTorch's C++ errors end in c10's backtrace ("Exception raised from ... frame #0: ..."), which made the
+    # exchange API's line of the refusal some 2 000 characters of addresses.
+    with pytest.raises(BufferError) as e:
+        tw.asarray(make())
+    text = str(e.value)
+    assert "Exception raised from" not in text and "frame #" not in text, text
+    line = next(x for x in text.splitlines() if "DLPack C exchange API" in x)
+    assert len(line) < 200 and "RuntimeError: " in line, line
