@@ -298,6 +298,10 @@ class Subscriber {
   /// True once the stream has ended (the publisher closed or died and every queued message was received) or after
   /// close().
   bool closed() const noexcept;
+  /// Once closed(): why the stream ended, in words ("the publisher (pid N) closed the topic", "... went away without
+  /// closing the topic (it exited, crashed or was killed)", "the publisher at 10.0.0.1:7447 was silent for longer
+  /// than the keepalive (10 s)", "this subscriber was closed", ...); "" before, or when there is nothing to add.
+  std::string why_ended() const;
   /// True while connected to a live publisher.
   bool connected() const noexcept;
   /// A descriptor that polls readable while a message (or end-of-stream) waits: for select/poll/epoll/asyncio.

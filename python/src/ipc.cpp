@@ -292,7 +292,10 @@ size_t count_arg(nb::handle h, const char* what) {
 }
 
 // EOFError's text.
-std::string end_of_stream(const tw::Subscriber& s) { return "tensorwire.Subscriber('" + s.name() + "'): end of stream"; }
+std::string end_of_stream(const tw::Subscriber& s) {
+  const std::string why = s.why_ended();
+  return "tensorwire.Subscriber('" + s.name() + "'): end of stream" + (why.empty() ? "" : ": " + why);
+}
 
 nb::object recv(tw::Subscriber& s, nb::handle timeout_h) {
   bool forever;

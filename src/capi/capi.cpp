@@ -890,6 +890,11 @@ tw_status tw_subscriber_recv(tw_subscriber* s, int64_t timeout_ns, tw_tensor** o
   });
   if (st != TW_OK || *out) return st;
   if (!timed_out) {
+    try {
+      const std::string why = s->s.why_ended();
+      if (!why.empty()) return fail(TW_END_OF_STREAM, ("end of stream: " + why + ", and every message was received").c_str());
+    } catch (...) {  // (no memory for the words: the generic text says enough)
+    }
     return fail(TW_END_OF_STREAM, "end of stream: the publisher closed or died (or this subscriber was closed) and "
                                   "every message was received");
   }

@@ -194,6 +194,18 @@ class SubscriberImpl {
     return closed_locked();
   }
 
+  std::string why_ended() const {
+    std::lock_guard lock(mu_);
+    if (!closed_locked()) return "";
+    const std::string pub = "the publisher (pid " + std::to_string(publisher_pid_) + ")";
+    if (user_closed_) return "this subscriber was closed";
+    if (forked_) return "";  // (every use says whose it is)
+    if (broken_) return pub + " broke the protocol";
+    if (!welcomed_) return "";
+    if (bye_ || (chan_ && chan_->ring.closed())) return pub + " closed the topic";
+    return pub + " went away without closing the topic (it exited, crashed or was killed)";
+  }
+
   bool connected() const noexcept {
     std::lock_guard lock(mu_);
     return !user_closed_ && !forked_ && !eos_ && welcomed_ && !peer_gone_ && chan_ && !chan_->ring.closed();
@@ -518,7 +530,7 @@ class SubscriberImpl {
         break;
       }
       case ControlType::retire: segments_.erase(m.id); break;
-      case ControlType::bye: peer_gone_ = true; break;
+      case ControlType::bye: peer_gone_ = bye_ = true; break;
       case ControlType::refused:
         peer_gone_ = true;
         throw Error(ErrorCode::invalid_argument,
@@ -752,6 +764,7 @@ class SubscriberImpl {
   uint64_t received_ = 0;  // messages taken (for waiting_for)
   bool welcomed_ = false, peer_gone_ = false, user_closed_ = false, eos_ = false, fd_mode_ = false, forked_ = false;
   bool broken_ = false;  // the publisher broke the protocol: reported once, then end-of-stream
+  bool bye_ = false;     // the publisher said BYE (it closed the topic) before its socket closed
 };
 
 }  // namespace ipc_detail
@@ -898,6 +911,10 @@ std::optional<Subscriber::Received> Subscriber::poll_nowait(PollStatus& status) 
 bool Subscriber::closed() const noexcept {
   if (remote_) return remote_->ended();
   return !impl_ || impl_->closed();
+}
+std::string Subscriber::why_ended() const {
+  if (remote_) return remote_->ended() ? remote_->why_ended() : "";
+  return impl_ ? impl_->why_ended() : "this subscriber was closed";
 }
 bool Subscriber::connected() const noexcept {
   if (remote_) return remote_->connected();

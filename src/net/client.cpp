@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <bit>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <condition_variable>
@@ -182,6 +183,11 @@ class ClientImpl final : public Client, public Session {
     std::lock_guard lock(mu_);
     return closed_ || (ended_ && queue_.empty());
   }
+  std::string why_ended() const override {
+    std::lock_guard lock(mu_);
+    if (closed_) return "this subscriber was closed";
+    return why_ended_;
+  }
   bool connected() const noexcept override { return connected_.load(std::memory_order_acquire); }
   std::string waiting_for() const override {
     if (connected()) return "";
@@ -264,6 +270,15 @@ class ClientImpl final : public Client, public Session {
     uint64_t one = 1;
     [[maybe_unused]] ssize_t n = ::write(event_.get(), &one, sizeof one);
     signaled_ = true;
+  }
+
+  // The end of a stream that raises nothing: `why` says what happened, for the end-of-stream message.
+  void end_because(std::string why) {
+    {
+      std::lock_guard lock(mu_);
+      if (why_ended_.empty()) why_ended_ = std::move(why);
+    }
+    end_stream();
   }
 
   void end_stream(const std::string& fatal = {}, ErrorCode code = ErrorCode::invalid_argument) {
@@ -567,7 +582,7 @@ class ClientImpl final : public Client, public Session {
       std::unique_ptr<Landing> l = std::move(landing_.front());
       landing_.pop_front();
       if (l->lost) {
-        end_stream();
+        end_because("the connection to the publisher at " + opt_.connect + " was lost while a message arrived");
         return;
       }
       if (!l->error.empty()) {
@@ -691,7 +706,7 @@ class ClientImpl final : public Client, public Session {
         // Lost after it was up: what landed whole was delivered already, received tensors stay valid, and the
         // stream ends.
         abandon_landing();
-        end_stream();
+        end_because("the connection to the publisher at " + opt_.connect + " was lost (" + ep_error_ + ")");
       } else if (state_ != State::ended) {
         note_attempt(ep_error_ + (state_ == State::connecting ? " (is a publisher listening there?)" : ""));
         close_ep(true);
@@ -712,10 +727,14 @@ class ClientImpl final : public Client, public Session {
         send_credits();
       if (bye_ && landing_.empty()) {
         close_ep(false);
-        end_stream();
+        end_because("the publisher at " + opt_.connect + " closed the topic");
       } else if (now - last_heard_ > opt_.keepalive) {
         abandon_landing();
-        end_stream();  // the publisher went silent: its machine or the link is gone
+        char secs[32];
+        std::snprintf(secs, sizeof secs, "%g", static_cast<double>(opt_.keepalive.count()) / 1000.0);
+        // the publisher went silent: its machine or the link is gone
+        end_because("the publisher at " + opt_.connect + " was silent for longer than the keepalive (" + secs +
+                    " s): its process, its machine or the link is gone");
       } else if (now - last_sent_ >= ping_every_) {
         send_control(NetType::ping, {});
       }
@@ -771,6 +790,7 @@ class ClientImpl final : public Client, public Session {
   bool ended_ = false, closed_ = false;
   std::string fatal_;
   std::string attempt_;  // why the last connection attempt failed
+  std::string why_ended_;  // why the stream ended (under mu_)
   ErrorCode fatal_code_ = ErrorCode::invalid_argument;
 };
 

@@ -303,6 +303,8 @@ class Client {
   /// Never blocks, not even on the queue's lock (busy).
   virtual std::optional<Delivered> poll(PollResult& status) = 0;
   virtual bool ended() const noexcept = 0;
+  /// Once ended: why, in words ("" when nothing is known).
+  virtual std::string why_ended() const = 0;
   virtual bool connected() const noexcept = 0;
   virtual int fileno() = 0;
   virtual uint64_t dropped() const noexcept = 0;

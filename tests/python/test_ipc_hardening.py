@@ -479,7 +479,7 @@ def test_a_subscriber_too_slow_for_control_messages_is_waited_for_under_block():
         sub.recv(timeout=10)
         with pytest.raises(EOFError) as e:
             sub.recv(timeout=10)
-        assert str(e.value).endswith("end of stream")
+        assert str(e.value).endswith(f"end of stream: the publisher (pid {os.getpid()}) closed the topic")
 
 
 def test_a_subscriber_too_slow_for_control_messages_is_refused_under_raise():
@@ -682,3 +682,28 @@ def test_constructor_arguments_of_the_wrong_type_are_named_in_the_error():
             pub.send(np.zeros(2), copy=1)
         assert pub.send(np.zeros(2), timeout=np.int64(1)) == 1
         assert sub.recv(timeout=np.int64(0)).shape == (2,)
+
+
+def test_end_of_stream_says_why_it_ended():
+    # (EOFError said "end of stream" alone, whether the publisher closed, was killed, or this subscriber closed)
+    code = "import time, tensorwire as tw; p = tw.Publisher(%r); print('up', flush=True); time.sleep(120)"
+    name = topic("why-eof")
+    pr = subprocess.Popen([sys.executable, "-c", code % name], stdout=subprocess.PIPE, text=True)
+    try:
+        assert pr.stdout.readline().strip() == "up"
+        sub = tw.Subscriber(name)
+        end = time.monotonic() + 30
+        while not sub.connected:
+            assert time.monotonic() < end, "never connected"
+            with pytest.raises(TimeoutError):
+                sub.recv(timeout=0.05)
+        os.kill(pr.pid, signal.SIGKILL)
+        with pytest.raises(EOFError, match=rf"end of stream: the publisher \(pid {pr.pid}\) went away without "
+                                           r"closing the topic \(it exited, crashed or was killed\)$"):
+            sub.recv(timeout=30)
+    finally:
+        pr.kill()
+        pr.wait()
+    sub.close()
+    with pytest.raises(EOFError, match=r"end of stream: this subscriber was closed$"):
+        sub.recv(timeout=1)

@@ -1666,3 +1666,30 @@ def test_a_forked_child_of_a_process_that_started_ucx_is_told_why_it_cannot():
                        timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "a fork() of pid" in r.stdout and "'spawn' or 'forkserver'" in r.stdout, r.stdout
+
+
+def test_a_remote_end_of_stream_says_why():
+    p = Pair("why-eof")
+    try:
+        p.pub.close()
+        with pytest.raises(EOFError, match=rf"end of stream: the publisher at {re.escape(p.pub.address)} closed the "
+                                           r"topic$"):
+            p.sub.recv(timeout=TIMEOUT)
+    finally:
+        p.sub.close()
+        p.pub.close()
+    code = ("import time, tensorwire as tw; p = tw.Publisher(%r, listen='127.0.0.1:0'); print(p.address, flush=True);"
+            " time.sleep(120)")
+    name = topic("why-silent")
+    pr = subprocess.Popen([sys.executable, "-c", code % name], stdout=subprocess.PIPE, text=True)
+    try:
+        addr = pr.stdout.readline().strip()
+        with tw.Subscriber(name, connect=addr, keepalive=0.5) as sub:
+            wait_until(lambda: sub.connected, what="connect")
+            os.kill(pr.pid, signal.SIGSTOP)  # alive, silent
+            with pytest.raises(EOFError, match=r"the publisher at .* was silent for longer than the keepalive "
+                                               r"\(0\.5 s\)"):
+                sub.recv(timeout=TIMEOUT)
+    finally:
+        pr.kill()
+        pr.wait()
