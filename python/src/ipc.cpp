@@ -562,7 +562,8 @@ void register_ipc(nb::module_& m) {
       .def_prop_ro("dropped", [](const tw::Publisher& p) {
         nb::gil_scoped_release nogil;
         return p.dropped();
-      }, "Messages dropped under on_full='drop_oldest'.")
+      }, "Messages this publisher dropped under on_full='drop_oldest' (a remote subscriber also drops its oldest "
+         "unread messages itself when its own queue is full: its Subscriber.dropped counts both).")
       .def_prop_ro("address", [](const tw::Publisher& p) -> nb::object {
         std::string a = p.address();  // fixed at construction: no lock taken
         if (a.empty()) return nb::none();

@@ -349,6 +349,9 @@ std::optional<tw::Device> parse_device(nb::handle h) {
       if (type < 0 || type > INT32_MAX || id < INT32_MIN || id > INT32_MAX)
         throw tw::Error(tw::ErrorCode::invalid_argument, "device (" + std::to_string(type) + ", " + std::to_string(id) +
                                                              ") is out of range for a DLPack device");
+      if (type == kDLCPU && id != 0)
+        throw tw::Error(tw::ErrorCode::invalid_argument, "device (1, " + std::to_string(id) + ") does not exist: the "
+                                                         "host is one device, 'cpu' (1, 0)");
       return tw::Device::from_dlpack(DLDevice{static_cast<DLDeviceType>(type), static_cast<int32_t>(id)});
     }
   }

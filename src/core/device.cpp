@@ -51,6 +51,9 @@ Device Device::from_string(std::string_view s) {
       throw Error(ErrorCode::invalid_argument,
                   "device '" + std::string(s) + "': the part after ':' must be a non-negative device number");
   }
+  if (name == "cpu" && id != 0)  // (to("cpu:1") copied and gave cpu: the host is one device)
+    throw Error(ErrorCode::invalid_argument,
+                "device '" + std::string(s) + "' does not exist: the host is one device, 'cpu' (cpu:0)");
   for (const auto& k : kDevices)
     if (name == k.name) return Device{k.type, id};
   std::string all;

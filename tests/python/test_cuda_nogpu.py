@@ -125,3 +125,13 @@ def test_device_pool_stats_takes_the_device_as_every_other_call_does():
         tw.cuda.device_pool_stats(2**40)
     with pytest.raises(TypeError, match="device must be an int, 'cuda:N' or a tw.Device, not NoneType"):
         tw.cuda.device_pool_stats(None)
+
+
+@pytest.mark.parametrize("device", ["cpu:1", (1, 3)])
+def test_a_cpu_device_other_than_the_one_host_does_not_exist(device):
+    # ("cpu:1" was accepted: to("cpu:1") copied and returned a tensor on cpu, and to("cpu:1", copy=False) raised)
+    with pytest.raises(ValueError, match="does not exist: the host is one device"):
+        tw.asarray(np.ones(2)).to(device)
+    with pytest.raises(ValueError, match="does not exist"):
+        tw.empty(3, device=device)
+    assert tw.asarray(np.ones(2)).to("cpu:0").device == tw.Device("cpu")
