@@ -970,8 +970,22 @@ void register_import(nb::module_& m) {
       bool lazy_copied = false;
       nb::object src = resolve_lazy_bits(src_in, ti, req, lazy_copied);
       bool copied = false;
-      tw::Tensor t = via_dlpack(src, req, copied);
-      return wrap(finish(std::move(t), req, {copied || lazy_copied, false}));
+      try {
+        tw::Tensor t = via_dlpack(src, req, copied);
+        return wrap(finish(std::move(t), req, {copied || lazy_copied, false}));
+      } catch (nb::python_error& e) {
+        // A device= naming CUDA where CUDA is unavailable explains the producer's refusal ("unsupported device
+        // requested"): say it first, as asarray does.
+        const auto type = req.policy.device ? req.policy.device->type : kDLCPU;
+        if (!e.matches(PyExc_Exception) || !(type == kDLCUDA || type == kDLCUDAHost || type == kDLCUDAManaged) ||
+            tw::device_runtime().available())
+          throw;
+        const std::string said = error_text(e);
+        PyErr_SetString(PyExc_BufferError, ("from_dlpack: device=" + req.policy.device->str() + " needs CUDA, which "
+                                            "is unavailable here: " + tw::device_runtime().status() +
+                                            " (the producer's __dlpack__ said: " + said + ")").c_str());
+        throw nb::python_error();
+      }
     } catch (const Refused& r) {
       PyErr_SetString(r.type, ("from_dlpack: " + r.reason).c_str());
       throw nb::python_error();

@@ -135,3 +135,10 @@ def test_a_cpu_device_other_than_the_one_host_does_not_exist(device):
     with pytest.raises(ValueError, match="does not exist"):
         tw.empty(3, device=device)
     assert tw.asarray(np.ones(2)).to("cpu:0").device == tw.Device("cpu")
+
+
+def test_from_dlpack_to_a_cuda_device_says_cuda_is_unavailable_before_what_the_producer_said():
+    # (NumPy's bare "unsupported device requested" led, and PyTorch's RuntimeError passed through as it was)
+    with pytest.raises(BufferError, match=r"^from_dlpack: device=cuda:0 needs CUDA, which is unavailable here: .*"
+                                          r"\(the producer's __dlpack__ said: BufferError: "):
+        tw.from_dlpack(np.ones(2), device="cuda:0")
