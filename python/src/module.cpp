@@ -837,7 +837,10 @@ NB_MODULE(_tensorwire, m) {
          "metadata kept; the same object when already pinned. Host-to-device copies from it are asynchronous.")
       .def_prop_ro("pinned", [](const tw::Tensor& t) { return t.pinned(); },
                    "True for pinned host memory (device 'cuda_host').")
-      .def("copy", [](const tw::Tensor& t, nb::handle order) { return copy_released(t, parse_order(order)); },
+      .def("copy", [](const tw::Tensor& t, nb::handle order) {
+        const tw::MemoryOrder o = parse_order(order);
+        return as_python("tensorwire.Tensor.copy", [&] { return copy_released(t, o); });
+      },
            nb::sig("def copy(self, order: str = 'C') -> Tensor"),
            "order"_a.none() = "C", "A new tensor with its own memory ('C', 'F', or 'any' to keep a dense layout's order).")
       .def("permute", [](const tw::Tensor& t, nb::args dims) {
