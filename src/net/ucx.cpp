@@ -225,7 +225,8 @@ struct ContextState {
   ucp_context_h ctx = nullptr;
   pid_t owner = 0;
   bool loopback = false;   // made with NET_DEVICES=lo
-  UcxScope wanted = UcxScope::any;  // what the next context is made for
+  bool scoped = false;     // made, or kept, for a publisher's or subscriber's scope (not only for a status query)
+  UcxScope wanted = UcxScope::any;  // what a context made for a worker is made for: the last scope asked
   int workers = 0;         // workers made on ctx and not yet destroyed
 };
 ContextState& state() {
@@ -279,6 +280,7 @@ ucp_context_h make_context(ContextState& s) {
   s.ctx = c;
   s.owner = ::getpid();
   s.loopback = loopback;
+  s.scoped = false;
   return c;
 }
 }  // namespace
@@ -286,6 +288,7 @@ ucp_context_h make_context(ContextState& s) {
 ucp_context_h ucx_context() {
   ContextState& s = state();
   std::lock_guard lock(s.mu);
+  if (!s.ctx) s.wanted = UcxScope::any;  // (a status query: the full context, narrowed by a loopback session)
   return make_context(s);
 }
 
@@ -295,22 +298,26 @@ void ucx_require_scope(UcxScope scope, const std::string& who) {
   s.wanted = scope;
   if (s.ctx && s.owner == ::getpid() && !devices_set_by_user()) {
     const bool want_loopback = scope == UcxScope::loopback;
-    if (s.loopback != want_loopback) {
-      if (s.workers == 0) {
-        // Nothing uses it: made again for this scope. (Narrowing a context that serves a worker is pointless: that
-        // worker's ports are open already; widening one is impossible while it serves.)
-        ucx().cleanup(s.ctx);
-        s.ctx = nullptr;
-      } else if (!want_loopback) {
+    if (s.loopback && !want_loopback) {
+      // Widened when nothing uses it (a loopback session still starting takes the new one: a wider context
+      // serves it too); impossible while a worker serves.
+      if (s.workers != 0)
         throw Error(ErrorCode::invalid_argument,
                     who + " reaches other machines, but this process's UCX serves loopback only while its "
                           "loopback publishers and subscribers are open (so that no UCX port listens on another "
                           "interface); close them first, or set UCX_NET_DEVICES (e.g. UCX_NET_DEVICES=all) "
                           "before the process's first network publisher or subscriber");
-      }
+      ucx().cleanup(s.ctx);
+      s.ctx = nullptr;
+    } else if (!s.loopback && want_loopback && !s.scoped && s.workers == 0) {
+      // Narrowed only when it was made for a status query alone: a wide context made for a session is kept (that
+      // session may still be starting, and needs it).
+      ucx().cleanup(s.ctx);
+      s.ctx = nullptr;
     }
   }
   (void)make_context(s);
+  s.scoped = true;
 }
 
 ucp_context_h ucx_context_for_worker() {

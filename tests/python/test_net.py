@@ -1600,6 +1600,7 @@ def listening():
     return out
 
 name = sys.argv[1]
+assert tw._ext._ucx_info()["why"] is None  # a status query first makes UCX's context, for every interface
 pub = tw.Publisher(name, listen=":0")
 sub = tw.Subscriber(name, connect=pub.address)
 end = time.monotonic() + 30
