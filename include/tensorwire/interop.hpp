@@ -157,7 +157,8 @@ struct ImportRequest {
   std::optional<Device> device;
   /// The caller's CUDA stream (1 legacy default, 2 per-thread default, else a handle; -1 or absent: the legacy
   /// default stream): a copy the import makes to or on a CUDA device is queued on it, after the producer's stream
-  /// through an event, and the result carries it. (Handing the stream to a DLPack producer is the binding's part.)
+  /// through an event, and the result carries it; zero-copy device memory is made ready on it (it waits for the
+  /// producer's stream on the device). (Handing the stream to a DLPack producer is the binding's part.)
   std::optional<intptr_t> stream;
 };
 

@@ -148,6 +148,12 @@ Tensor finish_import(Tensor t, const ImportRequest& r, const ImportFacts& f) {
     return t.to(*r.device, on_device(*r.device) || on_device(t.device()) ? stream : std::nullopt, true);
   if (r.copy == CopyMode::always && !f.producer_copied)
     return t.copy(MemoryOrder::C, on_device(t.device()) ? stream : std::nullopt);
+  // Zero-copy device memory for a caller that named its stream: ready on it, as a DLPack producer makes it (the
+  // CUDA Array Interface gives the consumer's stream no role): that stream waits for the producer's on the device.
+  if (stream && t.device().type == kDLCUDA && t.stream() != stream) {
+    order_after(t, *stream);
+    set_producer_stream(t, *stream);
+  }
   return t;
 }
 

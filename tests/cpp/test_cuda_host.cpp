@@ -1363,6 +1363,25 @@ TEST_F(FakeDriver, AnImportsCopyIsQueuedOnTheCallersStream) {
   EXPECT_EQ(c.stream(), std::optional<intptr_t>(2));
   ASSERT_GT(g_fake->waited_for.size(), waits);
   EXPECT_EQ(g_fake->waited_for.back(), (std::pair<uintptr_t, uintptr_t>{2, 1}));
+  // Zero-copy device memory (the CUDA Array Interface, on the producer's stream 1) asked for on stream 2: stream 2
+  // waits for stream 1 on the device and the tensor says 2, as a DLPack producer's would.
+  tw::InterfaceDesc desc;
+  desc.protocol = "__cuda_array_interface__";
+  desc.typestr = "<f4";
+  desc.shape = {8};
+  desc.data = reinterpret_cast<uintptr_t>(a.data_ptr());
+  desc.device = std::nullopt;  // the driver says which
+  desc.stream = 1;
+  tw::ImportRequest on2;
+  on2.stream = 2;
+  const size_t before = g_fake->waited_for.size();
+  Tensor z = tw::import_interface(desc, a.buffer_ptr(), on2);
+  EXPECT_EQ(z.data_ptr(), a.data_ptr());
+  EXPECT_EQ(z.stream(), std::optional<intptr_t>(2));
+  ASSERT_GT(g_fake->waited_for.size(), before);
+  EXPECT_EQ(g_fake->waited_for.back(), (std::pair<uintptr_t, uintptr_t>{2, 1}));
+  on2.stream = -1;  // no synchronisation asked: the producer's stream, as it said
+  EXPECT_EQ(tw::import_interface(desc, a.buffer_ptr(), on2).stream(), std::optional<intptr_t>(1));
   // A copy the host makes has no stream to queue on: the import's request ignores it, Tensor::copy refuses it.
   tw::ImportRequest host_copy;
   host_copy.copy = tw::CopyMode::always;
