@@ -197,7 +197,8 @@ tw::Value to_value(PyObject* o, const std::string& path, int depth) {
     if (overflow)
       throw tw::Error(tw::ErrorCode::type_mismatch, "metadata " + path + ": int " +
                                                         nb::cast<std::string>(nb::repr(nb::handle(o))) +
-                                                        " does not fit in 64 bits");
+                                                        " does not fit in int64 (metadata integers are signed 64-bit;"
+                                                        " store a larger one as a str or bytes)");
     if (v == -1 && PyErr_Occurred()) throw nb::python_error();
     return tw::Value(v);
   }

@@ -705,8 +705,11 @@ class ClientImpl final : public Client, public Session {
       if (state_ == State::active) {
         // Lost after it was up: what landed whole was delivered already, received tensors stay valid, and the
         // stream ends.
+        // (After its BYE, with everything landed, the publisher's hang-up is the close it announced.)
+        const bool said_bye = bye_ && landing_.empty();
         abandon_landing();
-        end_because("the connection to the publisher at " + opt_.connect + " was lost (" + ep_error_ + ")");
+        end_because(said_bye ? "the publisher at " + opt_.connect + " closed the topic"
+                             : "the connection to the publisher at " + opt_.connect + " was lost (" + ep_error_ + ")");
       } else if (state_ != State::ended) {
         note_attempt(ep_error_ + (state_ == State::connecting ? " (is a publisher listening there?)" : ""));
         close_ep(true);

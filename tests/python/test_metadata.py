@@ -349,3 +349,10 @@ def test_many_keys_merge_in_order_through_send_and_assignment():
     assert len(keys) == n + 1 and keys[:3] == ["k0", "k2", "k4"] and keys[n // 2] == "nested"
     assert keys[n // 2 + 1:n // 2 + 3] == ["k1", "k3"]
     assert got["k2"] == 2 and got["k3"] == 3 and got["nested"] == md
+
+
+def test_an_integer_beyond_int64_names_the_range_metadata_holds(t):
+    # ("does not fit in 64 bits" read as wrong for numpy.uint64's largest value, which does fit in 64 bits)
+    for big in (2**64 - 1, np.uint64(2**64 - 1), -(2**63) - 1):
+        with pytest.raises(TypeError, match=r"does not fit in int64 \(metadata integers are signed 64-bit"):
+            t.metadata["u"] = big
