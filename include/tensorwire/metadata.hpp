@@ -59,14 +59,14 @@ class Value {
   /// Dict access (kind dict): keys in insertion order, values parallel to them.
   const std::vector<std::string>& keys() const;
   const std::vector<Value>& values() const;
-  /// Inserts or replaces `key` in a dict, keeping the first insertion's position (linear in the dict's size).
+  /// Inserts or replaces `key` in a dict, keeping the first insertion's position (amortized constant time).
   void set(std::string key, Value value);
-  /// set() of each of another dict's entries in its order, in time linear in both sizes.
+  /// set() of each of another dict's entries in its order, in time linear in the other's size.
   void update(const Value& other);
-  /// The value under `key` in a dict, or nullptr.
+  /// The value under `key` in a dict, or nullptr (constant time: dicts past a few keys keep a hash index).
   const Value* find(std::string_view key) const;
   Value* find(std::string_view key);
-  /// Removes `key` from a dict; returns whether it was there.
+  /// Removes `key` from a dict, keeping the others' order; returns whether it was there (linear time).
   bool erase(std::string_view key);
 
   friend bool operator==(const Value& a, const Value& b) noexcept;
@@ -80,7 +80,15 @@ class Value {
   std::string str_;
   std::vector<Value> items_;      // list / tuple elements, or dict values
   std::vector<std::string> keys_; // dict keys
+  // A dict's hash index once it has kIndexFrom keys: open addressing, linear probing, a power-of-two size at least
+  // twice the key count; each slot holds 1 + a position in keys_, or 0 when empty. Positions, not pointers, so a
+  // copied Value's index is valid as copied.
+  std::vector<size_t> slots_;
+  static constexpr size_t kIndexFrom = 16;
   void expect(Kind k) const;
+  size_t position(std::string_view key) const noexcept;  // keys_.size() when absent
+  void index_last();     // adds keys_.back() to the index, building or growing it as needed
+  void reindex();        // builds the index from scratch (or drops it below kIndexFrom keys)
 };
 
 /// Returns "none", "bool", "int", "float", "str", "bytes", "list", "tuple" or "dict".

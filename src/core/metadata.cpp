@@ -1,10 +1,9 @@
 #include "tensorwire/metadata.hpp"
 
-#include <unordered_map>
-#include <unordered_set>
-
 #include <algorithm>
 #include <cstring>
+#include <functional>
+#include <string_view>
 
 #include "core/utf8.hpp"
 #include "tensorwire/error.hpp"
@@ -55,58 +54,80 @@ std::vector<Value>& Value::items() {
 const std::vector<std::string>& Value::keys() const { expect(Kind::dict); return keys_; }
 const std::vector<Value>& Value::values() const { expect(Kind::dict); return items_; }
 
+size_t Value::position(std::string_view key) const noexcept {
+  if (slots_.empty()) {
+    for (size_t i = 0; i < keys_.size(); ++i)
+      if (keys_[i] == key) return i;
+    return keys_.size();
+  }
+  const size_t mask = slots_.size() - 1;
+  for (size_t s = std::hash<std::string_view>{}(key) & mask;; s = (s + 1) & mask) {
+    if (slots_[s] == 0) return keys_.size();
+    if (keys_[slots_[s] - 1] == key) return slots_[s] - 1;
+  }
+}
+
+void Value::reindex() {
+  slots_.clear();
+  if (keys_.size() < kIndexFrom) return;
+  size_t size = 2 * kIndexFrom;
+  while (size < 2 * keys_.size()) size *= 2;
+  slots_.assign(size, 0);
+  const size_t mask = size - 1;
+  for (size_t i = 0; i < keys_.size(); ++i) {
+    size_t s = std::hash<std::string_view>{}(keys_[i]) & mask;
+    while (slots_[s] != 0) s = (s + 1) & mask;
+    slots_[s] = i + 1;
+  }
+}
+
+void Value::index_last() {
+  if (keys_.size() < kIndexFrom) return;
+  if (slots_.empty() || 2 * keys_.size() > slots_.size()) {
+    reindex();  // doubles: amortized constant per key
+    return;
+  }
+  const size_t mask = slots_.size() - 1;
+  size_t s = std::hash<std::string_view>{}(keys_.back()) & mask;
+  while (slots_[s] != 0) s = (s + 1) & mask;
+  slots_[s] = keys_.size();
+}
+
 void Value::set(std::string key, Value value) {
   expect(Kind::dict);
-  for (size_t i = 0; i < keys_.size(); ++i) {
-    if (keys_[i] == key) {
-      items_[i] = std::move(value);
-      return;
-    }
+  if (size_t i = position(key); i < keys_.size()) {
+    items_[i] = std::move(value);
+    return;
   }
   keys_.push_back(std::move(key));
   items_.push_back(std::move(value));
+  index_last();
 }
 
 void Value::update(const Value& other) {
   expect(Kind::dict);
   other.expect(Kind::dict);
   if (keys_.empty()) {
-    keys_ = other.keys_;
-    items_ = other.items_;
+    *this = other;
     return;
   }
-  if (other.keys_.size() <= 8) {  // a few: set()'s scans are cheaper than an index
-    for (size_t j = 0; j < other.keys_.size(); ++j) set(other.keys_[j], other.items_[j]);
-    return;
-  }
-  // An index of this dict's keys. Views into keys_ stay valid: the reservation means push_back never moves them.
   keys_.reserve(keys_.size() + other.keys_.size());
   items_.reserve(keys_.capacity());
-  std::unordered_map<std::string_view, size_t> at;
-  at.reserve(keys_.capacity());
-  for (size_t i = 0; i < keys_.size(); ++i) at.emplace(keys_[i], i);
-  for (size_t j = 0; j < other.keys_.size(); ++j) {
-    if (auto it = at.find(other.keys_[j]); it != at.end()) {
-      items_[it->second] = other.items_[j];
-    } else {
-      keys_.push_back(other.keys_[j]);
-      items_.push_back(other.items_[j]);
-      at.emplace(keys_.back(), keys_.size() - 1);
-    }
-  }
+  for (size_t j = 0; j < other.keys_.size(); ++j) set(other.keys_[j], other.items_[j]);
 }
 
 Value Value::dict(std::vector<std::string> keys, std::vector<Value> values) {
   if (keys.size() != values.size())
     throw Error(ErrorCode::invalid_argument, "Value::dict: " + std::to_string(keys.size()) + " keys but " +
                                                  std::to_string(values.size()) + " values");
-  std::unordered_set<std::string_view> seen;
-  seen.reserve(keys.size());
-  for (const std::string& k : keys)
-    if (!seen.insert(k).second) throw Error(ErrorCode::invalid_argument, "duplicate key '" + k + "'");
   Value v;
   v.kind_ = Kind::dict;
-  v.keys_ = std::move(keys);
+  v.keys_.reserve(keys.size());
+  for (std::string& k : keys) {
+    if (v.position(k) < v.keys_.size()) throw Error(ErrorCode::invalid_argument, "duplicate key '" + k + "'");
+    v.keys_.push_back(std::move(k));
+    v.index_last();
+  }
   v.items_ = std::move(values);
   return v;
 }
@@ -121,22 +142,19 @@ Metadata Metadata::from_value(Value dict) {
 
 const Value* Value::find(std::string_view key) const {
   expect(Kind::dict);
-  for (size_t i = 0; i < keys_.size(); ++i)
-    if (keys_[i] == key) return &items_[i];
-  return nullptr;
+  const size_t i = position(key);
+  return i < keys_.size() ? &items_[i] : nullptr;
 }
 Value* Value::find(std::string_view key) { return const_cast<Value*>(std::as_const(*this).find(key)); }
 
 bool Value::erase(std::string_view key) {
   expect(Kind::dict);
-  for (size_t i = 0; i < keys_.size(); ++i) {
-    if (keys_[i] == key) {
-      keys_.erase(keys_.begin() + static_cast<std::ptrdiff_t>(i));
-      items_.erase(items_.begin() + static_cast<std::ptrdiff_t>(i));
-      return true;
-    }
-  }
-  return false;
+  const size_t i = position(key);
+  if (i == keys_.size()) return false;
+  keys_.erase(keys_.begin() + static_cast<std::ptrdiff_t>(i));
+  items_.erase(items_.begin() + static_cast<std::ptrdiff_t>(i));
+  reindex();  // positions after i moved
+  return true;
 }
 
 bool operator==(const Value& a, const Value& b) noexcept {
@@ -300,20 +318,15 @@ struct Reader {
         return is_list ? Value::list(std::move(items)) : Value::tuple(std::move(items));
       }
       case kDict: {
-        // Linear in the number of keys (a hash set finds duplicates): 64 MiB of hostile keys must not take hours.
+        // Linear in the number of keys (the dict's index finds duplicates): 64 MiB of hostile keys must not take hours.
         uint64_t n = count();
-        std::vector<std::string> keys;
-        std::vector<Value> values;
-        keys.reserve(std::min<uint64_t>(n, 1024));
-        values.reserve(std::min<uint64_t>(n, 1024));
-        std::unordered_set<std::string> seen;
+        Value d = Value::dict();
         for (uint64_t i = 0; i < n; ++i) {
           std::string k = text("a key");
-          if (!seen.insert(k).second) fail("duplicate key '" + k + "'");
-          keys.push_back(std::move(k));
-          values.push_back(value(depth + 1));
+          if (d.find(k) != nullptr) fail("duplicate key '" + k + "'");
+          d.set(std::move(k), value(depth + 1));
         }
-        return Value::dict(std::move(keys), std::move(values));
+        return d;
       }
       default: pos--; fail("unknown tag " + std::to_string(static_cast<uint8_t>(in[pos])));
     }

@@ -192,6 +192,75 @@ TEST(Metadata, UpdateReplacesInPlaceAndAppendsInOrder) {
   TW_EXPECT_ERROR(not_dict.update(Value::dict()), ErrorCode::type_mismatch);
 }
 
+// A dict past kIndexFrom keys answers from a hash index: every operation must agree with a plain ordered model
+// (a vector of pairs searched linearly) through growth, erasure (which moves positions), copies and assignment.
+TEST(Value, IndexedDictAgreesWithALinearModelUnderRandomOperations) {
+  std::mt19937 rng(20261129u);
+  const auto key = [](unsigned i) {  // few distinct keys so that hits, misses, replaces and erases all happen
+    std::string k = std::to_string(i);
+    k.insert(k.begin(), 'k');
+    return k;
+  };
+  Value d = Value::dict();
+  std::vector<std::pair<std::string, int64_t>> model;
+  const auto in_model = [&](const std::string& k) {
+    for (size_t i = 0; i < model.size(); ++i)
+      if (model[i].first == k) return i;
+    return model.size();
+  };
+  for (int step = 0; step < 20000; ++step) {
+    const unsigned universe = step < 10000 ? 300u : 40u;  // grow past the index, then shrink back below it
+    const std::string k = key(static_cast<unsigned>(rng() % universe));
+    const size_t at = in_model(k);
+    switch (rng() % 4) {
+      case 0:
+      case 1:
+        d.set(k, step);
+        if (at < model.size()) model[at].second = step; else model.emplace_back(k, step);
+        break;
+      case 2:
+        ASSERT_EQ(d.erase(k), at < model.size()) << step;
+        if (at < model.size()) model.erase(model.begin() + static_cast<std::ptrdiff_t>(at));
+        break;
+      default: {
+        const Value* v = d.find(k);
+        ASSERT_EQ(v != nullptr, at < model.size()) << step << " " << k;
+        if (v) {
+          ASSERT_EQ(v->as_int(), model[at].second) << step;
+        }
+      }
+    }
+    if (step % 997 == 0) {  // the whole state, and a copy's, match the model
+      const Value copy = d;
+      ASSERT_EQ(d.keys().size(), model.size());
+      for (size_t i = 0; i < model.size(); ++i) {
+        ASSERT_EQ(d.keys()[i], model[i].first);
+        ASSERT_NE(copy.find(model[i].first), nullptr) << model[i].first;
+        ASSERT_EQ(copy.find(model[i].first)->as_int(), model[i].second);
+      }
+      ASSERT_EQ(copy.find("absent"), nullptr);
+      ASSERT_EQ(copy, d);
+    }
+  }
+  // A dict built in one step, and one assigned over an indexed one, answer from their own keys.
+  std::vector<std::string> keys;
+  std::vector<Value> values;
+  for (unsigned i = 0; i < 1000; ++i) {
+    keys.push_back(key(i));
+    values.emplace_back(static_cast<int64_t>(i));
+  }
+  Value big = Value::dict(keys, values);
+  for (unsigned i = 0; i < 1000; ++i) ASSERT_EQ(big.find(key(i))->as_int(), i);
+  EXPECT_EQ(big.find(key(1000)), nullptr);
+  big = Value::dict({"a"}, {Value(1)});
+  EXPECT_EQ(big.find(key(5)), nullptr);
+  EXPECT_EQ(big.find("a")->as_int(), 1);
+  // A duplicate is found by the index too, however late it comes.
+  keys.push_back(key(777));
+  values.emplace_back(0);
+  TW_EXPECT_ERROR_MSG(Value::dict(keys, values), ErrorCode::invalid_argument, "duplicate key 'k777'");
+}
+
 Metadata rich() {
   Value inner = Value::dict();
   inner.set("bytes", Value::bytes(std::string("\x00\xff\x01 binary", 10)));
