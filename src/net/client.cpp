@@ -350,7 +350,9 @@ class ClientImpl final : public Client, public Session {
         }
         publisher_nonce_ = hello.nonce;
         // Silent for less than a third of the shorter keepalive: the publisher's may be shorter than this one's.
-        ping_every_ = std::min(ping_every_, std::chrono::milliseconds(hello.keepalive_ms) / 3);
+        // From scratch on each HELLO: a restarted publisher may keep a longer keepalive than the one before.
+        ping_every_ = std::min({kPingEvery, opt_.keepalive / 3,
+                                 std::chrono::milliseconds(hello.keepalive_ms) / 3});
         random_bytes(nonce_);
         Auth a;
         a.topic = topic_;
