@@ -264,8 +264,8 @@ void register_arrow(nb::module_& m) {
       .def_prop_ro("dim_names", [](const tw::ArrowTensorArray& a) -> nb::object {
         auto n = a.type().logical_dim_names();
         if (n.empty()) return nb::none();
-        return nb::cast(n);
-      }, "One row's dimension names in logical order, or None.")
+        return nb::tuple(nb::cast(n));  // a tuple, like shape and permutation
+      }, "One row's dimension names in logical order (a tuple), or None.")
       .def_prop_ro("data", [](const tw::ArrowTensorArray& a) { return a.data().as_readonly(); },
                    "The exported memory as a read-only tensor: the batch in its exported layout, or a list's packed "
                    "1-D elements.")

@@ -544,8 +544,9 @@ void register_ipc(nb::module_& m) {
            "A writable tensor in shared memory (device='cuda:0': in the publisher's CUDA IPC pool): fill it, then "
            "send() it with no copy. Waits at most `timeout` "
            "seconds for a free pool buffer (TimeoutError names who holds them); MemoryError when the machine "
-           "cannot provide it. Several at once: a dict of name -> shape or (shape, dtype), or a list of them, "
-           "returns the same structure of loans (send it as one message).")
+           "cannot provide it. One shape is an int or a tuple or list of ints. Several at once: a dict of name -> "
+           "shape or (shape, dtype), or a list or tuple of them, returns the same structure of loans (send it as "
+           "one message).")
       .def("close", &tw::Publisher::close, nb::call_guard<nb::gil_scoped_release>(),
            "End the stream: subscribers receive what was sent, then end-of-stream; received tensors stay valid.")
       .def("__enter__", [](nb::handle self) { return nb::borrow(self); })

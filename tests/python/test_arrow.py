@@ -217,7 +217,7 @@ def test_dim_names_are_written_in_physical_order():
     arr = pa.array(tw.to_arrow(v, dim_names=["H", "W", "C"]))
     assert arr.type.dim_names == ["C", "H", "W"]
     a = tw.to_arrow(v, dim_names=["H", "W", "C"])
-    assert a.dim_names == ["H", "W", "C"] and a.shape == (4, 5, 3) and a.physical_shape == (3, 4, 5)
+    assert a.dim_names == ("H", "W", "C") and a.shape == (4, 5, 3) and a.physical_shape == (3, 4, 5)
 
 
 def test_the_array_can_be_exported_many_times():

@@ -117,6 +117,7 @@ def test_python_blocks_pass_mypy_strict(tmp_path):
         p = tmp_path / f"readme_block_{n}_line{b.line}.py"
         p.write_text(b.code)
         paths.append(str(p))
+    paths.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "typed_usage.py"))  # (the stub's gaps)
     cache = os.path.join(PKG_PARENT, os.pardir, "mypy-cache")
     # --strict, with two allowances for third parties: torchvision ships no type information (no py.typed), and
     # torch's __init__ re-exports from_dlpack without marking it (mypy's strict no_implicit_reexport).

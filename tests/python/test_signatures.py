@@ -97,6 +97,41 @@ def test_runtime_signature_matches_the_stub(qualname, obj):
         assert runtime in stub_shapes or all({n for n, _, _ in s} <= names for s in stub_shapes), (qualname, runtime)
 
 
+def test_the_stub_declares_every_public_member_and_protocol_the_runtime_has():
+    # A member the runtime has and the stub lacks is a type error in user code that runs (`for row in t`,
+    # `len(arrow_array)`): mypy --strict users see tensorwire as broken.
+    tree = ast.parse(open(STUB).read())
+    top, members = set(), {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            top.add(node.name)
+            members[node.name] = {m.name for m in node.body if isinstance(m, ast.FunctionDef)} | {
+                m.target.id for m in node.body if isinstance(m, ast.AnnAssign) and isinstance(m.target, ast.Name)}
+        elif isinstance(node, ast.FunctionDef):
+            top.add(node.name)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            top.add(node.target.id)
+        elif isinstance(node, ast.Assign):
+            top |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.ImportFrom):
+            top |= {a.asname or a.name for a in node.names}
+    assert "__all__" in top and set(tw.__all__) <= top, set(tw.__all__) - top
+    inherited = set(dir(object)) | set(dir(BaseException)) | {"__dict__", "__module__", "__weakref__", "__slots__",
+                                                              "__abstractmethods__", "_abc_impl", "__nb_signature__"}
+    missing = []
+    for cls, declared in members.items():
+        rt = getattr(tw, cls)
+        if cls == "Metadata":  # a MutableMapping: the mixin methods come with the base class in the stub too
+            declared = declared | set(dir(tw.Metadata.__mro__[1]))
+        for a in dir(rt):
+            if a in inherited or (a.startswith("_") and not a.startswith("__")):
+                continue
+            if a not in declared:
+                missing.append(f"{cls}.{a}")
+    assert not missing, missing
+    assert isinstance(tw.to_arrow(np.zeros((2, 3, 4), np.float32), dim_names=("h", "w")).dim_names, tuple)
+
+
 def test_classes_have_signatures_and_help_shows_them():
     assert str(inspect.signature(tw.Publisher)).startswith("(name, *, depth=8, on_full='block'")
     assert str(inspect.signature(tw.Subscriber)) == (
@@ -165,3 +200,9 @@ def test_text_signatures_show_non_literal_defaults_as_ellipsis():
         __nb_signature__ = (("def f(a: int = \\0, b: object = \\1, *, c: float = \\2) -> None", None,
                              (3, object(), float("inf"))),)
     assert _signatures.text_signature(Fake(), method=False) == "(a=3, b=..., *, c=...)"
+
+
+def test_the_typed_usage_example_runs():
+    # test_readme.py type-checks typed_usage.py with mypy --strict; running it proves the stub's claims are true.
+    import runpy
+    runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "typed_usage.py"))["main"]()
