@@ -60,12 +60,28 @@ def table(contig, sizes=(4 * KiB, 1 * MiB, 16 * MiB, 64 * MiB, 256 * MiB), threa
                       f"{h['tw']:.2f} | {h['numpy']:.2f} | {h['memcpy']:.2f} | {i['ratio']['vs_memcpy']:.2f}x |")
 
 
+def records(path: str) -> list:
+    try:
+        with open(path) as f:
+            return json.load(f)["records"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        sys.exit(f"bench/targets.py: {path}: not a results file of bench_contiguous.py / bench_roundtrip.py --json "
+                 f"({type(e).__name__}: {e})")
+
+
 def main(argv):
-    if argv[1] == "--table":
-        table(json.load(open(argv[2]))["records"], threads=int(argv[3]) if len(argv) > 3 else 1)
-        return
-    contig = json.load(open(argv[1]))["records"]
-    rt = json.load(open(argv[2]))["records"] if len(argv) > 2 else []
+    args = argv[1:]
+    if not args or args[0] in ("-h", "--help") or (args[0] == "--table" and not 2 <= len(args) <= 3) or \
+            (args[0] != "--table" and len(args) > 2):
+        print(__doc__.strip(), file=sys.stdout if args[:1] in (["-h"], ["--help"]) else sys.stderr)
+        return 0 if args[:1] in (["-h"], ["--help"]) else 2
+    if args[0] == "--table":
+        if len(args) == 3 and not args[2].isdigit():
+            sys.exit(f"bench/targets.py --table: THREADS must be a number, not {args[2]!r}")
+        table(records(args[1]), threads=int(args[2]) if len(args) == 3 else 1)
+        return 0
+    contig = records(args[0])
+    rt = records(args[1]) if len(args) > 1 else []
     sel = lambda **kw: [r for r in contig if all(r[k] == v for k, v in kw.items())]  # noqa: E731
 
     print("| target | result | measured |")
@@ -115,4 +131,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv)
+    sys.exit(main(sys.argv))

@@ -23,14 +23,18 @@ def main(argv: list[str] | None = None) -> int:
     for flag, what in (("--cmake-dir", "tensorwireConfig.cmake"), ("--include-dir", "the C and C++ headers"),
                        ("--pkgconfig-dir", "tensorwire.pc and tensorwire_c.pc")):
         parser.add_argument(flag, action="store_true", help=f"print the directory of {what} and exit")
-    sub = parser.add_subparsers(dest="command")
-    d = sub.add_parser("demo", help="show each tensor-crossing hazard tensorwire removes, and whether it came out right")
-    d.add_argument("--size", type=int, default=100_000_000, help="elements in the large-buffer adoption row")
-    b = sub.add_parser("bench", help="inter-process transfer benchmark; quick by default, --full for every size")
+    # (the modes are described once, in the description above; each mode's --help has its own)
+    sub = parser.add_subparsers(dest="command", metavar="{demo,bench,doctor,version}")
+    d = sub.add_parser("demo", description="Each tensor-crossing hazard tensorwire removes, performed on real "
+                       "libraries and checked element by element against the source: a table of whether each came "
+                       "out right.")
+    d.add_argument("--size", type=_positive_int, default=100_000_000,
+                   help="elements in the large-buffer adoption row (default 100000000)")
+    b = sub.add_parser("bench", description="Benchmarks: `tensorwire bench --help`.")
     b.add_argument("rest", nargs=argparse.REMAINDER)
-    doc = sub.add_parser("doctor", help="what this machine supports, and why not")
+    doc = sub.add_parser("doctor", description="What this machine supports, and why not.")
     doc.add_argument("--json", action="store_true", help="print the report as JSON")
-    sub.add_parser("version", help="print versions")
+    sub.add_parser("version", description="Print tensorwire's version and the DLPack version it speaks.")
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:  # argparse.REMAINDER refuses a leading --option: the benchmark parses its own
         try:
@@ -66,6 +70,16 @@ def main(argv: list[str] | None = None) -> int:
         print(_version_line())
         return 0
     return 2
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n}: must be at least 1")
+    return n
 
 
 def _version_line() -> str:

@@ -81,6 +81,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--ipc-n", type=int, default=200, help="latency messages per size in the ipc rows")
     p.add_argument("--no-ipc", action="store_true", help="leave out the ipc rows (between processes)")
     args = p.parse_args(argv)
+    from ._bench_ipc import check_writable, parse_sizes
+
+    ipc_sizes = parse_sizes(p, args.ipc_sizes, "--ipc-sizes")  # (checked before anything is measured)
+    check_writable(p, "--out", args.out)
     if args.ipc_methods and not args.no_ipc:  # (checked before anything is measured)
         from ._bench_cuda_ipc import METHODS
 
@@ -182,9 +186,7 @@ def _measure(args, tw, torch, rows, verdicts, save) -> None:
     save()
     if not args.no_ipc:
         from . import _bench_cuda_ipc as ipc
-        from ._bench_ipc import parse_size
-
-        sizes = [parse_size(s) for s in args.ipc_sizes.split(",")] if args.ipc_sizes else None
+        sizes = ipc_sizes
         methods = args.ipc_methods.split(",") if args.ipc_methods else None
         print("ipc: CUDA tensors to another process", flush=True)
         done = len(rows)

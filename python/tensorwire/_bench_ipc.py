@@ -48,9 +48,66 @@ ZERO_COPY = frozenset({"tw-loan", "torch-resent", "iceoryx2"})
 
 
 def parse_size(s: str) -> int:
-    s = s.strip().upper().removesuffix("B").removesuffix("I")
-    mult = {"K": KiB, "M": MiB, "G": 1 << 30}.get(s[-1:], 1)
-    return int(float(s[:-1] if s[-1:] in "KMG" else s) * mult)
+    """A byte count such as 64, 4K, 4KiB, 1.5M or 256MB; ValueError naming the text when it is not one."""
+    t = s.strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": KiB, "M": MiB, "G": 1 << 30}.get(t[-1:], 1)
+    try:
+        return int(float(t[:-1] if t[-1:] in "KMG" else t) * mult)
+    except (ValueError, OverflowError):
+        raise ValueError(f"{s!r} is not a size (bytes, optionally with K, M or G: 64, 4K, 1.5M, 256M)") from None
+
+
+def parse_sizes(p: argparse.ArgumentParser, text: str | None, flag: str = "--sizes") -> list[int] | None:
+    """A --sizes value as byte counts (None when not given); a usage error (exit 2) for anything else."""
+    if text is None:
+        return None
+    try:
+        return [parse_size(x) for x in text.split(",")]
+    except ValueError as e:
+        p.error(f"{flag}: {e}")
+        raise  # (p.error exits)
+
+
+def check_writable(p: argparse.ArgumentParser, flag: str, path: str | None) -> None:
+    """Refuses an output path that cannot be written before anything is measured (a --full run takes a while)."""
+    if not path:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        p.error(f"{flag} {path}: there is no directory {folder}")
+    if os.path.isdir(path) or not os.access(path if os.path.exists(path) else folder, os.W_OK):
+        p.error(f"{flag} {path}: cannot write there")
+
+
+def result_kind(data: dict) -> str:
+    """'net' or 'ipc': which `tensorwire bench` wrote a results file (files before 'kind' existed: by their keys)."""
+    if isinstance(data.get("kind"), str):
+        return data["kind"]
+    rows = data.get("rows") or []
+    return "net" if "ucx_tls" in data or "skipped_all" in data or any("latency" in r for r in rows) else "ipc"
+
+
+def load_results(p: argparse.ArgumentParser, path: str, kind: str) -> dict:
+    """A previous run's JSON for --from-json: usage errors for a missing file, non-JSON, or another mode's file."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except OSError as e:
+        p.error(f"--from-json {path}: {e.strerror or e}")
+    except (ValueError, UnicodeDecodeError) as e:
+        p.error(f"--from-json {path}: not JSON ({e})")
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list) or \
+            not all(isinstance(r, dict) for r in data["rows"]):
+        p.error(f"--from-json {path}: not a `tensorwire bench` result (no list of rows)")
+    actual = result_kind(data)
+    if actual != kind:
+        other = {"net": "tensorwire bench --net", "ipc": "tensorwire bench"}.get(actual, f"a {actual!r} benchmark")
+        p.error(f"--from-json {path}: this file is a `{other}` result; read it with `{other} --from-json {path}`")
+    return data
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def fmt_size(n: int) -> str:
@@ -565,24 +622,29 @@ def main(argv=None) -> int:
     if args.quick and args.full:
         p.error("--quick and --full exclude each other")
     args.quick = not args.full  # quick unless --full: a first run should not take many minutes
-    sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else (ALL_SIZES if args.full else QUICK_SIZES)
-    if not args.full and not args.sizes and not args.from_json:
-        print("tensorwire bench: quick mode (6 sizes); `tensorwire bench --full` measures every size", flush=True)
+    sizes = parse_sizes(p, args.sizes) or (ALL_SIZES if args.full else QUICK_SIZES)
     if min(sizes) < 64:
         p.error("sizes must be at least 64 bytes (the timestamp takes 8)")
     methods = args.methods.split(",") if args.methods else METHODS
     for m in methods:
         if m not in METHODS:
             p.error(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
+    check_writable(p, "--json", args.json)
+    check_writable(p, "--plot", args.plot)
+    if not args.full and not args.sizes and not args.from_json:
+        print("tensorwire bench: quick mode (6 sizes); `tensorwire bench --full` measures every size", flush=True)
     rows, skipped = [], {}
     if args.from_json:
-        with open(args.from_json) as f:
-            data = json.load(f)
-        rows, skipped, methods = [normalized(r) for r in data["rows"]], data.get("skipped", {}), []
+        data = load_results(p, args.from_json, "ipc")
+        try:
+            rows = [normalized(r) for r in data["rows"]]
+        except (KeyError, TypeError, ValueError) as e:
+            p.error(f"--from-json {args.from_json}: a row lacks {e} (not a `tensorwire bench` result?)")
+        skipped, methods = data.get("skipped", {}), []
         print(f"tensorwire bench: {args.from_json}, measured on {data.get('platform', '?')}, {data.get('cpus', '?')} "
               f"CPUs, Python {data.get('python', '?')}", flush=True)
     else:
-        print(f"tensorwire bench: {len(methods)} methods x {len(sizes)} sizes; {platform.platform()}, "
+        print(f"tensorwire bench: {plural(len(methods), 'method')} x {plural(len(sizes), 'size')}; {platform.platform()}, "
               f"{os.cpu_count()} CPUs, Python {platform.python_version()}", flush=True)
     for m in methods:
         why = _available(m)
@@ -606,8 +668,8 @@ def main(argv=None) -> int:
         print(f"{m}: {why}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                       "rows": rows, "skipped": skipped}, f, indent=1)
+            json.dump({"kind": "ipc", "platform": platform.platform(), "cpus": os.cpu_count(),
+                       "python": platform.python_version(), "rows": rows, "skipped": skipped}, f, indent=1)
     if args.plot:
         try:
             plot(rows, args.plot)

@@ -81,9 +81,12 @@ from tensorwire._bench_ipc import (
     TIME_UNITS_MICRO,
     KiB,
     MiB,
+    check_writable,
     fmt_size,
     fmt_unit,
-    parse_size,
+    load_results,
+    parse_sizes,
+    plural,
 )
 
 QUICK_SIZES = [64, 4 * KiB, 64 * KiB, MiB, 16 * MiB]
@@ -1155,16 +1158,16 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.quick and args.full:
         p.error("--quick and --full exclude each other")
-    sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else (ALL_SIZES if args.full else QUICK_SIZES)
+    sizes = parse_sizes(p, args.sizes) or (ALL_SIZES if args.full else QUICK_SIZES)
     if min(sizes) < 64:
         p.error("sizes must be at least 64 bytes (the timestamp takes 8)")
     methods = args.methods.split(",") if args.methods else METHODS
     for m in methods:
         if m not in METHODS:
             p.error(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
+    check_writable(p, "--json", args.json)
     if args.from_json:
-        with open(args.from_json) as f:
-            data = json.load(f)
+        data = load_results(p, args.from_json, "net")
         print(f"tensorwire bench --net: {args.from_json}, measured on {data.get('platform', '?')}, "
               f"{data.get('cpus', '?')} CPUs, {data.get('versions', {})}")
         print()
@@ -1192,9 +1195,9 @@ def main(argv=None) -> int:
                   file=sys.stderr)
             if args.json:
                 with open(args.json, "w") as f:
-                    json.dump({"skipped_all": str(e), "rows": [], "skipped": {}}, f, indent=1)
+                    json.dump({"kind": "net", "skipped_all": str(e), "rows": [], "skipped": {}}, f, indent=1)
             return 0
-        print(f"tensorwire bench --net: {len(methods)} methods x {len(sizes)} sizes between namespaces {net.ns[0]} "
+        print(f"tensorwire bench --net: {plural(len(methods), 'method')} x {plural(len(sizes), 'size')} between namespaces {net.ns[0]} "
               f"({net.ip[0]}) and {net.ns[1]} ({net.ip[1]}), veth MTU {net.mtu}, UCX_TLS={net.ucx_tls}; "
               f"{platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}", flush=True)
         u = tw_ucx()
@@ -1250,8 +1253,8 @@ def main(argv=None) -> int:
               "is the better of the two ucx_perftest runs:\n" + "\n".join(warnings))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                       "versions": _versions(), "mtu": net.mtu, "ucx_tls": net.ucx_tls, "tw_recv": args.tw_recv,
+            json.dump({"kind": "net", "platform": platform.platform(), "cpus": os.cpu_count(),
+                       "python": platform.python_version(), "versions": _versions(), "mtu": net.mtu, "ucx_tls": net.ucx_tls, "tw_recv": args.tw_recv,
                        "rows": rows, "skipped": skipped, "targets": judge(rows), "warnings": warnings}, f, indent=1)
     return 0
 

@@ -156,3 +156,33 @@ def test_bench_command_writes_zero_copy_rows(tmp_path):
         else:
             assert r["zero_copy"] is False
             assert r["throughput_GBps"] == pytest.approx(r["msgs_per_s"] * r["bytes"] / 1e9)
+    assert json.loads(out_json.read_text())["kind"] == "ipc"  # --from-json tells the modes' files apart by it
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "tensorwire", *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args,says", [
+    (["bench", "--sizes", "4Q"], "--sizes: '4Q' is not a size"),
+    (["bench", "--sizes", "64K,"], "--sizes: '' is not a size"),
+    (["bench", "--sizes", "nan"], "--sizes: 'nan' is not a size"),
+    (["bench", "--net", "--sizes", "abc"], "--sizes: 'abc' is not a size"),
+    (["bench", "--device", "cuda", "--ipc-sizes", "1X"], "--ipc-sizes: '1X' is not a size"),
+    (["bench", "--json", "/nonexistent-dir/x.json"], "--json /nonexistent-dir/x.json: there is no directory"),
+    (["bench", "--plot", "/nonexistent-dir/x.png"], "--plot /nonexistent-dir/x.png: there is no directory"),
+    (["bench", "--from-json", "/nonexistent-file.json"], "--from-json /nonexistent-file.json: No such file"),
+    (["bench", "--from-json", str(REPO / "README.md")], "not JSON"),
+    (["bench", "--from-json", str(REPO / "bench" / "results" / "net.json")], "`tensorwire bench --net` result"),
+    (["bench", "--net", "--from-json", str(REPO / "bench" / "ipc_results.json")], "`tensorwire bench` result"),
+    (["bench", "--methods", "nope"], "unknown method 'nope'"),
+    (["demo", "--size", "-5"], "argument --size: -5: must be at least 1"),
+    (["demo", "--size", "x"], "argument --size: 'x' is not a whole number"),
+])
+def test_bad_command_line_arguments_are_usage_errors_before_anything_runs(args, says, tmp_path):
+    # A traceback after a long measurement (an unwritable --json), or a bogus table from another mode's file, was
+    # what a user got; now: exit status 2, one line naming the argument, nothing measured.
+    p = _cli(*args)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert says in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert "quick mode" not in p.stdout and "p50" not in p.stdout, p.stdout
