@@ -238,6 +238,8 @@ tw_value* tw_value_list(void);
 tw_value* tw_value_tuple(void);
 tw_value* tw_value_dict(void);
 void tw_value_free(tw_value* v);
+/* A deep copy; NULL (tw_last_error says) for a tree nested deeper than 64 levels, which no metadata may be: setting
+   or sending such a tree fails the same way. */
 tw_value* tw_value_clone(const tw_value* v);
 /* Appends `item` to a list or tuple; consumes `item`. */
 tw_status tw_value_append(tw_value* container, tw_value* item);

@@ -86,8 +86,9 @@ tw::CopyMode copy_mode(int32_t c) {
 }
 
 // Options structs carry their size so that fields can be added: a caller compiled against an older (smaller)
-// struct is read up to its size only; a size we do not know at all is refused. The smallest sizes accepted are
-// the structs as ABI 1.1 shipped them (frozen here: fields added later must be appended, and these stay).
+// struct is read up to its size only; a size we do not know at all is refused. Each struct has shipped in two
+// sizes at most: as ABI 1.1 shipped it (frozen here: fields added later must be appended, and these stay) and as
+// it is now. Only those two are read: any other size ends inside a field (half a pointer read as a whole one).
 constexpr size_t kExportOptionsV1 = 48;
 constexpr size_t kImportOptionsV1 = 20;
 constexpr size_t kPublisherOptionsV1 = 56;
@@ -111,10 +112,13 @@ Options read_options(const Options* o, void (*init)(Options*), size_t min_size, 
   Options r;
   init(&r);
   if (!o) return r;
-  if (o->struct_size < min_size || o->struct_size > sizeof(Options))
+  if (o->struct_size != min_size && o->struct_size != sizeof(Options))
     throw tw::Error(tw::ErrorCode::invalid_argument,
                     std::string(name) + ".struct_size is " + std::to_string(o->struct_size) + "; expected " +
-                        std::to_string(sizeof(Options)) + " (initialise it with " + name + "_init)");
+                        std::to_string(sizeof(Options)) +
+                        (min_size != sizeof(Options) ? " (or " + std::to_string(min_size) + ", as ABI 1.1 had it)"
+                                                     : std::string()) +
+                        " (initialise it with " + name + "_init)");
   std::memcpy(&r, o, o->struct_size);
   return r;
 }
@@ -209,11 +213,33 @@ tw_value* new_value(tw::Value v) noexcept {
   }
 }
 
+// A tree nested deeper than the encoding allows is refused before anything copies it: copying (and encoding)
+// recurse, and a C caller can build a tree of any depth (100 000 levels overflowed the stack in the copy).
+// Checked without recursion.
+constexpr size_t kMaxValueDepth = 64;  // encode_metadata's limit
+void check_depth(const tw::Value& root, const char* what) {
+  std::vector<std::pair<const tw::Value*, size_t>> todo{{&root, 0}};
+  while (!todo.empty()) {
+    const auto [v, depth] = todo.back();
+    todo.pop_back();
+    if (depth > kMaxValueDepth)
+      throw tw::Error(tw::ErrorCode::invalid_argument,
+                      std::string(what) + " is nested deeper than " + std::to_string(kMaxValueDepth) + " levels");
+    const auto k = v->kind();
+    if (k == tw::Value::Kind::list || k == tw::Value::Kind::tuple) {
+      for (const tw::Value& x : v->items()) todo.emplace_back(&x, depth + 1);
+    } else if (k == tw::Value::Kind::dict) {
+      for (const tw::Value& x : v->values()) todo.emplace_back(&x, depth + 1);
+    }
+  }
+}
+
 tw::Metadata metadata_arg(const tw_value* dict, const char* what) {
   if (!dict) return {};
   if (val(dict)->kind() != tw::Value::Kind::dict)
     throw tw::Error(tw::ErrorCode::type_mismatch, std::string(what) + " must be a dict, not a " +
                                                       tw::value_kind_name(val(dict)->kind()));
+  check_depth(*val(dict), what);
   return tw::Metadata::from_value(*val(dict));
 }
 
@@ -558,7 +584,10 @@ tw_value* tw_value_clone(const tw_value* v) {
     return nullptr;
   }
   tw_value* out = nullptr;
-  guarded([&] { out = new_handle(*val(v)); });
+  guarded([&] {
+    check_depth(*val(v), "the value");
+    out = new_handle(*val(v));
+  });
   return out;
 }
 

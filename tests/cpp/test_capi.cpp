@@ -115,6 +115,26 @@ TEST(CApi, OptionsInitNeverWritesPastTheCallersSize) {
   EXPECT_FAILS(tw_publisher_new(topic("small").c_str(), reinterpret_cast<tw_publisher_options*>(buf), &p),
                TW_ERR_INVALID_ARGUMENT, "tw_publisher_options.struct_size is 40");
   EXPECT_EQ(p, nullptr);
+  // A size between two shipped ones ends inside a field: 60 is half of `listen` (a pointer read from half of one
+  // crashed). Only the shipped sizes are read.
+  for (uint32_t size : {57u, 60u, 64u, 72u, 81u}) {
+    tw_publisher_options po;
+    tw_publisher_options_init(&po);
+    po.listen = "127.0.0.1:0";
+    po.struct_size = size;
+    EXPECT_FAILS(tw_publisher_new(topic("torn").c_str(), &po, &p), TW_ERR_INVALID_ARGUMENT,
+                 "tw_publisher_options.struct_size is " + std::to_string(size) + "; expected 80 (or 56, as ABI 1.1");
+    EXPECT_EQ(p, nullptr);
+  }
+  tw_subscriber_options_init(&so);
+  so.struct_size = 12;  // half of `connect`
+  tw_subscriber* s = nullptr;
+  EXPECT_FAILS(tw_subscriber_new(topic("torn").c_str(), &so, &s), TW_ERR_INVALID_ARGUMENT,
+               "tw_subscriber_options.struct_size is 12");
+  EXPECT_EQ(s, nullptr);
+  so.struct_size = 8;  // ABI 1.1's: read up to its size, the rest defaults
+  ASSERT_EQ(tw_subscriber_new(topic("v11").c_str(), &so, &s), TW_OK) << tw_last_error();
+  tw_subscriber_free(s);
 }
 
 TEST(CApi, VersionQueries) {
@@ -280,6 +300,41 @@ TEST(CApi, ViewsReshapeAndSelect) {
   EXPECT_FAILS(tw_tensor_permute(t, nullptr, 2, &v), TW_ERR_INVALID_ARGUMENT, "dims is NULL");
   EXPECT_FAILS(tw_tensor_transpose(nullptr, 0, 1, &v), TW_ERR_INVALID_ARGUMENT, "tensor is NULL");
   for (tw_tensor* h : {t, tr, row, flat}) tw_tensor_free(h);
+}
+
+// Copying and encoding recurse: a tree deeper than the encoding's 64 levels is refused where the C ABI would copy
+// it (100 000 levels, built inside out, overflowed the stack in tw_value_clone / tw_tensor_set_metadata / send).
+TEST(CApi, MetadataNestedDeeperThanTheEncodingIsRefusedBeforeItIsCopied) {
+  const auto nest = [](int levels) {  // a dict holding `levels` lists, one inside the next
+    tw_value* v = tw_value_list();
+    for (int i = 1; i < levels; ++i) {
+      tw_value* outer = tw_value_list();
+      EXPECT_EQ(tw_value_append(outer, v), TW_OK);
+      v = outer;
+    }
+    tw_value* d = tw_value_dict();
+    EXPECT_EQ(tw_value_dict_set(d, "deep", 4, v), TW_OK);
+    return d;
+  };
+  const int64_t shape[1] = {1};
+  tw_tensor* t = nullptr;
+  ASSERT_EQ(tw_tensor_zeros(1, shape, kF32, &t), TW_OK);
+  tw_value* ok = nest(64);  // the dict, then 64 lists: as deep as the encoding goes
+  tw_value* copy = tw_value_clone(ok);
+  ASSERT_NE(copy, nullptr) << tw_last_error();
+  EXPECT_EQ(tw_tensor_set_metadata(t, ok), TW_OK) << tw_last_error();
+  tw_value_free(copy);
+  tw_value_free(ok);
+  tw_value* deep = nest(5000);
+  EXPECT_EQ(tw_value_clone(deep), nullptr);
+  EXPECT_NE(std::string(tw_last_error()).find("nested deeper than 64 levels"), std::string::npos) << tw_last_error();
+  EXPECT_FAILS(tw_tensor_set_metadata(t, deep), TW_ERR_INVALID_ARGUMENT, "metadata is nested deeper than 64 levels");
+  tw_value* got = nullptr;
+  ASSERT_EQ(tw_tensor_metadata(t, &got), TW_OK);  // unchanged by the refusal
+  EXPECT_EQ(tw_value_len(got), 1u);
+  tw_value_free(got);
+  tw_value_free(deep);
+  tw_tensor_free(t);
 }
 
 TEST(CApi, MetadataValuesRoundTrip) {
