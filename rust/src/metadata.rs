@@ -149,18 +149,32 @@ impl Drop for RawValue {
     }
 }
 
+/// Nesting deeper than this is refused, as the encoding refuses it: checked before recursing, so a hostile depth
+/// is an error rather than an overflowed stack.
+const MAX_DEPTH: usize = 64;
+
 pub(crate) fn metadata_to_raw(m: &Metadata) -> Result<RawValue> {
+    dict_to_raw(m, 0)
+}
+
+fn dict_to_raw(m: &Metadata, depth: usize) -> Result<RawValue> {
+    if depth > MAX_DEPTH {
+        return Err(Error::new(ErrorKind::InvalidArgument, format!("metadata nested deeper than {MAX_DEPTH} levels")));
+    }
     // SAFETY: constructors return owned trees or NULL.
     let dict = unsafe { RawValue::new(ffi::tw_value_dict()) }?;
     for (k, v) in &m.entries {
-        let item = value_to_raw(v)?;
+        let item = value_to_raw(v, depth + 1)?;
         // SAFETY: dict is a live dict; item's ownership moves to the call (consumed even on failure).
         check(unsafe { ffi::tw_value_dict_set(dict.0.as_ptr(), k.as_ptr() as *const c_char, k.len(), item.into_raw()) })?;
     }
     Ok(dict)
 }
 
-fn value_to_raw(v: &Value) -> Result<RawValue> {
+fn value_to_raw(v: &Value, depth: usize) -> Result<RawValue> {
+    if depth > MAX_DEPTH {
+        return Err(Error::new(ErrorKind::InvalidArgument, format!("metadata nested deeper than {MAX_DEPTH} levels")));
+    }
     // SAFETY (every call below): constructors return owned trees or NULL; containers consume what they are given.
     unsafe {
         match v {
@@ -173,12 +187,12 @@ fn value_to_raw(v: &Value) -> Result<RawValue> {
             Value::List(items) | Value::Tuple(items) => {
                 let c = RawValue::new(if matches!(v, Value::List(_)) { ffi::tw_value_list() } else { ffi::tw_value_tuple() })?;
                 for item in items {
-                    let raw = value_to_raw(item)?;
+                    let raw = value_to_raw(item, depth + 1)?;
                     check(ffi::tw_value_append(c.0.as_ptr(), raw.into_raw()))?;
                 }
                 Ok(c)
             }
-            Value::Dict(m) => metadata_to_raw(m),
+            Value::Dict(m) => dict_to_raw(m, depth),
         }
     }
 }

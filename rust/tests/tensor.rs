@@ -210,6 +210,34 @@ fn metadata_round_trips_every_kind() {
     assert_eq!(t.metadata().unwrap().len(), 1);
 }
 
+#[test]
+fn metadata_deeper_than_the_encoding_is_an_error_not_an_overflowed_stack() {
+    // Converting to the C ABI's tree recursed without a limit: 30 000 levels aborted a spawned thread.
+    let nest = |levels: usize| {
+        let mut v = Value::List(vec![]);
+        for _ in 1..levels {
+            v = Value::List(vec![v]);
+        }
+        Metadata::new().with("deep", v)
+    };
+    let mut t = Tensor::zeros(DType::F32, &[1]).unwrap();
+    t.set_metadata(&nest(64)).unwrap(); // the dict and 64 lists: as deep as the encoding goes
+    // (a large stack: building and dropping a deep Rust value recurse too, which is not tensorwire's to fix)
+    let e = std::thread::Builder::new()
+        .stack_size(256 << 20)
+        .spawn(move || {
+            let deep = nest(10_000);
+            let mut u = Tensor::zeros(DType::F32, &[1]).unwrap();
+            u.set_metadata(&deep).map_err(|e| (e.kind(), e.message().to_string()))
+        })
+        .unwrap()
+        .join()
+    .unwrap()
+    .unwrap_err();
+    assert_eq!(e.0, ErrorKind::InvalidArgument);
+    assert!(e.1.contains("nested deeper than 64 levels"), "{}", e.1);
+}
+
 fn flags(dl: *mut DLManagedTensorVersioned) -> u64 {
     unsafe { (*dl).flags }
 }
