@@ -29,7 +29,7 @@ from ._tensorwire import (
     zeros,
 )
 from ._metadata import Metadata
-from . import _pickle, _numpy, _scalars, _signatures, cuda
+from . import _exporters, _pickle, _numpy, _scalars, _signatures, cuda
 from ._exporters import to_jax, to_numpy, to_torch
 from ._paths import cmake_dir, include_dir, lib_dir, pkgconfig_dir
 
@@ -96,7 +96,7 @@ def _jax_array(self):
     layout). Without it, JAX asks NumPy for the dtype of `t.dtype`, a tw.DType NumPy 2 refuses. (JAX 0.10 no longer
     calls it inside jnp functions such as jnp.sin: convert first.) A 64-bit tensor while JAX's 64-bit types are
     off becomes 32-bit, as jnp.asarray does with a NumPy array (tw.to_jax refuses it instead)."""
-    return to_jax(self, _narrow_as_jax_does=True)
+    return _exporters.jax_array(self, None, True)
 
 
 Tensor.__jax_array__ = _jax_array

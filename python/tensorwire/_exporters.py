@@ -62,13 +62,35 @@ def _jax_cannot(t):
     return None
 
 
+def torch_from_dlpack(t):
+    """torch.from_dlpack(t), and float8 too: torch.from_dlpack asks producers for DLPack 1.0 at most, which has no
+    float8 codes (tensorwire refuses to hand a code to a consumer that does not claim to know it), yet PyTorch reads
+    them from a 1.1 capsule given directly. The capsule is made ready on torch's current stream, as from_dlpack
+    would ask (DLPack: 1 for the legacy default stream)."""
+    import torch
+
+    if not t.dtype.name.startswith("float8"):
+        return torch.from_dlpack(t)
+    stream = None
+    if t.device.type == "cuda":
+        s = torch.cuda.current_stream(t.device.index).cuda_stream
+        stream = 1 if s == 0 else s
+    return torch.from_dlpack(t.__dlpack__(max_version=(1, 1), stream=stream))
+
+
+def _import_copy(copy):
+    """What the import may do under the export's copy=: copy=False forbids a copy in either step (a byte-swapped or
+    Python-list source needs one to import at all), while copy=True copies once, on the way out."""
+    return False if copy is False else None
+
+
 def to_numpy(x, *, copy=None):
     """x as a numpy.ndarray; NumPy takes every strided layout, so this copies only when copy=True, or when the
     tensor is a packed sub-byte one (int4...), which NumPy holds one element per byte (refused with copy=False)."""
     check_copy(copy, "to_numpy")
     from ._numpy import is_packed, ndarray_view, unpacked
 
-    t = asarray(x)
+    t = asarray(x, copy=_import_copy(copy))
     if is_packed(t):
         if copy is False:
             raise CopyError(f"NumPy cannot take a packed {t.dtype.name} tensor (it stores one element per byte) and "
@@ -84,10 +106,10 @@ def to_torch(x, *, copy=None):
     check_copy(copy, "to_torch")
     import torch
 
-    t = asarray(x)
+    t = asarray(x, copy=_import_copy(copy))
     check_torch_device(t, "to_torch")
     t, _ = _prepare(t, copy, "PyTorch", _torch_cannot)
-    return torch.from_dlpack(t)
+    return torch_from_dlpack(t)
 
 
 def jax_narrows(t):
@@ -105,16 +127,21 @@ def jax_narrows(t):
     return None if canon == src else canon
 
 
-def to_jax(x, *, copy=None, _narrow_as_jax_does=False):
+def to_jax(x, *, copy=None):
     """x as a jax.Array through DLPack. XLA takes dense layouts in any dimension order (no gaps, no stride 0, no
     negative strides) and asks for legacy capsules: anything else is copied (or refused with copy=False). A 64-bit
     tensor while JAX's 64-bit types are off (jax_enable_x64, off by default) is refused with TypeError: JAX would
-    make it 32-bit, wrapping or rounding its values. (_narrow_as_jax_does: jnp.asarray(t) lets JAX do that, as it
-    does with a NumPy array, on whatever device t is.)"""
+    make it 32-bit, wrapping or rounding its values."""
     check_copy(copy, "to_jax")
+    return jax_array(x, copy, False)
+
+
+def jax_array(x, copy, _narrow_as_jax_does):
+    """to_jax; _narrow_as_jax_does: jnp.asarray(t) (Tensor.__jax_array__) lets JAX narrow 64-bit types, as it does
+    with a NumPy array, on whatever device t is."""
     import jax.numpy as jnp
 
-    t = asarray(x)
+    t = asarray(x, copy=_import_copy(copy))
     narrowed = None if _narrow_as_jax_does else jax_narrows(t)
     if narrowed is not None:
         raise TypeError(f"to_jax: JAX's 64-bit types are off (jax_enable_x64), so this {t.dtype.name} tensor would "

@@ -55,7 +55,7 @@ from torch.utils.data._utils.collate import default_collate_fn_map as _default_c
 
 from . import _tensorwire as _ext
 from ._tensorwire import CopyError, asarray
-from ._exporters import check_copy, check_torch_device
+from ._exporters import check_copy, check_torch_device, torch_from_dlpack as _torch_from_dlpack
 
 __all__ = [
     "METADATA_KEY",
@@ -518,7 +518,7 @@ def _to_torch_one(t: Any, copy: bool | None) -> torch.Tensor:
             cls, state = _state(t)
             return _rewrap(_plain(t).clone(), cls, state)
         return t
-    t = asarray(t)
+    t = asarray(t, copy=False if copy is False else None)  # (copy=False forbids a copy on the way in too)
     check_torch_device(t, "tensorwire.torch.to_torch")
     desc = t.metadata[METADATA_KEY] if METADATA_KEY in t.metadata else None
     needs = None
@@ -536,7 +536,7 @@ def _to_torch_one(t: Any, copy: bool | None) -> torch.Tensor:
             "(clone() it first, or pass copy=True). This warning is shown once.",
             stacklevel=3,
         )
-    x = torch.from_dlpack(t)
+    x = _torch_from_dlpack(t)
     shape_ok = isinstance(desc, dict) and desc.get("shape", list(x.shape)) == list(x.shape)
     if shape_ok and isinstance(desc.get("type"), str):
         codec = _lookup_name(desc["type"])
@@ -590,13 +590,15 @@ def to_torch(t: Any, *, copy: bool | None = None) -> Any:
 
 def from_torch(x: Any, *, copy: bool | None = None) -> Any:
     """A torch tensor (or a nested structure of them) as tensorwire tensors, zero-copy; a subclass instance keeps
-    its description in ``t.metadata[METADATA_KEY]``. Tensors that require grad are detached (the data is shared)."""
+    its description in ``t.metadata[METADATA_KEY]``. Tensors that require grad are detached (the data is shared) and
+    read-only, as ``tw.asarray`` makes them: a write would change what autograd saved (wrong gradients, silently);
+    ``copy=True`` gives a writable copy."""
     check_copy(copy, "from_torch")
 
     def one(v: torch.Tensor) -> Any:
         if v.requires_grad:
             desc = _describe_for_transport(v)
-            t = asarray(_plain(v).detach(), copy=copy)
+            t = asarray(_plain(v), copy=copy)  # (detached and read-only by asarray, unless copied)
             if desc is not None:
                 t.metadata[METADATA_KEY] = desc
             return t
@@ -689,8 +691,9 @@ def collate(batch: Any) -> Any:
 # ---- contiguous inputs ---------------------------------------------------------------------------------------------
 
 
-# The dtypes that go torch -> tensorwire -> torch through DLPack. Others (float8 and float4, which this torch's
-# from_dlpack cannot take back; bit and quantized types, which DLPack cannot carry) stay with PyTorch.
+# The dtypes that go torch -> tensorwire -> torch through DLPack with torch.from_dlpack. Others (float8 and float4,
+# which need DLPack 1.1 where torch.from_dlpack asks for 1.0; bit and quantized types, which DLPack cannot carry)
+# stay with PyTorch here. (to_torch takes float8 back through a 1.1 capsule: torch_from_dlpack.)
 _DLPACK_DTYPES = frozenset(
     getattr(torch, n)
     for n in (

@@ -4,6 +4,8 @@ the consumer-aware helpers, against the real consumers (NumPy, PyTorch, JAX)."""
 from __future__ import annotations
 
 import ctypes
+import importlib.util
+import inspect
 import io
 import warnings
 
@@ -405,8 +407,9 @@ def test_bfloat16_to_torch():
 
 
 def test_float8_to_torch_follows_dlpack_versions():
-    """float8 codes exist from DLPack 1.1; PyTorch 2.13 asks for at most 1.0, so the export is refused clearly
-    (never handed out with a code the consumer does not claim to know). A 1.1 consumer gets it."""
+    """float8 codes exist from DLPack 1.1; torch.from_dlpack(t) asks for at most 1.0, so that export is refused
+    clearly (never handed out with a code the consumer does not claim to know). A 1.1 consumer gets it, and
+    tw.to_torch hands PyTorch a 1.1 capsule, which it reads (zero-copy)."""
     a = np.arange(6).astype(ml_dtypes.float8_e4m3fn)
     t = tw.asarray(a)
     cap = t.__dlpack__(max_version=(1, 1))
@@ -417,6 +420,34 @@ def test_float8_to_torch_follows_dlpack_versions():
     assert "1.1" in str(ei.value)
     u = tw.from_dlpack(t.__dlpack__(max_version=(1, 1)))
     assert str(u.dtype) == "float8_e4m3fn" and u.data_ptr == ptr(a)
+    import tensorwire.torch as twt
+    for x in (tw.to_torch(t), tw.to_torch(a), twt.to_torch(t)):
+        assert x.dtype == torch.float8_e4m3fn and x.data_ptr() == ptr(a)
+        assert x.view(torch.uint8).tolist() == a.view(np.uint8).tolist()
+
+
+def test_copy_false_forbids_a_copy_on_the_way_in_too():
+    # to_numpy / to_torch / to_jax imported with copy=None, so a source that needed a copy to import at all came back
+    # as a silent copy under copy=False: writes never reached the source.
+    import pyarrow as pa
+    import tensorwire.torch as twt
+    be = np.arange(3, dtype=">f4")  # byte-swapped: the import converts
+    for f in (tw.to_numpy, tw.to_torch, twt.to_torch):
+        with pytest.raises(tw.CopyError):
+            f(be, copy=False)
+        with pytest.raises(tw.CopyError):
+            f([1.0, 2.0], copy=False)
+    with pytest.raises(tw.CopyError):
+        tw.to_numpy(pa.chunked_array([pa.array([1.0]), pa.array([2.0])]), copy=False)
+    with pytest.raises(tw.CopyError):
+        tw.to_torch(torch.tensor([1j]).conj(), copy=False)
+    for f in (tw.to_numpy, tw.to_torch, twt.to_torch):  # what may copy still does
+        assert np.asarray(f(be)).tolist() == [0.0, 1.0, 2.0]
+        assert np.asarray(f(be, copy=True)).tolist() == [0.0, 1.0, 2.0]
+    if importlib.util.find_spec("jax") is not None:
+        with pytest.raises(tw.CopyError):
+            tw.to_jax(np.arange(3, dtype=">f4"), copy=False)
+    assert str(inspect.signature(tw.to_jax)) == "(x, *, copy=None)"  # (no private parameter in help())
 
 
 # ---- layouts consumers cannot take ------------------------------------------------------------------------------

@@ -398,6 +398,18 @@ def test_from_torch_detaches_a_tensor_that_requires_grad():
     x = boxes().requires_grad_(True)
     t = twt.from_torch(x)
     assert t.data_ptr == x.data_ptr() and t.metadata[twt.METADATA_KEY]["registered"]
+    # Read-only, as tw.asarray makes it: a write through the view changed what autograd saved (wrong gradients).
+    w = torch.full((3,), 2.0, requires_grad=True)
+    v = torch.ones(3, requires_grad=True)
+    (w * v).sum().backward()
+    assert w.grad.tolist() == [1.0, 1.0, 1.0]
+    for y in (twt.from_torch(v), twt.from_torch(torch.nn.Parameter(torch.ones(2))), twt.from_torch({"v": v})["v"],
+              t):
+        assert y.readonly
+        with pytest.raises(ValueError, match="read-only"):
+            np.asarray(y)[...] = 100
+    c = twt.from_torch(v, copy=True)  # a copy is the caller's own
+    assert not c.readonly and c.data_ptr != v.data_ptr()
 
 
 def test_hostile_attributes_are_refused_with_a_clear_error():
