@@ -21,6 +21,7 @@ hence ``Publisher.send``, pickling a ``tw.Tensor``) the description travels in t
      "attrs": {"format": "XYXY", "canvas_size": [480, 640], "clamping_mode": "soft"},
      "registered": True,
      "shape": [3, 4],                   # a view of another shape converts to a plain tensor
+     "order": [0, 1],                   # dimensions by stride: a transposed or flipped view converts to plain too
      "unencoded": ["source"]}           # only when some attribute could not travel (below)
 
 ``to_torch`` rebuilds only registered types (``register_subclass``): a peer's message never makes tensorwire import
@@ -330,9 +331,30 @@ def describe(x: torch.Tensor) -> dict | None:
                 f"encode=..., decode=...) with an encode that returns them as small JSON-like values.",
                 stacklevel=2,
             )
+    if x.ndim >= 2:
+        desc["order"] = _dim_order(x.shape, x.stride())
     if why:
         desc["unencoded"] = sorted(why)
     return desc
+
+
+def _dim_order(shape: Any, strides: Any) -> list[int]:
+    """The dimensions of extent > 1 from the largest stride to the smallest (ties by index): what a transposed view
+    of the same shape (a square box tensor's .T) changes."""
+    dims = [d for d in range(len(shape)) if shape[d] > 1]
+    return sorted(dims, key=lambda d: (-strides[d], d))
+
+
+def _same_view(desc: dict, t: Any) -> bool:
+    """Whether t (carrying desc in its metadata) shows the described tensor as it was, not a view of it that means
+    something else: the same shape, no reversed dimension (the producer's torch tensor had none), and, unless t is a
+    dense copy in C order (a packing transport, which keeps values in logical order), the same dimension order."""
+    if desc.get("shape", list(t.shape)) != list(t.shape):
+        return False
+    if any(s < 0 for s, n in zip(t.strides, t.shape) if n > 1):
+        return False
+    order = desc.get("order")
+    return order is None or t.is_contiguous() or order == _dim_order(t.shape, t.strides)
 
 
 def _describe_for_transport(x: torch.Tensor) -> dict | None:
@@ -432,6 +454,10 @@ def _tv_encode(x: torch.Tensor) -> dict:
     return out
 
 
+# Coordinates per box of torchvision's BoundingBoxFormat members other than the 4 of XYXY, XYWH and CXCYWH.
+_BOX_COORDINATES = {"XYWHR": 5, "CXCYWHR": 5, "XYXYXYXY": 8}
+
+
 def _tv_decode(tv: Any, cls: type, plain: torch.Tensor, attrs: dict) -> torch.Tensor:
     """Rebuilds a TVTensor from a message's attributes, validating each: a peer chooses these values."""
     if not isinstance(attrs, dict):
@@ -442,6 +468,8 @@ def _tv_decode(tv: Any, cls: type, plain: torch.Tensor, attrs: dict) -> torch.Te
     if missing:
         raise ValueError(f"{name}: the message lacks {', '.join(missing)}")
     last = {"BoundingBoxes": 4, "KeyPoints": 2}.get(name)
+    if name == "BoundingBoxes" and isinstance(attrs.get("format"), str):  # rotated formats have 5 or 8 coordinates
+        last = _BOX_COORDINATES.get(attrs["format"], 4)
     if last is not None and (plain.ndim < 1 or plain.shape[-1] != last):
         raise ValueError(f"{name}: a tensor of shape {tuple(plain.shape)} (the last dimension must be {last})")
     y = plain.as_subclass(cls)
@@ -521,6 +549,7 @@ def _to_torch_one(t: Any, copy: bool | None) -> torch.Tensor:
     t = asarray(t, copy=False if copy is False else None)  # (copy=False forbids a copy on the way in too)
     check_torch_device(t, "tensorwire.torch.to_torch")
     desc = t.metadata[METADATA_KEY] if METADATA_KEY in t.metadata else None
+    shape_ok = isinstance(desc, dict) and _same_view(desc, t)  # (t before a copy PyTorch's strides may need)
     needs = None
     if any(s < 0 for s, n in zip(t.strides, t.shape) if n > 1):
         needs = f"negative strides {t.strides} (PyTorch refuses them)"
@@ -537,7 +566,6 @@ def _to_torch_one(t: Any, copy: bool | None) -> torch.Tensor:
             stacklevel=3,
         )
     x = _torch_from_dlpack(t)
-    shape_ok = isinstance(desc, dict) and desc.get("shape", list(x.shape)) == list(x.shape)
     if shape_ok and isinstance(desc.get("type"), str):
         codec = _lookup_name(desc["type"])
         if codec is not None:

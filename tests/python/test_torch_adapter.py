@@ -448,6 +448,35 @@ def test_a_view_of_another_shape_converts_to_a_plain_tensor():
     assert twt.METADATA_KEY in col.metadata and type(twt.to_torch(col)) is torch.Tensor
 
 
+def test_a_transposed_or_reversed_view_of_the_same_shape_converts_to_a_plain_tensor():
+    # A square box tensor's .T has the shape the description recorded: its columns were rebuilt as boxes.
+    bb = tv_tensors.BoundingBoxes(torch.arange(16.0).reshape(4, 4), format="XYXY", canvas_size=(99, 99))
+    t = tw.asarray(bb)
+    assert type(twt.to_torch(t)) is tv_tensors.BoundingBoxes
+    for view in (t.T, t.permute(1, 0), t[:, ::-1], t[::-1]):
+        assert twt.METADATA_KEY in view.metadata and type(twt.to_torch(view)) is torch.Tensor
+    # A dense copy in C order (what a packing transport delivers) keeps its type, and so does a channels-last image
+    # whose layout crossed as it was.
+    assert type(twt.to_torch(t.copy())) is tv_tensors.BoundingBoxes
+    img = tv_tensors.Image(torch.rand(2, 3, 4, 4)).to(memory_format=torch.channels_last)
+    ti = tw.asarray(img)
+    assert not ti.is_contiguous() and type(twt.to_torch(ti)) is tv_tensors.Image
+    assert type(twt.to_torch(ti.copy())) is tv_tensors.Image
+
+
+@pytest.mark.parametrize("fmt,n", [("XYWHR", 5), ("CXCYWHR", 5), ("XYXYXYXY", 8), ("XYXY", 4)])
+def test_rotated_bounding_boxes_cross_with_their_coordinates(fmt, n):
+    # torchvision's rotated formats have 5 or 8 coordinates; the decoder demanded 4 of every BoundingBoxes.
+    bb = tv_tensors.BoundingBoxes(torch.arange(2.0 * n).reshape(2, n), format=fmt, canvas_size=(64, 64))
+    for t in (tw.asarray(bb), pickle.loads(pickle.dumps(tw.asarray(bb)))):
+        r = twt.to_torch(t)
+        assert type(r) is tv_tensors.BoundingBoxes and r.format.name == fmt and torch.equal(r, bb)
+    t = tw.asarray(bb)
+    t.metadata[twt.METADATA_KEY] = dict(t.metadata[twt.METADATA_KEY], shape=[2, 3])  # shapes still checked
+    with pytest.raises(ValueError, match="last dimension must be"):
+        twt._tv_decode(tv_tensors, tv_tensors.BoundingBoxes, torch.zeros(2, 3), t.metadata[twt.METADATA_KEY]["attrs"])
+
+
 def test_the_default_decode_refuses_names_that_shadow_the_class(scaled_registered):
     class Plain(torch.Tensor):
         pass
