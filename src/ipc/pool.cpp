@@ -423,6 +423,17 @@ void Pool::protect_sent(size_t i) noexcept {
   if (s.seg.device < 0 && s.writable && source_->protect(s.seg, false)) s.writable = false;
 }
 
+void Pool::synchronize_events() noexcept {
+  for (size_t i = 0; i < end_; ++i) {
+    const Segment& seg = slots_[i].seg;
+    if (seg.device < 0 || !seg.recorded || !seg.event.event) continue;
+    try {
+      device_runtime().synchronize_event(seg.event.event.get());
+    } catch (...) {  // (a failing device: each segment's destructor tries again)
+    }
+  }
+}
+
 void Pool::release_unloaned() noexcept {
   for (size_t i = 0; i < end_; ++i) {
     Slot& s = slots_[i];

@@ -152,6 +152,9 @@ class Pool : public std::enable_shared_from_this<Pool> {
   void protect_sent(size_t i) noexcept;
   /// Gives back every segment no loan uses (the publisher closes; loans keep theirs until they go).
   void release_unloaned() noexcept;
+  /// Waits for the work last recorded on every CUDA segment's event (a closing publisher, before its BYE: a
+  /// subscriber that has the BYE then needs no event, which may be destroyed by then).
+  void synchronize_events() noexcept;
 
  private:
   Segment device_segment(int device, size_t bytes);  // a VMM allocation with its fd and event

@@ -249,6 +249,10 @@ class PublisherImpl {
     std::lock_guard lock(mu_);
     reap();
     linger_foreign();
+    // Every event's work is done before BYE: a subscriber that has the BYE reads what is left in its ring without
+    // opening or waiting on an event (release_unloaned destroys most of them just after, which makes opening one
+    // undefined behaviour: cuIpcOpenEventHandle's contract).
+    pool_->synchronize_events();
     for (auto& s : subs_) s->bye();
     subs_.clear();
     listener_.reset();

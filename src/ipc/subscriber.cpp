@@ -61,6 +61,9 @@ struct Lease {
   Lease& operator=(const Lease&) = delete;
   ~Lease() {
     if (os::current_pid() != chan->pid) return;  // a fork()ed child's copy of the parent's tensor: not its lease
+    // This process's mapping goes first (for CUDA, cuIpcCloseMemHandle): once the release below is seen, the
+    // publisher may free the allocation, and freeing it before an importer closed its handle is undefined.
+    segment.reset();
     if (uint32_t* r = chan->ring.released(slot)) aref(*r).fetch_add(1, std::memory_order_release);
   }
   std::shared_ptr<Channel> chan;
@@ -645,8 +648,11 @@ class SubscriberImpl {
       opened = std::make_shared<DeviceImport>(std::move(imp));
       cs.opened = opened;
     }
-    bool gone = false;  // a segment of a publisher in this process that is gone: it waited for its event
-    if (!cs.event.event) {
+    // A BYE waiting on the socket: the publisher finished every event's work before sending it and may have
+    // destroyed the events since (opening or waiting on one then is undefined behaviour), so none is needed.
+    process_control();
+    bool gone = bye_;  // or a segment of a publisher in this process that is gone: it waited for its event
+    if (!gone && !cs.event.event) {
       const LocalEvent le = local ? local_ipc_event(cs.info.event_handle) : LocalEvent{};
       if (le.event) {
         cs.event.event = le.event;  // the publisher's own event

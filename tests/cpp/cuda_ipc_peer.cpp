@@ -68,7 +68,7 @@ int recv_side(const std::string& topic, int n, bool hold) {
   return 0;
 }
 
-int publish_side(const std::string& topic, int64_t nbytes) {
+int publish_side(const std::string& topic, int64_t nbytes, bool close_and_exit = false) {
   tw::Publisher pub(topic);
   say("READY");
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
@@ -85,6 +85,11 @@ int publish_side(const std::string& topic, int64_t nbytes) {
   o.stream = 1;  // the copy's stream: the subscriber waits on its event
   o.timeout = std::chrono::seconds(20);
   if (pub.send(std::move(loan), o) != 1) throw std::runtime_error("the message reached no subscriber");
+  if (close_and_exit) {  // no synchronize of our own: close() must finish the event's work before its BYE
+    pub.close();
+    say("CLOSED");
+    return 0;
+  }
   // The copy and the interprocess event recorded after it done before the test may kill this process: what the
   // killed-publisher test checks is that a finished message outlives its publisher, not a half-written one.
   tw::device_runtime().synchronize_stream(tw::Device::cuda(0), 1);
@@ -99,7 +104,8 @@ int main(int argc, char** argv) {
     const std::vector<std::string> a(argv + 1, argv + argc);
     if (a.size() >= 3 && a[0] == "recv") return recv_side(a[1], std::atoi(a[2].c_str()), a.size() > 3 && a[3] == "hold");
     if (a.size() == 3 && a[0] == "publish") return publish_side(a[1], std::atoll(a[2].c_str()));
-    say("ERROR usage: tw_cuda_ipc_peer recv TOPIC N [hold] | publish TOPIC NBYTES");
+    if (a.size() == 3 && a[0] == "publish-close") return publish_side(a[1], std::atoll(a[2].c_str()), true);
+    say("ERROR usage: tw_cuda_ipc_peer recv TOPIC N [hold] | publish TOPIC NBYTES | publish-close TOPIC NBYTES");
     return 2;
   } catch (const std::exception& e) {
     say(std::string("ERROR ") + e.what());

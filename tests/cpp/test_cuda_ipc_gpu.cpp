@@ -495,4 +495,34 @@ TEST(CudaIpcGpu, AKilledPublisherLeavesReceivedTensorsReadable) {
   EXPECT_GE(free_device_bytes_once_back_to(before), before) << "the imported mapping stayed after its last user went";
 }
 
+// "Send, then close (or exit)" is ordinary use: the subscriber reads the message after the publisher destroyed its
+// interprocess event, which it must then neither open nor wait on (undefined behaviour); the publisher finished
+// the event's work before its BYE, and the memory lives on through the fd this process was sent.
+TEST(CudaIpcGpu, AMessageReadAfterItsPublisherClosedAndExitedArrivesWhole) {
+  TW_NEED_CUDA();
+  constexpr int64_t n = int64_t{16} << 20;
+  const size_t before = free_device_bytes();
+  const std::string name = topic("closedpub");
+  {
+    Peer peer({"publish-close", name, std::to_string(n)});
+    ASSERT_TRUE(peer.expect("READY"));
+    tw::Subscriber sub(name);
+    ASSERT_TRUE(sub.connected());
+    ASSERT_TRUE(peer.expect("CLOSED"));
+    EXPECT_EQ(peer.wait(), 0);
+    auto t = sub.recv(20s);  // only now: the publisher's process is gone
+    ASSERT_TRUE(t);
+    EXPECT_EQ(std::string(t->buffer().transport()), "cuda-vmm");
+    Tensor expected = Tensor::empty({n}, DType::uint8());
+    auto* b = static_cast<unsigned char*>(expected.data_ptr());
+    for (int64_t i = 0; i < n; ++i) b[i] = static_cast<unsigned char>((i * 7 + 3) & 0xFF);
+    EXPECT_EQ(bytes_of(*t), bytes_of(expected));
+    EXPECT_FALSE(sub.recv(2s));  // then the end of the stream, as the publisher announced it
+    EXPECT_TRUE(sub.closed());
+    EXPECT_NE(std::string(sub.why_ended()).find("closed the topic"), std::string::npos) << sub.why_ended();
+    t.reset();
+  }
+  EXPECT_GE(free_device_bytes_once_back_to(before), before) << "the imported mapping stayed after its last user went";
+}
+
 }  // namespace
