@@ -876,11 +876,14 @@ nb::object asarray(nb::handle obj_in, nb::handle device, nb::handle copy, nb::ha
     auto t = attempt("__cuda_array_interface__", [&] { return via_cuda_interface(obj, req); });
     if (t) return wrap(std::move(*t));
   }
+  bool typed_refusal = false;  // the interface said what the elements are, and no tensor dtype is that
   if (has_attr_on_type(obj, names().ai) || PyObject_HasAttr(obj.ptr(), names().ai)) {
     auto t = attempt("__array_interface__", [&] { return via_array_interface(obj, req); });
     if (t) return wrap(std::move(*t));
+    // A datetime64 / timedelta64 scalar's buffer is its 8 raw bytes (format 'B'): imported, it arrived as uint8[8].
+    typed_refusal = !refusals.empty() && refusals.back().reason.find("datetime/timedelta") != std::string::npos;
   }
-  if (PyObject_CheckBuffer(obj.ptr())) {
+  if (!typed_refusal && PyObject_CheckBuffer(obj.ptr())) {
     auto t = attempt("buffer protocol", [&] { return via_buffer(obj, req); });
     if (t) return wrap(std::move(*t));
   }

@@ -584,6 +584,21 @@ tw::Tensor copy_released(const tw::Tensor& t, tw::MemoryOrder order) {
   return t.copy(order);
 }
 
+// An array of integers with an __index__ (a one-element torch or tw tensor, a NumPy array): advanced indexing in
+// NumPy and PyTorch (t[torch.tensor([1])] keeps a dimension), never a scalar index here (which dropped it).
+bool is_array_index(nb::handle x) {
+  if (PyLong_Check(x.ptr())) return false;
+  PyObject* nd = PyObject_GetAttrString(x.ptr(), "ndim");
+  if (!nd) {
+    PyErr_Clear();
+    return false;
+  }
+  const long n = PyLong_Check(nd) ? PyLong_AsLong(nd) : 0;
+  Py_DECREF(nd);
+  if (n == -1 && PyErr_Occurred()) PyErr_Clear();
+  return n != 0;
+}
+
 // t[index]: ints, slices, Ellipsis and None, alone or in a tuple (NumPy basic indexing).
 tw::Tensor index_tensor(const tw::Tensor& t, nb::handle index) {
   std::vector<nb::handle> items;
@@ -626,7 +641,7 @@ tw::Tensor index_tensor(const tw::Tensor& t, nb::handle index) {
       r = r.slice(dim, b, e, step);
       ++dim;
       ++src_dim;
-    } else if (PyIndex_Check(x.ptr()) && !PyBool_Check(x.ptr())) {
+    } else if (PyIndex_Check(x.ptr()) && !PyBool_Check(x.ptr()) && !is_array_index(x)) {
       const int64_t i = as_index(x, "index");
       const int64_t n = r.shape()[static_cast<size_t>(dim)];
       if (i < -n || i >= n)

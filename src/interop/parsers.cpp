@@ -23,6 +23,8 @@ ParsedType parse_typestr(std::string_view s) {
   const char order = s[0], kind = s[1];
   if (order != '<' && order != '>' && order != '|' && order != '=')
     bad_typestr(s, "byte order must be one of '<', '>', '|', '='");
+  if (kind == 'M' || kind == 'm')  // (before the size: '<M8[s]' has a unit after it)
+    bad_typestr(s, "datetime/timedelta arrays have no tensor dtype; view them as int64 first (a.view('int64'))");
   int size = 0;
   auto digits = s.substr(2);
   auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), size);
@@ -53,8 +55,6 @@ ParsedType parse_typestr(std::string_view s) {
     case 'S':
     case 'U':
     case 'a': bad_typestr(s, "string arrays have no tensor dtype");
-    case 'M':
-    case 'm': bad_typestr(s, "datetime/timedelta arrays have no tensor dtype; view them as int64 first");
     default: bad_typestr(s, std::string("unknown kind '") + kind + "'");
   }
   ParsedType r{d, static_cast<size_t>(size), false};

@@ -240,6 +240,16 @@ def test_pep3118_ctypes_little_endian_format():
     assert np.asarray(t).tolist() == [1, 2, 3, 4]
 
 
+@pytest.mark.parametrize("x", [np.datetime64(1, "s"), np.timedelta64(5, "ns"), np.array([1, 2], "M8[s]"),
+                               np.array([3], "m8[ms]")])
+def test_datetimes_are_refused_never_reinterpreted_as_bytes(x):
+    # A datetime64 scalar's buffer is its 8 raw bytes: it arrived as uint8[8]. And the array's refusal named the
+    # wrong thing ("the size after the kind must be a positive integer").
+    with pytest.raises(BufferError, match=r"datetime/timedelta arrays have no tensor dtype; view them as int64"):
+        tw.asarray(x)
+    assert tw.asarray(np.asarray(x).view("int64")).dtype == tw.int64
+
+
 def test_pep3118_suboffsets_refused():
     _testbuffer = pytest.importorskip("_testbuffer", reason="CPython's _testbuffer module is not built here")
     x = _testbuffer.ndarray(list(range(12)), shape=[3, 4], format="i",

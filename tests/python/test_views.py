@@ -104,6 +104,21 @@ def test_indexing_errors(a):
         t[1.0]
 
 
+def test_an_array_of_integers_is_advanced_indexing_not_a_scalar_index():
+    # A one-element torch or tw tensor has __index__, and was read as t[1]: a dimension silently gone, where NumPy
+    # and PyTorch keep it (advanced indexing). Arrays of any rank > 0 are refused; 0-d ones are scalars.
+    torch = pytest.importorskip("torch")
+    a = np.arange(60.0).reshape(3, 4, 5)
+    t = tw.asarray(a)
+    for ix in (torch.tensor([1]), torch.tensor([[1]]), tw.asarray(np.array([1])), np.array([0, 2]), np.array([1])):
+        with pytest.raises(TypeError, match="basic indexing only"):
+            t[ix]
+        with pytest.raises(TypeError, match="basic indexing only"):
+            t[0, ix]
+    for ix in (torch.tensor(1), np.array(1), np.int64(1), tw.asarray(np.array(1))):
+        check_view(t[ix], a[1])
+
+
 def test_select_and_slice_methods(a):
     t = tw.asarray(a)
     check_view(t.select(0, 1), a[1])
