@@ -183,7 +183,20 @@ nb::object from_arrow(nb::handle obj, nb::handle copy) {
   tw::ArrowColumns all = import_any(obj, copy, "tw.from_arrow");
   if (!all.record_batch) return column_object(all.columns[0]);
   nb::dict d;
-  for (auto& c : all.columns) d[nb::str(c.name.data(), c.name.size())] = column_object(c);
+  for (size_t i = 0; i < all.columns.size(); ++i) {
+    tw::ArrowColumn& c = all.columns[i];
+    nb::str key(c.name.data(), c.name.size());
+    if (d.contains(key)) {  // (Arrow allows repeated field names; a dict would keep the last one silently)
+      size_t first = 0;
+      while (all.columns[first].name != c.name) ++first;
+      throw nb::value_error(("tw.from_arrow: columns " + std::to_string(first) + " and " + std::to_string(i) +
+                             " are both named '" + c.name +
+                             "', and a dict of columns can hold one; rename them first (e.g. "
+                             "table.rename_columns([...]))")
+                                .c_str());
+    }
+    d[key] = column_object(c);
+  }
   return d;
 }
 

@@ -341,6 +341,11 @@ def test_record_batches_import_one_column_per_field():
     assert cols["n"].dtype == "int16"
     sliced = tw.from_arrow(rb.slice(1))
     np.testing.assert_array_equal(np.asarray(sliced["t"]), x[1:])
+    # Arrow allows a field name twice; the dict kept the last column and dropped the first, silently.
+    for dup in (pa.table([pa.array([1.0]), pa.array([2.0]), pa.array([3.0])], names=["x", "y", "x"]),
+                pa.record_batch([pa.array([1]), pa.array([2])], names=["", ""])):
+        with pytest.raises(ValueError, match=r"columns 0 and (2|1) are both named"):
+            tw.from_arrow(dup)
 
 
 # ---- variable shapes ----------------------------------------------------------------------------------------------
