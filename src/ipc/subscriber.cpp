@@ -409,6 +409,9 @@ class SubscriberImpl {
     if (eos_) return;
     eos_ = true;
     if (chan_ && welcomed_) dropped_ = aref(chan_->ring.header().dropped).load(std::memory_order_relaxed);
+    // The ring is closed only by the publisher's close() (then its BYE, which may still be unread on the socket):
+    // kept, since the channel goes below and why_ended() must still say the topic was closed.
+    if (chan_ && welcomed_ && chan_->ring.closed()) bye_ = true;
     segments_.clear();
     if (efd_) {  // fileno() users: readable from now on (recv reports end-of-stream)
       uint64_t one = 1;

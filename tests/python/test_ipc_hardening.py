@@ -482,6 +482,20 @@ def test_a_subscriber_too_slow_for_control_messages_is_waited_for_under_block():
         assert str(e.value).endswith(f"end of stream: the publisher (pid {os.getpid()}) closed the topic")
 
 
+
+def test_a_publisher_that_closes_after_a_message_was_received_closed_the_topic():
+    # The ring, closed by the publisher and emptied, ended the stream before the BYE on the socket was read: the
+    # subscriber said the publisher "went away without closing the topic (it exited, crashed or was killed)".
+    name = topic("closed-after-recv")
+    with tw.Publisher(name) as pub, tw.Subscriber(name) as sub:
+        pub.send(np.zeros(2))
+        sub.recv(timeout=10)
+        pub.close()
+        with pytest.raises(EOFError) as e:
+            sub.recv(timeout=10)
+        assert str(e.value).endswith(f"end of stream: the publisher (pid {os.getpid()}) closed the topic"), e.value
+
+
 def test_a_subscriber_too_slow_for_control_messages_is_refused_under_raise():
     name = topic("slowctl-raise")
     with tw.Publisher(name, depth=4096, on_full="raise") as pub, tw.Subscriber(name) as sub:
