@@ -24,8 +24,9 @@ pub enum OnFull {
     Raise,
 }
 
-/// Publisher settings (`Default` gives tensorwire's defaults, the same as C++ and Python).
-#[derive(Clone, Debug)]
+/// Publisher settings (`Default` gives tensorwire's defaults, the same as C++ and Python). `Debug` never shows the
+/// token (a secret in a log is a leaked secret): it says whether there is one.
+#[derive(Clone)]
 pub struct PublisherOptions {
     /// Messages each subscriber's ring holds (>= 1).
     pub depth: usize,
@@ -90,8 +91,8 @@ pub struct SendOptions {
     pub metadata: Metadata,
 }
 
-/// Subscriber settings.
-#[derive(Clone, Debug, Default)]
+/// Subscriber settings. `Debug` never shows the token.
+#[derive(Clone, Default)]
 pub struct SubscriberOptions {
     /// Accept a publisher of another user.
     pub allow_other_users: bool,
@@ -104,6 +105,40 @@ pub struct SubscriberOptions {
     /// as host copies). `None`: tensors arrive where they were sent. A CUDA device this process does not have, or
     /// a kind other than CPU, CUDA and pinned host memory, is refused by `with_options`.
     pub device: Option<Device>,
+}
+
+/// How a token shows in `Debug`: whether there is one, never what it is.
+fn redacted(token: &Option<String>) -> Option<&'static str> {
+    token.as_ref().map(|_| "<redacted>")
+}
+
+impl std::fmt::Debug for PublisherOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PublisherOptions")
+            .field("depth", &self.depth)
+            .field("on_full", &self.on_full)
+            .field("max_metadata_bytes", &self.max_metadata_bytes)
+            .field("max_buffers", &self.max_buffers)
+            .field("pool_bytes", &self.pool_bytes)
+            .field("max_subscribers", &self.max_subscribers)
+            .field("protect_sent_loans", &self.protect_sent_loans)
+            .field("allow_other_users", &self.allow_other_users)
+            .field("listen", &self.listen)
+            .field("token", &redacted(&self.token))
+            .field("insecure", &self.insecure)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for SubscriberOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SubscriberOptions")
+            .field("allow_other_users", &self.allow_other_users)
+            .field("connect", &self.connect)
+            .field("token", &redacted(&self.token))
+            .field("device", &self.device)
+            .finish()
+    }
 }
 
 fn c_option(what: &str, s: &Option<String>) -> Result<Option<CString>> {

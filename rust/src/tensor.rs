@@ -444,7 +444,13 @@ impl Tensor {
             ));
         }
         let dense = self.contiguous()?;
-        dense.require_slice::<T>()?;
+        // (a byte copy: any alignment will do, where a slice needs T's)
+        if !dense.device().is_host_accessible() {
+            return Err(Error::new(ErrorKind::Unsupported, "a tensor in device memory cannot be read from the host"));
+        }
+        if !dense.is_contiguous() {
+            return Err(dense.not_contiguous("to_vec()"));
+        }
         let n = dense.numel();
         let mut out: Vec<T> = Vec::with_capacity(n);
         if n > 0 {

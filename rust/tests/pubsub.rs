@@ -394,3 +394,15 @@ fn across_machines_over_loopback_ucx_with_a_token() {
     p.close();
     assert_eq!(sub.recv(SECS).unwrap_err().kind(), ErrorKind::EndOfStream);
 }
+
+#[test]
+fn debug_output_of_options_never_shows_the_token() {
+    let p = PublisherOptions { token: Some("s3cret-token".into()), listen: Some(":0".into()), ..Default::default() };
+    let s = SubscriberOptions { token: Some("s3cret-token".into()), ..Default::default() };
+    for text in [format!("{p:?}"), format!("{s:?}"), format!("{p:#?}")] {
+        assert!(!text.contains("s3cret"), "{text}");
+        assert!(text.contains("<redacted>"), "{text}");
+    }
+    assert!(format!("{:?}", SubscriberOptions::default()).contains("token: None"));
+    assert!(format!("{p:?}").contains("listen: Some(\":0\")"));
+}

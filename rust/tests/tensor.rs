@@ -238,6 +238,29 @@ fn metadata_deeper_than_the_encoding_is_an_error_not_an_overflowed_stack() {
     assert!(e.1.contains("nested deeper than 64 levels"), "{}", e.1);
 }
 
+#[test]
+fn to_vec_reads_contiguous_data_at_any_alignment() {
+    // A float32 view one byte into a buffer (NumPy hands these out: np.frombuffer(b, np.float32, offset=1)):
+    // to_vec refused it as misaligned and said "use to_vec()"; it copies bytes, so any alignment will do.
+    let want = [1.5f32, -2.0, 3.25, 1e-3];
+    let mut bytes = vec![0u8; 1];
+    for x in want {
+        bytes.extend_from_slice(&x.to_ne_bytes());
+    }
+    let dl = Tensor::from_vec(bytes, &[17]).unwrap().into_dlpack();
+    unsafe {
+        (*dl).dl_tensor.dtype = ffi::DLDataType { code: ffi::K_DL_FLOAT, bits: 32, lanes: 1 };
+        *(*dl).dl_tensor.shape = 4;
+        (*dl).dl_tensor.strides = std::ptr::null_mut();
+        (*dl).dl_tensor.byte_offset += 1;
+    }
+    let t = unsafe { Tensor::from_dlpack(dl) }.unwrap();
+    assert_eq!(t.data_ptr() as usize % 4, 1, "the view is misaligned");
+    assert_eq!(t.to_vec::<f32>().unwrap(), want);
+    let e = t.as_slice::<f32>().unwrap_err(); // a slice does need alignment
+    assert!(e.message().contains("not aligned"), "{e}");
+}
+
 fn flags(dl: *mut DLManagedTensorVersioned) -> u64 {
     unsafe { (*dl).flags }
 }
