@@ -1032,8 +1032,9 @@ class PublisherImpl {
     return false;
   }
 
-  // Says who holds the pool's buffers: the message of a timeout on an exhausted pool.
-  std::string exhausted_message(const char* what, uint64_t total, uint64_t nbytes) const {
+  // Who holds the pool's buffers ("subscriber pid N holds ..., 2 loan(s) alive in this process"), and how many
+  // buffers there are.
+  std::string pool_holders(uint64_t* buffers_out = nullptr) const {
     std::map<int32_t, uint64_t> by_pid;
     uint64_t loaned = 0, buffers = 0;
     for (size_t i = 0; i < pool_->end(); ++i) {
@@ -1044,14 +1045,22 @@ class PublisherImpl {
       for (auto& sub : subs_)
         if (!sub->dead.load() && sub->holds(i)) by_pid[sub->pid] += 1;
     }
-    std::string m = "Publisher::" + std::string(what) + " on '" + name_ + "' timed out: the buffer pool is exhausted (" +
-                    tw::detail::counted(int64_t(buffers), "buffer") + ", " + mib(total) + "; max_buffers " +
-                    std::to_string(opt_.max_buffers) + ", pool_bytes " + mib(opt_.pool_bytes) + ")";
+    if (buffers_out) *buffers_out = buffers;
     std::string holders;
     for (auto& [pid, n] : by_pid)
       holders += (holders.empty() ? "" : ", ") + ("subscriber pid " + std::to_string(pid) + " holds " +
                                                   std::to_string(n) + " received tensor(s)' buffers");
     if (loaned) holders += (holders.empty() ? "" : ", ") + std::to_string(loaned) + " loan(s) alive in this process";
+    return holders;
+  }
+
+  // Says who holds the pool's buffers: the message of a timeout on an exhausted pool.
+  std::string exhausted_message(const char* what, uint64_t total, uint64_t nbytes) const {
+    uint64_t buffers = 0;
+    const std::string holders = pool_holders(&buffers);
+    std::string m = "Publisher::" + std::string(what) + " on '" + name_ + "' timed out: the buffer pool is exhausted (" +
+                    tw::detail::counted(int64_t(buffers), "buffer") + ", " + mib(total) + "; max_buffers " +
+                    std::to_string(opt_.max_buffers) + ", pool_bytes " + mib(opt_.pool_bytes) + ")";
     if (!holders.empty()) m += ": " + holders;
     if (nbytes > opt_.pool_bytes)  // served only by an empty pool (a buffer larger than pool_bytes stands alone)
       m += ". This request alone (" + mib(nbytes) + ") is larger than pool_bytes: it is served once the pool holds "
@@ -1090,10 +1099,14 @@ class PublisherImpl {
                     "Publisher::" + std::string(what) + " on '" + name_ + "': this message's tensors need more pool "
                     "buffers than max_buffers (" + std::to_string(opt_.max_buffers) + ") and pool_bytes (" +
                     mib(opt_.pool_bytes) + ") allow together; raise them, or send the tensors apart");
-      if (opt_.on_full == OnFull::raise)
+      if (opt_.on_full == OnFull::raise) {
+        const std::string holders = pool_holders();
         throw WouldBlockError("tensorwire publisher '" + name_ + "': the buffer pool is exhausted (" +
                               tw::detail::counted(int64_t(pool_->capacity()), "buffer") + " at most, pool_bytes " +
-                              std::to_string(opt_.pool_bytes) + "); subscribers hold every buffer (on_full='raise')");
+                              std::to_string(opt_.pool_bytes) + "); " +
+                              (holders.empty() ? std::string("messages still queued hold every buffer") : holders) +
+                              " (on_full='raise')");
+      }
       if (opt_.on_full == OnFull::drop_oldest && (drop_one_queued() || (net_ && net_->drop_oldest_pending())))
         continue;
       // Never wait for the dead: look at the holders ourselves (the monitor may be busy).

@@ -319,9 +319,16 @@ def test_exhausted_pool_message_counts_its_buffers_in_english():
     with tw.Publisher(name, on_full="raise", max_buffers=1) as pub, tw.Subscriber(name) as sub:
         pub.send(np.zeros(BIG))
         held = sub.recv(timeout=1)
-        with pytest.raises(BlockingIOError, match=r"\(1 buffer at most, pool_bytes"):
+        with pytest.raises(BlockingIOError, match=r"\(1 buffer at most, pool_bytes") as e:
             pub.send(np.zeros(BIG))
+        assert f"subscriber pid {os.getpid()} holds 1 received tensor(s)' buffers (on_full='raise')" in str(e.value)
         del held
+    with tw.Publisher(topic("pool1-loan"), on_full="raise", max_buffers=1) as pub:  # nobody subscribes: a loan holds it
+        loan = pub.loan(BIG)
+        with pytest.raises(BlockingIOError) as e:
+            pub.loan(BIG)
+        assert "1 loan(s) alive in this process (on_full='raise')" in str(e.value) and "subscriber" not in str(e.value)
+        del loan
 
 
 def test_small_copies_share_pool_buffers_and_a_held_one_holds_only_its_own_buffer():
