@@ -302,7 +302,8 @@ class Subscriber {
   /// closing the topic (it exited, crashed or was killed)", "the publisher at 10.0.0.1:7447 was silent for longer
   /// than the keepalive (10 s)", "this subscriber was closed", ...); "" before, or when there is nothing to add.
   std::string why_ended() const;
-  /// True while connected to a live publisher.
+  /// True while connected to a live publisher. Never waits, and takes the handshake one step itself: polling it
+  /// before the first recv() sees a publisher that started after this subscriber.
   bool connected() const noexcept;
   /// A descriptor that polls readable while a message (or end-of-stream) waits: for select/poll/epoll/asyncio.
   /// Owned by the Subscriber. Before a publisher exists, it also reads ready once when one connects (recv then

@@ -391,7 +391,8 @@ void tw_subscriber_close(tw_subscriber* s);
    call receives the message after it. */
 tw_status tw_subscriber_recv(tw_subscriber* s, int64_t timeout_ns, tw_tensor** out);
 int tw_subscriber_closed(const tw_subscriber* s);    /* the stream ended, or tw_subscriber_close was called */
-int tw_subscriber_connected(const tw_subscriber* s); /* connected to a live publisher */
+int tw_subscriber_connected(const tw_subscriber* s); /* connected to a live publisher (never waits; polling it
+                                                       alone completes the handshake with a later publisher) */
 uint64_t tw_subscriber_dropped(const tw_subscriber* s); /* messages it missed: a full queue, either end */
 /* A descriptor that polls readable when a message or end-of-stream waits (owned by the subscriber), or -1. */
 int tw_subscriber_fileno(tw_subscriber* s);

@@ -209,8 +209,16 @@ class SubscriberImpl {
     return pub + " went away without closing the topic (it exited, crashed or was killed)";
   }
 
-  bool connected() const noexcept {
+  // Also takes the handshake one step (never waiting): a caller that polls connected() before its first recv
+  // would otherwise wait forever, while the publisher already counts it and sends to it.
+  bool connected() noexcept {
     std::lock_guard lock(mu_);
+    if (!welcomed_ && !peer_gone_ && !user_closed_ && !forked_ && !eos_ && os::current_pid() == pid_) {
+      try {
+        wait_for_publisher(0);
+      } catch (...) {  // (a publisher that broke the protocol: recv reports it)
+      }
+    }
     return !user_closed_ && !forked_ && !eos_ && welcomed_ && !peer_gone_ && chan_ && !chan_->ring.closed();
   }
 

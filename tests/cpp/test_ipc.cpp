@@ -1389,3 +1389,23 @@ TEST(IpcProcess, ManyMessagesWithChecksums) {
 }
 
 }  // namespace
+
+namespace {
+// A subscriber made before its publisher learns of it on its first recv or fileno; polling connected() alone
+// never got there (connected stayed false forever while the publisher counted it and sent to it).
+TEST(Ipc, ConnectedAloneTakesTheHandshakeOfASubscriberMadeBeforeItsPublisher) {
+  const std::string name = topic("connected-poll");
+  Subscriber sub(name);
+  EXPECT_FALSE(sub.connected());
+  Publisher pub(name);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!sub.connected() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  ASSERT_TRUE(sub.connected());
+  EXPECT_EQ(pub.subscriber_count(), 1u);
+  EXPECT_EQ(pub.send(Tensor::zeros({4}, DType::float32())), 1u);
+  auto t = sub.recv(std::chrono::seconds(5));
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->numel(), 4);
+}
+}  // namespace
