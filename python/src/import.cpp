@@ -909,6 +909,14 @@ nb::object asarray(nb::handle obj_in, nb::handle device, nb::handle copy, nb::ha
     });
     if (t) return wrap(annotate(obj_in, ti, std::move(*t)));
   }
+  // Under copy=False, such a layout is a forbidden copy (copy=None copies it): tw.CopyError, as every other one is.
+  if (req.policy.copy == CopyMode::never && has_attr_on_type(obj, names().dlpack)) {
+    for (auto& r : refusals)
+      if (r.reason.find("is not a multiple of the item size") != std::string::npos) {
+        r.type = g_copy_error;
+        r.reason += " (only a copy can hold it as a tensor, and copy=False forbids one)";
+      }
+  }
   // A device= naming CUDA on a machine where CUDA is unavailable explains every protocol's refusal: say it first
   // (it cannot be refused up front: a foreign CUDA array may still be imported as it is).
   std::string why;
