@@ -107,9 +107,25 @@ tw::ArrowTensorArray prepare(const tw::Tensor& t, std::optional<bool> copy, std:
 
 nb::handle g_asarray;  // tensorwire._tensorwire.asarray
 
-tw::ArrowTensorArray to_arrow(nb::handle x, nb::handle copy, std::optional<std::vector<std::string>> dim_names) {
+// dim_names: None, or a list or tuple of str (a TypeError naming what it got otherwise).
+std::vector<std::string> dim_names_from(nb::handle h) {
+  std::vector<std::string> names;
+  if (h.is_none()) return names;
+  if (!PyList_Check(h.ptr()) && !PyTuple_Check(h.ptr()))
+    throw nb::type_error((std::string("tensorwire.to_arrow: dim_names must be a list or tuple of str, not ") +
+                          Py_TYPE(h.ptr())->tp_name).c_str());
+  for (nb::handle e : h) {
+    if (!PyUnicode_Check(e.ptr()))
+      throw nb::type_error((std::string("tensorwire.to_arrow: dim_names must be a list or tuple of str; it holds a ") +
+                            Py_TYPE(e.ptr())->tp_name).c_str());
+    names.push_back(nb::cast<std::string>(e));
+  }
+  return names;
+}
+
+tw::ArrowTensorArray to_arrow(nb::handle x, nb::handle copy, nb::handle dim_names) {
   const std::optional<bool> c = copy_option(copy);
-  std::vector<std::string> names = dim_names ? std::move(*dim_names) : std::vector<std::string>{};
+  std::vector<std::string> names = dim_names_from(dim_names);
   if (PyList_Check(x.ptr()) || PyTuple_Check(x.ptr())) {
     std::vector<tw::Tensor> ts;
     for (nb::handle e : x) {
@@ -289,7 +305,10 @@ void register_arrow(nb::module_& m) {
                (a.copied() ? ", copied=True" : "") + ")";
       });
 
-  m.def("to_arrow", &to_arrow, "x"_a, nb::kw_only(), "copy"_a = nb::none(), "dim_names"_a = nb::none(),
+  m.def("to_arrow", &to_arrow,
+        nb::sig("def to_arrow(x: object, *, copy: bool | None = None, dim_names: collections.abc.Sequence[str] | None "
+                "= None) -> ArrowTensorArray"),
+        "x"_a, nb::kw_only(), "copy"_a = nb::none(), "dim_names"_a = nb::none(),
         "x as a tw.ArrowTensorArray (pa.array(), nanoarrow and any PyCapsule consumer take it).\n\n"
         "A tensor's first dimension is the row dimension: rank >= 2 exports arrow.fixed_shape_tensor (dense permuted "
         "layouts keep their layout, described by `permutation`), rank 1 a primitive array, bool as arrow.bool8; a "

@@ -797,7 +797,13 @@ nb::object asarray(nb::handle obj_in, nb::handle device, nb::handle copy, nb::ha
     // tw.asarray([1.0, 2.0]) cost 7 us against NumPy's 0.6)
     static PyObject* np_asarray = nb::object(nb::module_::import_("numpy").attr("asarray")).release().ptr();
     nb::object arr = nb::steal(PyObject_CallOneArg(np_asarray, obj.ptr()));
-    if (!arr.is_valid()) throw nb::python_error();
+    if (!arr.is_valid()) {  // (a ragged list: NumPy's words, said to be about tensorwire.asarray's argument)
+      nb::python_error e;
+      if (!e.matches(PyExc_ValueError)) throw e;
+      throw nb::value_error((std::string("tensorwire.asarray: NumPy cannot make an array of this ") +
+                             Py_TYPE(obj.ptr())->tp_name + ": " + nb::cast<std::string>(nb::str(e.value())))
+                                .c_str());
+    }
     nb::object dtype = arr.attr("dtype");
     nb::object kind = dtype.attr("kind");
     const char* k = PyUnicode_AsUTF8(kind.ptr());
@@ -809,7 +815,8 @@ nb::object asarray(nb::handle obj_in, nb::handle device, nb::handle copy, nb::ha
                                              "ints beyond 64 bits)"
                                            : " holds values that are not all numbers";
       throw nb::type_error((std::string("tensorwire.asarray: this ") + Py_TYPE(obj.ptr())->tp_name + what +
-                            " (NumPy makes a " + PyUnicode_AsUTF8(dtype_name.ptr()) + " array of it)").c_str());
+                            " (NumPy makes " + (k[0] == 'O' || k[0] == 'U' ? "an " : "a ") +
+                            PyUnicode_AsUTF8(dtype_name.ptr()) + " array of it)").c_str());
     }
     return asarray(arr, device, nb::none(), stream);  // (copy=True: the new array is that copy)
   }

@@ -543,12 +543,14 @@ nb::tuple to_tuple(const tw::Dims& d) {
 tw::MemoryOrder parse_order(nb::handle h) {
   if (!PyUnicode_Check(h.ptr()))
     throw tw::Error(tw::ErrorCode::type_mismatch,
-                    std::string("order must be 'C', 'F' or 'any', not ") + Py_TYPE(h.ptr())->tp_name);
+                    std::string("order must be 'C', 'F', 'A', 'K' or 'any', not ") + Py_TYPE(h.ptr())->tp_name);
   const std::string order = nb::cast<std::string>(h);
   if (order == "C") return tw::MemoryOrder::C;
   if (order == "F") return tw::MemoryOrder::F;
   if (order == "A" || order == "any" || order == "K") return tw::MemoryOrder::Any;
-  throw tw::Error(tw::ErrorCode::invalid_argument, "order must be 'C', 'F' or 'any', not '" + order + "'");
+  throw tw::Error(tw::ErrorCode::invalid_argument,
+                  "order must be 'C', 'F', 'A', 'K' or 'any' (the last three: whichever layout is cheapest), not '" +
+                      order + "'");
 }
 
 // Copies at least this big release the GIL.
@@ -808,7 +810,9 @@ NB_MODULE(_tensorwire, m) {
                    "wait on an event recorded on it at import, never on the stream); for to(), copy() and empty(), "
                    "the stream their work was queued on; for a received tensor, the stream it arrived on.")
       .def_prop_ro("subbyte_padded", [](const tw::Tensor& t) { return t.subbyte_padded(); }, "True when sub-byte elements (int4, float4...) are stored one per byte.")
-      .def("is_contiguous", [](const tw::Tensor& t, nb::handle order) { return t.is_contiguous(parse_order(order)); },
+      .def("is_contiguous", [](const tw::Tensor& t, nb::handle order) {
+        return t.is_contiguous(as_python("tensorwire.Tensor.is_contiguous", [&] { return parse_order(order); }));
+      },
            nb::sig("def is_contiguous(self, order: str = 'C') -> bool"),
            "order"_a.none() = "C", "True when dense in C order ('C'), Fortran order ('F'), or some order ('any').")
       .def("contiguous", [](nb::handle self) -> nb::object {
@@ -854,7 +858,7 @@ NB_MODULE(_tensorwire, m) {
       .def_prop_ro("pinned", [](const tw::Tensor& t) { return t.pinned(); },
                    "True for pinned host memory (device 'cuda_host').")
       .def("copy", [](const tw::Tensor& t, nb::handle order) {
-        const tw::MemoryOrder o = parse_order(order);
+        const tw::MemoryOrder o = as_python("tensorwire.Tensor.copy", [&] { return parse_order(order); });
         return as_python("tensorwire.Tensor.copy", [&] { return copy_released(t, o); });
       },
            nb::sig("def copy(self, order: str = 'C') -> Tensor"),
@@ -1041,7 +1045,8 @@ NB_MODULE(_tensorwire, m) {
     const tw::Dims d = dims_from(shape, "shape");
     const tw::DType dt = parse_dtype(dtype);
     const tw::Device dev = target_device(device, pinned, "tensorwire.empty");
-    const tw::MemoryOrder ord = parse_order(order);  // (Python objects: read before the lock is released)
+    // (Python objects: read before the lock is released)
+    const tw::MemoryOrder ord = as_python("tensorwire.empty", [&] { return parse_order(order); });
     return as_python("tensorwire.empty", [&] {
       nb::gil_scoped_release nogil;
       return tw::Tensor::empty(d, dt, dev, ord);
@@ -1056,7 +1061,8 @@ NB_MODULE(_tensorwire, m) {
     const tw::Dims d = dims_from(shape, "shape");
     const tw::DType dt = parse_dtype(dtype);
     const tw::Device dev = target_device(device, pinned, "tensorwire.zeros");
-    const tw::MemoryOrder ord = parse_order(order);  // (Python objects: read before the lock is released)
+    // (Python objects: read before the lock is released)
+    const tw::MemoryOrder ord = as_python("tensorwire.zeros", [&] { return parse_order(order); });
     return as_python("tensorwire.zeros", [&] {
       nb::gil_scoped_release nogil;
       // Without a device runtime, empty() says why at once: never build (and fault in) the zeros on the host first.

@@ -38,7 +38,8 @@ def ndarray_view(t) -> np.ndarray:
     """A zero-copy ndarray over a host-accessible tensor (same memory, same strides)."""
     dev = t.device
     if not dev.host_accessible:
-        raise BufferError(f"a tensor on {dev} is not in host memory; NumPy cannot view it")
+        raise BufferError(f"a tensor on {dev} is not in host memory; NumPy cannot view it (t.to('cpu') copies it to "
+                          "the host)")
     name = str(t.dtype)
     if t.dtype.lanes != 1:
         raise BufferError(f"NumPy has no vector type for {name}")
@@ -65,7 +66,8 @@ def unpacked(t) -> np.ndarray:
     bit-endian: element k of the dense tensor lives in bits [k * bits, (k + 1) * bits) of its bytes."""
     dev = t.device
     if not dev.host_accessible:
-        raise BufferError(f"a tensor on {dev} is not in host memory; NumPy cannot read it")
+        raise BufferError(f"a tensor on {dev} is not in host memory; NumPy cannot read it (t.to('cpu') copies it to "
+                          "the host)")
     dt = t.dtype
     if dt.lanes != 1:
         raise BufferError(f"NumPy has no vector type for {dt.name}")

@@ -860,7 +860,7 @@ NOT_NUMBERS, NO_TYPE = r"not all numbers", r"no tensor type can hold \(.*ints be
                                         ([2**70], NO_TYPE), (2**70, NO_TYPE), ([1, 2**64], NO_TYPE)])
 def test_lists_of_values_that_are_not_numbers_are_a_type_error_naming_numpys_dtype(value, want):
     # (an int beyond 64 bits is a number, but no tensor type holds it: the message says so rather than "not numbers")
-    with pytest.raises(TypeError, match=want + r" \(NumPy makes a .* array of it\)"):
+    with pytest.raises(TypeError, match=want + r" \(NumPy makes an? .* array of it\)"):
         tw.asarray(value)
 
 
@@ -877,3 +877,21 @@ def test_a_numpy_scalar_imports_as_its_value_and_its_memory_outlives_the_call(sc
         del junk
     np.asarray(t)[()] = 0  # the tensor's own memory (a copy, as np.asarray's): the scalar stays as it was
     assert t.item() == 0 and np.asarray(scalar).item() == scalar.item()
+
+
+def test_argument_errors_name_the_function_called():
+    # NumPy's bare "setting an array element with a sequence", an order message without its function (and without
+    # 'A' and 'K', which are accepted), and nanobind's "incompatible function arguments" for dim_names=[1].
+    with pytest.raises(ValueError, match=r"^tensorwire\.asarray: NumPy cannot make an array of this list: setting"):
+        tw.asarray([[1, 2], [3]])
+    with pytest.raises(TypeError, match=r"NumPy makes an object array of it"):
+        tw.asarray([1, None])
+    for f, name in ((lambda o: tw.zeros(3, order=o), "zeros"), (lambda o: tw.empty(3, order=o), "empty"),
+                    (lambda o: tw.zeros(3).copy(order=o), "Tensor.copy"),
+                    (lambda o: tw.zeros(3).is_contiguous(o), "Tensor.is_contiguous")):
+        with pytest.raises(ValueError, match=rf"^tensorwire\.{name}: order must be 'C', 'F', 'A', 'K' or 'any'"):
+            f("X")
+        f("K")
+    for bad, says in (([1], "it holds a int"), ("hw", "not str")):
+        with pytest.raises(TypeError, match=rf"^tensorwire\.to_arrow: dim_names must be a list or tuple of str.*{says}"):
+            tw.to_arrow(np.zeros((2, 3)), dim_names=bad)
