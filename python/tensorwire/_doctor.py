@@ -126,8 +126,9 @@ def _ucx() -> dict[str, Any]:
     from . import _tensorwire as ext
 
     info = ext._ucx_info()
-    d: dict[str, Any] = {"present": info["version"] is not None, "version": info["version"],
-                         "library": info["library"], "why": info["why"]}
+    present = info["version"] is not None
+    d: dict[str, Any] = {"present": present, "version": info["version"], "library": info["library"],
+                         "why": {} if present else {"version": info["why"] or "no UCX library could be loaded"}}
     if info["version"]:
         major, minor = (int(x) for x in info["version"].split(".")[:2])
         if (major, minor) < (1, 18):
@@ -165,6 +166,14 @@ def _guarded(what: str, f: Callable[[], dict[str, Any]], failed: dict[str, Any])
         return {**failed, "why": f"{what} failed: {type(e).__name__}: {e}"}
 
 
+def _guarded_section(what: str, f: Callable[[], dict[str, Any]], failed: dict[str, Any]) -> dict[str, Any]:
+    """_guarded for a section whose "why" maps checks to reasons: a failed probe is the reason of each."""
+    try:
+        return f()
+    except Exception as e:  # noqa: BLE001
+        return {**failed, "why": {k: f"{what} failed: {type(e).__name__}: {e}" for k, v in failed.items() if v is None}}
+
+
 def collect() -> dict[str, Any]:
     """Everything `tensorwire doctor` reports, as a JSON-ready dict."""
     import tensorwire as tw
@@ -177,7 +186,7 @@ def collect() -> dict[str, Any]:
         "python": {"version": platform.python_version(), "executable": sys.executable},
         "platform": _section(system=(platform.platform(), None), machine=(platform.machine(), None),
                              cpus=(cpus, None if cpus else "os.cpu_count() cannot tell")),
-        "dependencies": {name: _version_of(name) for name in _DEPENDENCIES},
+        "dependencies": _section(**{name: (_version_of(name), "not installed") for name in _DEPENDENCIES}),
         "cuda": _cuda(),
         "memfd": _guarded("memfd_create", _memfd, {"ok": False}),
         "limits": _section(**{
@@ -195,7 +204,7 @@ def collect() -> dict[str, Any]:
             HugePages_Free=meminfo("HugePages_Free"),
             Hugepagesize_bytes=meminfo("Hugepagesize"),
         ),
-        "ucx": _guarded("probing UCX", _ucx, {"present": False}),
+        "ucx": _guarded_section("probing UCX", _ucx, {"present": False, "version": None, "library": None}),
     }
 
 
@@ -225,7 +234,8 @@ def render(d: dict[str, Any]) -> str:
              f"Python {d['python']['version']} on {p['system']} ({cpus})", "",
              "dependencies:"]
     for k, v in d["dependencies"].items():
-        lines.append(f"  {k:14s} {v or 'not installed'}")
+        if k != "why":
+            lines.append(f"  {k:14s} {v or d['dependencies']['why'].get(k, 'not installed')}")
     c = d["cuda"]
     kernels = "built in" if c["kernels_built"] else "not built (the build had no nvcc)"
     lines += ["", f"CUDA:            {'available' if c['available'] else 'unavailable'} — {c['driver']}; strided "
@@ -259,7 +269,8 @@ def render(d: dict[str, Any]) -> str:
                  f"reserved {reserved}")
     u = d["ucx"]
     lines.append("UCX:             " + (f"{u['version']} ({u['library']})" if u["present"] else "not usable")
-                 + (f" — {u['why']}" if u.get("why") else "") + (f"; {u['warning']}" if u.get("warning") else ""))
+                 + (f" — {u['why']['version']}" if u["why"].get("version") else "")
+                 + (f"; {u['warning']}" if u.get("warning") else ""))
     return "\n".join(lines)
 
 
