@@ -947,12 +947,19 @@ void register_import(nb::module_& m) {
         "tensor's metadata under 'tensorwire.torch'.");
   // The hook must not outlive the interpreter's objects it refers to.
   nb::module_::import_("atexit").attr("register")(nb::cpp_function([] { g_subclass_hook = nb::object(); }));
-  m.def("asarray", &asarray, "obj"_a.none(), nb::kw_only(), "device"_a = nb::none(), "copy"_a = nb::none(),
+  m.def("asarray", &asarray,
+        nb::sig("def asarray(obj: object, *, device: object = None, copy: bool | None = None, stream: object = None) "
+                "-> Tensor"),
+        "obj"_a.none(), nb::kw_only(), "device"_a = nb::none(), "copy"_a = nb::none(),
         "stream"_a = nb::none(),
         "Any array-like as a tensorwire.Tensor: an object with an array protocol (zero-copy where the layout "
         "allows), or nested lists/tuples and Python numbers (as np.asarray makes them: a copy). copy=None copies only "
         "when no zero-copy view exists; copy=False "
-        "never copies (raises tensorwire.CopyError instead); copy=True always copies.");
+        "never copies (raises tensorwire.CopyError instead); copy=True always copies. device='cuda:0' / 'cpu' / "
+        "'cuda_host' (or a tw.Device): the tensor on that device, moved by one copy when it is elsewhere. stream: "
+        "the CUDA stream the caller will use it on (an int in DLPack's numbering: -1 none, 1 legacy default, 2 "
+        "per-thread, else a handle; or a stream object): the producer's work is ordered before it, and a copy the "
+        "import makes is queued on it.");
   m.def("from_dlpack", [](nb::handle x, nb::handle device, nb::handle copy) -> nb::object {
     if (PyCapsule_CheckExact(x.ptr())) {
       Request req;
