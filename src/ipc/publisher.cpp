@@ -185,6 +185,8 @@ class PublisherImpl {
     validate_topic_name(name);
     if (opt_.max_subscribers < 1)
       throw Error(ErrorCode::invalid_argument, "max_subscribers must be at least 1");
+    if (opt_.pool_bytes < 1)  // (as max_buffers: a pool of nothing served one buffer at a time, whatever depth said)
+      throw Error(ErrorCode::invalid_argument, "pool_bytes must be at least 1");
     if (opt_.on_full != OnFull::block && opt_.on_full != OnFull::drop_oldest && opt_.on_full != OnFull::raise)
       throw Error(ErrorCode::invalid_argument, "on_full must be OnFull::block, drop_oldest or raise, not " +
                                                    std::to_string(static_cast<int>(opt_.on_full)));

@@ -406,6 +406,15 @@ def test_timeouts_of_the_wrong_type_are_type_errors():
             pub.send(np.zeros(1), timeout="1")
 
 
+@pytest.mark.parametrize("option,says", [("max_subscribers", "max_subscribers must be at least 1"),
+                                          ("max_buffers", "max_buffers must be between 1 and 65536"),
+                                          ("pool_bytes", "pool_bytes must be at least 1")])
+def test_a_publisher_limit_of_zero_is_refused_naming_it(option, says):
+    # (pool_bytes=0 was accepted and served one buffer at a time, where the other two limits were refused)
+    with pytest.raises(ValueError, match=says):
+        tw.Publisher(topic("zero"), **{option: 0})
+
+
 def test_too_many_subscribers_are_refused_with_a_clear_error():
     name = topic("cap")
     with tw.Publisher(name, max_subscribers=1) as pub, tw.Subscriber(name):
