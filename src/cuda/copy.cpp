@@ -96,6 +96,7 @@ void wait_all_pending() {
     all.swap(*g_pending);
   }
   const Api& a = driver().api;
+  const RelaxedCapture relaxed;
   for (auto& p : all) {
     const bool done = with_context(p.device, [&] { return a.cuEventSynchronize(p.event); }) == kSuccess;
     with_context(p.device, [&] { return a.cuEventDestroy(p.event); });

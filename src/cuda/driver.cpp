@@ -79,6 +79,7 @@ Driver load_real() {
   TW_RESOLVE(cuModuleGetFunction);
   TW_RESOLVE(cuLaunchKernel);
   TW_RESOLVE(cuGetErrorName);
+  TW_RESOLVE(cuThreadExchangeStreamCaptureMode);
   TW_RESOLVE(cuStreamGetCtx);
   TW_RESOLVE(cuStreamGetFlags);
   TW_RESOLVE(cuMemGetAllocationGranularity);
@@ -292,6 +293,22 @@ CUcontext primary_context(int device) {
   return c;
 }
 
+RelaxedCapture::RelaxedCapture() noexcept {
+  const Driver& d = driver();
+  if (!d.status.empty() || !d.api.cuThreadExchangeStreamCaptureMode) return;
+  int mode = 2;  // CU_STREAM_CAPTURE_MODE_RELAXED (cuda.h's CUstreamCaptureMode)
+  if (d.api.cuThreadExchangeStreamCaptureMode(&mode) == kSuccess) {
+    prev_ = mode;
+    exchanged_ = true;
+  }
+}
+
+RelaxedCapture::~RelaxedCapture() {
+  if (!exchanged_) return;
+  int mode = prev_;
+  driver().api.cuThreadExchangeStreamCaptureMode(&mode);
+}
+
 ContextGuard::ContextGuard(int device) {
   const Api& a = api("CUDA context");
   ctx_ = primary_context(device);
@@ -467,6 +484,7 @@ void destroy_event(void* event) noexcept {
 }
 
 void synchronize_event(void* event) {
+  const detail::RelaxedCapture relaxed;  // (a host wait for tensorwire's own bookkeeping, on no caller's stream)
   const detail::Api& a = detail::api("wait for a CUDA event");
   AnyContext ctx;
   detail::check(a.cuEventSynchronize(event), "cuEventSynchronize");

@@ -123,6 +123,7 @@ struct Api {
                              CUstream, void**, void**) = nullptr;
   // optional
   CUresult (*cuGetErrorName)(CUresult, const char**) = nullptr;
+  CUresult (*cuThreadExchangeStreamCaptureMode)(int*) = nullptr;  // (CUstreamCaptureMode*)
   CUresult (*cuStreamGetCtx)(CUstream, CUcontext*) = nullptr;
   CUresult (*cuStreamGetFlags)(CUstream, unsigned*) = nullptr;
   CUresult (*cuMemGetAllocationGranularity)(size_t*, const MemAllocationProp*, int) = nullptr;
@@ -173,6 +174,24 @@ void check_device(Device d, const char* what);
 
 /// Makes cuda:`device`'s primary context current on this thread for the guard's life (restoring the previous
 /// one), so driver calls land on the right device whatever the caller's thread had current.
+/// This thread's stream-capture mode set to relaxed for the guard's life (restored after), where the driver has
+/// cuThreadExchangeStreamCaptureMode. Around tensorwire's own driver calls that belong to no caller's stream
+/// (allocating and mapping pool memory, waiting for events before memory is reused or released): under a CUDA
+/// graph capture in the default global mode on any thread (torch.cuda.graph's), such "potentially unsafe" calls
+/// fail and invalidate the capture; PyTorch's caching allocator relaxes the mode around its allocations the same
+/// way. Work on a capturing stream is still captured (or refused) as the driver decides.
+class RelaxedCapture {
+ public:
+  RelaxedCapture() noexcept;
+  ~RelaxedCapture();
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  int prev_ = 0;
+  bool exchanged_ = false;
+};
+
 class ContextGuard {
  public:
   explicit ContextGuard(int device);

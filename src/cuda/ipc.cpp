@@ -221,6 +221,7 @@ DeviceExport export_memory(int device, uintptr_t ptr, uint64_t span) {
 }
 
 DeviceExport allocate_exportable(int device, size_t nbytes) {
+  const RelaxedCapture relaxed;  // (allocation and mapping: no caller's stream is involved)
   const Api& a = api("allocate shareable CUDA memory");
   if (!a.cuMemCreate || !a.cuMemGetAllocationGranularity || !a.cuMemAddressReserve || !a.cuMemMap ||
       !a.cuMemSetAccess || !a.cuMemUnmap || !a.cuMemAddressFree || !a.cuMemRelease || !a.cuMemExportToShareableHandle)
@@ -496,6 +497,7 @@ struct Releaser {
     const Driver& drv = driver();
     if (!drv.status.empty()) return;  // no driver: nothing can be queued
     const Api& a = drv.api;
+    const RelaxedCapture relaxed;  // (a user's graph capture in global mode must not fail on this thread's waits)
     std::vector<int> whole;  // devices to synchronize once each
     for (Release& r : batch) {
       try {

@@ -80,6 +80,7 @@ size_t Pool::granularity() {
 }
 
 Segment* Pool::new_segment(size_t bytes, size_t slot_size) {
+  const RelaxedCapture relaxed;  // (allocation and mapping: no caller's stream is involved)
   const Api& a = api(device_ >= 0 ? "allocate CUDA device memory" : "allocate pinned host memory");
   auto seg = std::make_unique<Segment>();
   seg->size = bytes;
@@ -220,6 +221,7 @@ Block* Pool::take_cached(size_t cls, intptr_t stream, bool idle, std::unique_loc
   b->free_event = nullptr;
   ++b->segment->busy;  // in neither the cache nor the live map meanwhile: its segment must not be released
   lk.unlock();         // never hold the pool while the host waits
+  const RelaxedCapture relaxed;
   CUresult r = with_context(b->stream_device, [&] { return a.cuEventSynchronize(ev); });
   with_context(b->stream_device, [&] { return a.cuEventDestroy(ev); });
   lk.lock();
@@ -326,6 +328,7 @@ void Pool::give_back(Block* b) noexcept {
     // queued on it) or the driver failed. Wait for all of the device's work now, or never reuse the block.
     try {
       const Api& a = api("pool");
+      const RelaxedCapture relaxed;
       ContextGuard g(b->stream_device);
       drop = a.cuCtxSynchronize() != kSuccess;
     } catch (...) {
@@ -400,6 +403,7 @@ void Pool::release_cached_locked(std::unique_lock<std::mutex>& lk) {
   if (!waiting.empty()) {
     std::vector<bool> done(waiting.size());
     lk.unlock();
+    const RelaxedCapture relaxed;
     for (size_t i = 0; i < waiting.size(); ++i) {
       const int dev = waiting[i]->stream_device;
       done[i] = with_context(dev, [&] { return a.cuEventSynchronize(waiting[i]->free_event); }) == kSuccess;

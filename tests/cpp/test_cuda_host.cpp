@@ -91,6 +91,9 @@ struct Fake {
   int ipc_event_opens = 0;
   std::atomic<int> ipc_open_tries{0}, ipc_event_open_tries{0};  // calls, refused ones included
   int records = 0;                    // cuEventRecord calls
+  // Allocations and host waits made while their thread's capture mode was not relaxed: under a global-mode graph
+  // capture on any thread, a real driver refuses them and invalidates the capture.
+  std::atomic<int> unsafe_unrelaxed{0};
   int stream_creates = 0;
   std::deque<int> created_streams;    // each created stream is the address of one entry: the context it was made in
   std::vector<int> synced_in;         // the context of each stream cuStreamSynchronize waited for
@@ -120,6 +123,7 @@ struct Fake {
 };
 Fake* g_fake = nullptr;
 thread_local d::CUcontext t_current = nullptr;
+thread_local int t_capture_mode = 0;  // CU_STREAM_CAPTURE_MODE_GLOBAL, each thread's default
 d::CUresult no_context() {
   ++g_fake->no_context_refusals;
   return d::kErrorInvalidContext;
@@ -263,13 +267,19 @@ d::Api fake_api() {
     std::lock_guard lk(g_fake->streams_mu);
     return g_fake->events_done && !g_fake->pending_events.count(reinterpret_cast<uintptr_t>(e)) ? 0 : d::kErrorNotReady;
   };
+  a.cuThreadExchangeStreamCaptureMode = [](int* mode) {
+    std::swap(*mode, t_capture_mode);
+    return 0;
+  };
   a.cuEventSynchronize = [](d::CUevent) {
     if (!t_current) return no_context();
+    if (t_capture_mode != 2) ++g_fake->unsafe_unrelaxed;
     wait_for_the_work();
     ++g_fake->event_syncs;
     return g_fake->work_fails ? 719 : 0;  // CUDA_ERROR_LAUNCH_FAILED
   };
   a.cuCtxSynchronize = [] {
+    if (t_capture_mode != 2) ++g_fake->unsafe_unrelaxed;
     wait_for_the_work();
     ++g_fake->ctx_syncs;
     return 0;
@@ -409,6 +419,7 @@ d::Api fake_api() {
     return 0;
   };
   a.cuMemCreate = [](d::CUmemHandle* h, size_t n, const d::MemAllocationProp* p, unsigned long long) {
+    if (t_capture_mode != 2) ++g_fake->unsafe_unrelaxed;
     if (g_fake->hold_create) {  // a caller stays inside the driver (and inside the pool's lock) until released
       g_fake->in_create = true;
       while (g_fake->hold_create) std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -1748,6 +1759,37 @@ TEST_F(FakeDriver, IpcTheStackedPlaneArrivesWithItsOffset) {
     pub.close();
   }
   EXPECT_TRUE(freed->load());
+  expect_no_leaks();
+}
+
+// Allocating pool memory and the host's waits before memory is reused or released run in the relaxed capture mode
+// (restored after): a user's CUDA graph capture in global mode (torch.cuda.graph's) would fail on them otherwise.
+TEST_F(FakeDriver, PoolAllocationsAndReleaseWaitsRelaxTheCaptureMode) {
+  {
+    Tensor a = Tensor::empty({3 << 20}, DType::uint8(), Device::cuda(0));  // a VMM segment of its own
+    EXPECT_EQ(t_capture_mode, 0) << "the caller's mode is restored";
+  }
+  {
+    tw::Tensor src = Tensor::zeros({3 << 20}, DType::uint8());
+    Tensor again = src.to(Device::cuda(0), intptr_t{2});  // reuse from another stream
+  }
+  tw::cuda::empty_cache();
+  const std::string name = ipc_topic("relaxed");
+  {
+    tw::Publisher pub(name);
+    tw::Subscriber sub(name);
+    auto freed = std::make_shared<std::atomic<bool>>(false);
+    ASSERT_EQ(pub.send(foreign_floats(12, freed)), 1u);
+    auto t = sub.recv(std::chrono::seconds(5));
+    ASSERT_TRUE(t);
+    g_fake->events_done = false;  // the release thread must wait for the work queued on the memory
+    t.reset();
+    g_fake->events_done = true;
+    d::wait_releases();
+  }
+  EXPECT_GT(g_fake->handles + g_fake->event_syncs + g_fake->ctx_syncs, 0);
+  EXPECT_EQ(g_fake->unsafe_unrelaxed, 0);
+  EXPECT_EQ(t_capture_mode, 0);
   expect_no_leaks();
 }
 
