@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <exception>
 #include <chrono>
 #include <cstdio>
 #include <mutex>
@@ -216,7 +217,8 @@ class SubscriberImpl {
     if (!welcomed_ && !peer_gone_ && !user_closed_ && !forked_ && !eos_ && os::current_pid() == pid_) {
       try {
         wait_for_publisher(0);
-      } catch (...) {  // (a publisher that broke the protocol: recv reports it)
+      } catch (...) {  // (a refusal, or a publisher that broke the protocol: the next recv / fileno raises it)
+        pending_error_ = std::current_exception();
       }
     }
     return !user_closed_ && !forked_ && !eos_ && welcomed_ && !peer_gone_ && chan_ && !chan_->ring.closed();
@@ -243,6 +245,7 @@ class SubscriberImpl {
     std::lock_guard lock(mu_);
     check_usable("fileno");
     if (user_closed_) throw Error(ErrorCode::invalid_argument, "Subscriber::fileno: the subscriber is closed");
+    raise_pending();
     // A publisher that already connected to our waiting socket: take it now, so that socket does not read as a
     // message waiting. (One that connects later makes the descriptor readable once; recv then handles it.)
     if (!welcomed_ && !peer_gone_) wait_for_publisher(0);
@@ -360,7 +363,16 @@ class SubscriberImpl {
 
   // What recv does under the lock each round: take a message, notice the end of the stream, or say to wait.
   // Bounded: every `continue` follows a state change that the next round settles.
+  // What connected() caught while taking a handshake step (it cannot throw): raised by the next call that can.
+  void raise_pending() {
+    if (!pending_error_) return;
+    std::exception_ptr e;
+    std::swap(e, pending_error_);
+    std::rethrow_exception(e);
+  }
+
   Step step_locked(std::optional<Received>& out, bool at_deadline) {
+    raise_pending();
     for (int round = 0; round < 8; ++round) {
       if (user_closed_ || eos_) return Step::ended;
       if (broken_) {  // reported once; afterwards the stream has simply ended
@@ -659,10 +671,11 @@ class SubscriberImpl {
       opened = std::make_shared<DeviceImport>(std::move(imp));
       cs.opened = opened;
     }
-    // A BYE waiting on the socket: the publisher finished every event's work before sending it and may have
-    // destroyed the events since (opening or waiting on one then is undefined behaviour), so none is needed.
-    process_control();
-    bool gone = bye_;  // or a segment of a publisher in this process that is gone: it waited for its event
+    // A closed ring (or its BYE): the publisher finished every event's work before closing it and may destroy
+    // the events at any time after (opening or waiting on one then is undefined behaviour), so none is needed.
+    // (A close that begins after this check can still destroy an event this thread is about to open: a window
+    // of a few driver calls, not closed here.)
+    bool gone = bye_ || chan_->ring.closed();  // or a segment of a publisher in this process that is gone (below)
     if (!gone && !cs.event.event) {
       const LocalEvent le = local ? local_ipc_event(cs.info.event_handle) : LocalEvent{};
       if (le.event) {
@@ -782,6 +795,7 @@ class SubscriberImpl {
   bool welcomed_ = false, peer_gone_ = false, user_closed_ = false, eos_ = false, fd_mode_ = false, forked_ = false;
   bool broken_ = false;  // the publisher broke the protocol: reported once, then end-of-stream
   bool bye_ = false;     // the publisher said BYE (it closed the topic) before its socket closed
+  std::exception_ptr pending_error_;  // caught by connected(), raised by the next recv / fileno
 };
 
 }  // namespace ipc_detail

@@ -1408,4 +1408,32 @@ TEST(Ipc, ConnectedAloneTakesTheHandshakeOfASubscriberMadeBeforeItsPublisher) {
   ASSERT_TRUE(t);
   EXPECT_EQ(t->numel(), 4);
 }
+
+// A refusal that connected()'s handshake step meets (it cannot throw) is raised by the next recv, not lost.
+TEST(Ipc, ARefusalMetByConnectedIsRaisedByTheNextRecv) {
+  const std::string name = topic("connected-refused");
+  Subscriber first(name), second(name);
+  tw::PublisherOptions o;
+  o.max_subscribers = 1;
+  Publisher pub(name, o);  // takes one waiting subscriber and refuses the other
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  bool a = false, b = false;
+  while (!(a = first.connected()) && !(b = second.connected()) && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  ASSERT_TRUE(a || b);
+  Subscriber& other = a ? second : first;
+  for (int i = 0; i < 100; ++i) {  // its handshake steps meet the refusal (0.2 s: the packet is already there)
+    EXPECT_FALSE(other.connected());
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  bool refused_seen = false;
+  try {
+    (void)other.recv(std::chrono::milliseconds(0));
+  } catch (const tw::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("refused this subscriber"), std::string::npos) << e.what();
+    refused_seen = true;
+  }
+  EXPECT_TRUE(refused_seen) << "the refused subscriber's recv says so (it ended quietly)";
+  EXPECT_EQ(pub.subscriber_count(), 1u);
+}
 }  // namespace
