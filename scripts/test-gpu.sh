@@ -178,6 +178,17 @@ fi
   fi
   if [[ -n $NVCC ]]; then
     echo "- nvcc: $NVCC, $(timeout 30 "$NVCC" --version 2>&1 | grep -i 'release' | tail -n 1 || true)"
+    # A driver older than the toolkit cannot load what this nvcc builds (PTX of a newer ISA): every test of
+    # tensorwire's strided kernels then fails at cuModuleLoadData. Said here, so that a failure reads as that.
+    drv_cuda=$(timeout 30 nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9][0-9.]*\).*/\1/p' | head -n 1 || true)
+    nvcc_rel=$(timeout 30 "$NVCC" --version 2>/dev/null | sed -n 's/.*release \([0-9][0-9.]*\),.*/\1/p' | head -n 1 || true)
+    if [[ -n $drv_cuda && -n $nvcc_rel ]]; then
+      if [[ $(printf '%s\n%s\n' "$drv_cuda" "$nvcc_rel" | sort -V | head -n 1) != "$nvcc_rel" ]]; then
+        echo "- WARNING: the driver supports CUDA $drv_cuda, older than nvcc $nvcc_rel: kernels this nvcc builds may not load (cuModuleLoadData), failing every strided-kernel test"
+      else
+        echo "- driver CUDA $drv_cuda >= nvcc $nvcc_rel: the kernels load"
+      fi
+    fi
   else
     echo "- nvcc: not found"
   fi

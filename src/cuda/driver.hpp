@@ -172,8 +172,6 @@ std::string result_name(CUresult r);
 /// Throws Error(device_unavailable / invalid_argument) unless `d` is a CUDA device this process has.
 void check_device(Device d, const char* what);
 
-/// Makes cuda:`device`'s primary context current on this thread for the guard's life (restoring the previous
-/// one), so driver calls land on the right device whatever the caller's thread had current.
 /// This thread's stream-capture mode set to relaxed for the guard's life (restored after), where the driver has
 /// cuThreadExchangeStreamCaptureMode. Around tensorwire's own driver calls that belong to no caller's stream
 /// (allocating and mapping pool memory, waiting for events before memory is reused or released): under a CUDA
@@ -192,6 +190,8 @@ class RelaxedCapture {
   bool exchanged_ = false;
 };
 
+/// Makes cuda:`device`'s primary context current on this thread for the guard's life (restoring the previous
+/// one), so driver calls land on the right device whatever the caller's thread had current.
 class ContextGuard {
  public:
   explicit ContextGuard(int device);

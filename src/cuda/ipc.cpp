@@ -89,6 +89,7 @@ std::shared_ptr<void> mapping_owner(int device, CUdeviceptr va, size_t bytes, CU
     try {
       const Api& a = driver().api;
       if (!a.cuMemUnmap) return;
+      const RelaxedCapture relaxed;
       ContextGuard g(device);
       a.cuMemUnmap(reinterpret_cast<CUdeviceptr>(p), bytes);
       a.cuMemAddressFree(reinterpret_cast<CUdeviceptr>(p), bytes);

@@ -132,6 +132,7 @@ Segment* Pool::new_segment(size_t bytes, size_t slot_size) {
 
 void Pool::free_segment(Segment* s) noexcept {
   const Api& a = driver().api;
+  const RelaxedCapture relaxed;  // (frees are as unsafe as allocations under a global-mode capture)
   try {
     if (device_ < 0) {
       ContextGuard g(default_device());

@@ -445,6 +445,7 @@ d::Api fake_api() {
     return 0;
   };
   a.cuMemRelease = [](d::CUmemHandle h) {
+    if (t_capture_mode != 2) ++g_fake->unsafe_unrelaxed;
     std::lock_guard lk(g_fake->mu);
     auto it = g_fake->vmm.find(h);
     if (it == g_fake->vmm.end()) return 1;
@@ -1782,12 +1783,15 @@ TEST_F(FakeDriver, PoolAllocationsAndReleaseWaitsRelaxTheCaptureMode) {
     ASSERT_EQ(pub.send(foreign_floats(12, freed)), 1u);
     auto t = sub.recv(std::chrono::seconds(5));
     ASSERT_TRUE(t);
+    const int syncs_before = g_fake->event_syncs + g_fake->ctx_syncs;
     g_fake->events_done = false;  // the release thread must wait for the work queued on the memory
     t.reset();
-    g_fake->events_done = true;
     d::wait_releases();
+    g_fake->events_done = true;
+    EXPECT_GT(g_fake->event_syncs + g_fake->ctx_syncs, syncs_before) << "the release thread waited on the host";
   }
-  EXPECT_GT(g_fake->handles + g_fake->event_syncs + g_fake->ctx_syncs, 0);
+  tw::cuda::empty_cache();  // the pool's segments are released (cuMemRelease)
+  EXPECT_EQ(g_fake->handles, 0);
   EXPECT_EQ(g_fake->unsafe_unrelaxed, 0);
   EXPECT_EQ(t_capture_mode, 0);
   expect_no_leaks();
