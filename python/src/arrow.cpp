@@ -107,16 +107,19 @@ tw::ArrowTensorArray prepare(const tw::Tensor& t, std::optional<bool> copy, std:
 
 nb::handle g_asarray;  // tensorwire._tensorwire.asarray
 
-// dim_names: None, or a list or tuple of str (a TypeError naming what it got otherwise).
+// dim_names: None, or a sequence of str other than a str or bytes itself (a TypeError naming what it got otherwise).
 std::vector<std::string> dim_names_from(nb::handle h) {
   std::vector<std::string> names;
   if (h.is_none()) return names;
-  if (!PyList_Check(h.ptr()) && !PyTuple_Check(h.ptr()))
-    throw nb::type_error((std::string("tensorwire.to_arrow: dim_names must be a list or tuple of str, not ") +
+  if (!PySequence_Check(h.ptr()) || PyUnicode_Check(h.ptr()) || PyBytes_Check(h.ptr()) ||
+      PyByteArray_Check(h.ptr()))
+    throw nb::type_error((std::string("tensorwire.to_arrow: dim_names must be a sequence of str, not ") +
                           Py_TYPE(h.ptr())->tp_name).c_str());
-  for (nb::handle e : h) {
+  nb::object items = nb::steal(PySequence_List(h.ptr()));
+  if (!items.is_valid()) throw nb::python_error();
+  for (nb::handle e : items) {
     if (!PyUnicode_Check(e.ptr()))
-      throw nb::type_error((std::string("tensorwire.to_arrow: dim_names must be a list or tuple of str; it holds a ") +
+      throw nb::type_error((std::string("tensorwire.to_arrow: dim_names must be a sequence of str; it holds a ") +
                             Py_TYPE(e.ptr())->tp_name).c_str());
     names.push_back(nb::cast<std::string>(e));
   }

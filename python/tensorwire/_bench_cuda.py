@@ -83,7 +83,7 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     from ._bench_ipc import check_writable, parse_sizes
 
-    ipc_sizes = parse_sizes(p, args.ipc_sizes, "--ipc-sizes")  # (checked before anything is measured)
+    args.ipc_size_list = parse_sizes(p, args.ipc_sizes, "--ipc-sizes")  # (checked before anything is measured)
     check_writable(p, "--out", args.out)
     if args.ipc_methods and not args.no_ipc:  # (checked before anything is measured)
         from ._bench_cuda_ipc import METHODS
@@ -186,7 +186,7 @@ def _measure(args, tw, torch, rows, verdicts, save) -> None:
     save()
     if not args.no_ipc:
         from . import _bench_cuda_ipc as ipc
-        sizes = ipc_sizes
+        sizes = args.ipc_size_list
         methods = args.ipc_methods.split(",") if args.ipc_methods else None
         print("ipc: CUDA tensors to another process", flush=True)
         done = len(rows)

@@ -127,8 +127,15 @@ def _ucx() -> dict[str, Any]:
 
     info = ext._ucx_info()
     present = info["version"] is not None
+    why: dict[str, str] = {}
+    if not present:  # version and library null, each with the reason
+        why = {"version": info["why"] or "no UCX library could be loaded"}
+        if info["library"] is None:
+            why["library"] = why["version"]
+    elif info["why"]:  # loaded, yet unusable (its context cannot be made): listen= and connect= say this
+        why["usable"] = info["why"]
     d: dict[str, Any] = {"present": present, "version": info["version"], "library": info["library"],
-                         "why": {} if present else {"version": info["why"] or "no UCX library could be loaded"}}
+                         "usable": present and not info["why"], "why": why}
     if info["version"]:
         major, minor = (int(x) for x in info["version"].split(".")[:2])
         if (major, minor) < (1, 18):
@@ -204,7 +211,8 @@ def collect() -> dict[str, Any]:
             HugePages_Free=meminfo("HugePages_Free"),
             Hugepagesize_bytes=meminfo("Hugepagesize"),
         ),
-        "ucx": _guarded_section("probing UCX", _ucx, {"present": False, "version": None, "library": None}),
+        "ucx": _guarded_section("probing UCX", _ucx, {"present": False, "usable": False, "version": None,
+                                                      "library": None}),
     }
 
 
@@ -269,7 +277,8 @@ def render(d: dict[str, Any]) -> str:
                  f"reserved {reserved}")
     u = d["ucx"]
     lines.append("UCX:             " + (f"{u['version']} ({u['library']})" if u["present"] else "not usable")
-                 + (f" — {u['why']['version']}" if u["why"].get("version") else "")
+                 + (f" — {u['why'].get('version') or u['why'].get('usable')}"
+                    if u["why"].get("version") or u["why"].get("usable") else "")
                  + (f"; {u['warning']}" if u.get("warning") else ""))
     return "\n".join(lines)
 

@@ -111,8 +111,11 @@ void Value::update(const Value& other) {
     *this = other;
     return;
   }
-  keys_.reserve(keys_.size() + other.keys_.size());
-  items_.reserve(keys_.capacity());
+  if (const size_t need = keys_.size() + other.keys_.size(); need > keys_.capacity()) {
+    // Geometric, as push_back grows: an exact reserve per call made repeated small updates quadratic.
+    keys_.reserve(std::max(need, 2 * keys_.capacity()));
+    items_.reserve(keys_.capacity());
+  }
   for (size_t j = 0; j < other.keys_.size(); ++j) set(other.keys_[j], other.items_[j]);
 }
 

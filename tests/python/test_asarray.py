@@ -892,6 +892,8 @@ def test_argument_errors_name_the_function_called():
         with pytest.raises(ValueError, match=rf"^tensorwire\.{name}: order must be 'C', 'F', 'A', 'K' or 'any'"):
             f("X")
         f("K")
-    for bad, says in (([1], "it holds a int"), ("hw", "not str")):
-        with pytest.raises(TypeError, match=rf"^tensorwire\.to_arrow: dim_names must be a list or tuple of str.*{says}"):
+    for bad, says in (([1], "it holds a int"), ("hw", "not str"), (b"hw", "not bytes"), (3, "not int")):
+        with pytest.raises(TypeError, match=rf"^tensorwire\.to_arrow: dim_names must be a sequence of str.*{says}"):
             tw.to_arrow(np.zeros((2, 3)), dim_names=bad)
+    import collections
+    assert tw.to_arrow(np.zeros((2, 3)), dim_names=collections.UserList(["w"])).dim_names == ("w",)

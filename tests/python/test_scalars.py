@@ -347,6 +347,8 @@ def test_doctor_reports_this_machine():
     ucx = tw._ext._ucx_info()  # the UCX listen=/connect= load, as the doctor must report it
     assert d["ucx"]["present"] == (ucx["version"] is not None)
     assert isinstance(d["ucx"]["why"], dict) and (d["ucx"]["version"] is None) == ("version" in d["ucx"]["why"])
+    assert d["ucx"]["usable"] == (ucx["version"] is not None and not ucx["why"])
+    assert d["ucx"]["usable"] or d["ucx"]["why"], d["ucx"]  # unusable: the section says why
     assert (d["ucx"]["version"], d["ucx"]["library"]) == (ucx["version"], ucx["library"])
     if ucx["version"]:
         old = tuple(int(x) for x in ucx["version"].split(".")[:2]) < (1, 18)

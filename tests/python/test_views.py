@@ -321,8 +321,8 @@ def test_arguments_of_the_wrong_type_are_named_and_numpy_integers_are_integers()
     for call, exc, text in [(lambda: t.to(None), ValueError, "device must not be None"),
                             (lambda: tw.empty((2,), pinned=1), TypeError, "pinned must be True or False, not int"),
                             (lambda: tw.zeros((2,), pinned=None), TypeError, "pinned must be True or False"),
-                            (lambda: tw.empty((2,), order=None), TypeError, "order must be 'C', 'F' or 'any', not"),
-                            (lambda: t.copy(order=3), TypeError, "order must be 'C', 'F' or 'any', not int"),
+                            (lambda: tw.empty((2,), order=None), TypeError, "order must be 'C', 'F', 'A', 'K' or 'any', not"),
+                            (lambda: t.copy(order=3), TypeError, "order must be 'C', 'F', 'A', 'K' or 'any', not int"),
                             (lambda: tw.DType(None), TypeError, "dtype must be given"),
                             (lambda: t.slice(0, 2**64), ValueError, "start 18446744073709551616 does not fit"),
                             (lambda: t.select(0.5, 0), TypeError, "select: dim must be an int, not float")]:
