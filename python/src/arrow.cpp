@@ -101,7 +101,7 @@ tw::ArrowTensorArray prepare(const tw::Tensor& t, std::optional<bool> copy, std:
   tw::ArrowExportOptions o;
   o.copy = copy;
   o.dim_names = std::move(dim_names);
-  nb::gil_scoped_release nogil;  // a copy may be large; nothing below touches Python
+  ReleaseGil nogil;  // a copy may be large; nothing below touches Python
   return tw::ArrowTensorArray::from_tensor(t, o);
 }
 
@@ -138,7 +138,7 @@ tw::ArrowTensorArray to_arrow(nb::handle x, nb::handle copy, nb::handle dim_name
     tw::ArrowExportOptions o;
     o.copy = c;
     o.dim_names = std::move(names);
-    nb::gil_scoped_release nogil;
+    ReleaseGil nogil;
     return tw::ArrowTensorArray::from_tensors(ts, o);
   }
   nb::object t = is_tensor(x) ? nb::borrow(x) : g_asarray(x, nb::arg("copy") = (c == false ? nb::handle(Py_False) : nb::none()));

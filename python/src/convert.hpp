@@ -5,6 +5,7 @@
 #include <nanobind/nanobind.h>
 
 #include <memory>
+#include <unistd.h>
 #include <string>
 
 #include "tensorwire/tensorwire.hpp"
@@ -13,6 +14,29 @@ namespace twpy {
 
 namespace nb = nanobind;
 using namespace nb::literals;
+
+// nb::gil_scoped_release for every wait of tensorwire's: the same, except where the GIL comes back while the
+// interpreter is finalizing. A daemon thread waiting in recv then ends in PyEval_RestoreThread, which (Python
+// before 3.14) exits the thread with pthread_exit: a forced unwind, which ended the process with std::terminate
+// when it met nanobind's noexcept destructor (rc 134 at exit, with a daemon thread in recv: tensorwire.torch's
+// DataLoader). Here the unwind is caught in the destructor and the thread sleeps until the process is gone, as
+// Python 3.14 itself does with such threads. (A normal exception cannot come out of PyEval_RestoreThread.)
+class ReleaseGil {
+ public:
+  ReleaseGil() noexcept : state_(PyEval_SaveThread()) {}
+  ~ReleaseGil() {
+    try {
+      PyEval_RestoreThread(state_);
+    } catch (...) {  // abi::__forced_unwind: never rethrown, never left
+      for (;;) ::pause();
+    }
+  }
+  ReleaseGil(const ReleaseGil&) = delete;
+  ReleaseGil& operator=(const ReleaseGil&) = delete;
+
+ private:
+  PyThreadState* state_;
+};
 
 /// tw.CopyError: subclass of BufferError and ValueError.
 extern PyObject* g_copy_error;

@@ -147,7 +147,7 @@ nb::object dlpack(nb::handle self, nb::handle stream, nb::handle max_version, nb
   if (versioned) {
     DLManagedTensorVersioned* m;
     if (may_copy) {
-      nb::gil_scoped_release nogil;
+      ReleaseGil nogil;
       m = tw::export_dlpack(t, req);
     } else {
       m = tw::export_dlpack(t, req);
@@ -161,7 +161,7 @@ nb::object dlpack(nb::handle self, nb::handle stream, nb::handle max_version, nb
   }
   DLManagedTensor* m;
   if (may_copy) {
-    nb::gil_scoped_release nogil;
+    ReleaseGil nogil;
     m = tw::export_dlpack_legacy(t, req);
   } else {
     m = tw::export_dlpack_legacy(t, req);

@@ -48,7 +48,7 @@ struct Request {
 // tw::finish_import with the interpreter lock released when it may copy.
 tw::Tensor finish(tw::Tensor t, const Request& req, tw::ImportFacts facts) {
   if (!tw::import_may_copy(req.policy, facts)) return tw::finish_import(std::move(t), req.policy, facts);
-  nb::gil_scoped_release nogil;
+  ReleaseGil nogil;
   return tw::finish_import(std::move(t), req.policy, facts);
 }
 
@@ -516,7 +516,7 @@ tw::Tensor import_host(const tw::InterfaceDesc& desc_in, std::shared_ptr<const v
   if (req.policy.copy != CopyMode::always && (desc.typestr.empty() || desc.typestr[0] != swapped))
     return tw::import_interface(desc, std::move(keep), req.policy);
   std::shared_ptr<const void> k = std::move(keep);
-  nb::gil_scoped_release nogil;  // `k` may be a Python keep-alive: it is released with the lock held (see its deleter)
+  ReleaseGil nogil;  // `k` may be a Python keep-alive: it is released with the lock held (see its deleter)
   return tw::import_interface(desc, k, req.policy);
 }
 

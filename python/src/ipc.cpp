@@ -116,7 +116,7 @@ std::chrono::nanoseconds timeout_from(nb::handle h, bool& forever) {
 bool has_other_exports(const tw::Tensor& t) { return t.buffer_ptr().use_count() > 1; }
 
 bool closed_nogil(const tw::Subscriber& s) {
-  nb::gil_scoped_release nogil;
+  ReleaseGil nogil;
   return s.closed();
 }
 
@@ -132,7 +132,7 @@ auto sliced(nb::handle timeout_h, F&& attempt) {
                                : std::clamp<std::chrono::nanoseconds>(left, std::chrono::nanoseconds(0), kSlice);
     std::string timed_out;
     {
-      nb::gil_scoped_release nogil;
+      ReleaseGil nogil;
       try {
         return attempt(tw::Timeout(slice));
       } catch (const tw::TimeoutError& e) {
@@ -252,7 +252,7 @@ size_t send_message(tw::Publisher& p, nb::handle obj, nb::handle metadata, nb::h
                       "Publisher.send: a tensor of the message is spent (a loan already sent)");
     bool owned;
     {
-      nb::gil_scoped_release nogil;
+      ReleaseGil nogil;
       owned = p.owns(t);
     }
     if (owned) {
@@ -317,7 +317,7 @@ nb::object recv(tw::Subscriber& s, nb::handle timeout_h) {
     bool interrupted = false;
     const auto left = forever ? kSlice : std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - std::chrono::steady_clock::now());
     {
-      nb::gil_scoped_release nogil;
+      ReleaseGil nogil;
       r = s.recv_interruptible(std::max(std::chrono::nanoseconds(0), std::min<std::chrono::nanoseconds>(left, kSlice)),
                                interrupted);
     }
@@ -330,7 +330,7 @@ nb::object recv(tw::Subscriber& s, nb::handle timeout_h) {
     if (!forever && std::chrono::steady_clock::now() >= deadline) {
       std::string why;
       {
-        nb::gil_scoped_release nogil;
+        ReleaseGil nogil;
         why = s.waiting_for();
       }
       PyErr_SetString(PyExc_TimeoutError, ("tensorwire.Subscriber('" + s.name() + "'): no message within the timeout" +
@@ -371,7 +371,7 @@ void register_ipc(nb::module_& m) {
   m.def("_ucx_info", [] {
     std::string library, version, why;
     {
-      nb::gil_scoped_release nogil;  // (dlopen, and UCX's context on first use)
+      ReleaseGil nogil;  // (dlopen, and UCX's context on first use)
       library = tw::net::ucx_library();
       version = tw::net::ucx_version();
       why = tw::net::ucx_unavailable_reason();
@@ -409,7 +409,7 @@ void register_ipc(nb::module_& m) {
              o.keepalive = keepalive_from(keepalive);
              std::string warn;
              {
-               nb::gil_scoped_release nogil;
+               ReleaseGil nogil;
                new (self) tw::Publisher(name, o);
                try {
                  if (!o.listen.empty()) warn = abortable_listener_warning(self->address());
@@ -418,7 +418,7 @@ void register_ipc(nb::module_& m) {
              }
              if (!warn.empty() && PyErr_WarnEx(PyExc_RuntimeWarning, warn.c_str(), 1) < 0) {
                {
-                 nb::gil_scoped_release nogil;  // (closing may wait for the net thread)
+                 ReleaseGil nogil;  // (closing may wait for the net thread)
                  self->~Publisher();  // warnings turned into errors: the publisher is not made
                }
                throw nb::python_error();
@@ -448,7 +448,7 @@ void register_ipc(nb::module_& m) {
                // The publisher says why (closed, or inherited by a fork()ed child, which its message explains):
                // a send of nothing reaches its check before anything else.
                {
-                 nb::gil_scoped_release nogil;
+                 ReleaseGil nogil;
                  p.send(tw::Tensor::zeros({0}, tw::DType::uint8()));
                }
                throw tw::Error(tw::ErrorCode::invalid_argument, "send on a closed tensorwire.Publisher('" + p.name() + "')");
@@ -470,7 +470,7 @@ void register_ipc(nb::module_& m) {
              tw::SendOptions o = send_options(metadata, copy, stream);
              bool loaned;
              {
-               nb::gil_scoped_release nogil;
+               ReleaseGil nogil;
                loaned = is_t && p.owns(src);
              }
              if (loaned && has_other_exports(src))
@@ -547,21 +547,21 @@ void register_ipc(nb::module_& m) {
            "cannot provide it. One shape is an int or a tuple or list of ints. Several at once: a dict of name -> "
            "shape or (shape, dtype), or a list or tuple of them, returns the same structure of loans (send it as "
            "one message).")
-      .def("close", &tw::Publisher::close, nb::call_guard<nb::gil_scoped_release>(),
+      .def("close", &tw::Publisher::close, nb::call_guard<ReleaseGil>(),
            "End the stream: subscribers receive what was sent, then end-of-stream; received tensors stay valid.")
       .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
       .def("__exit__", [](tw::Publisher& p, nb::args) {
-        nb::gil_scoped_release nogil;
+        ReleaseGil nogil;
         p.close();
       })
       .def_prop_ro("closed", &tw::Publisher::closed, "True after close() (or leaving a with block).")
       .def_prop_ro("name", &tw::Publisher::name, "The topic name.")
       .def_prop_ro("subscribers", [](const tw::Publisher& p) {
-        nb::gil_scoped_release nogil;
+        ReleaseGil nogil;
         return p.subscriber_count();
       }, "Subscribers currently connected.")
       .def_prop_ro("dropped", [](const tw::Publisher& p) {
-        nb::gil_scoped_release nogil;
+        ReleaseGil nogil;
         return p.dropped();
       }, "Messages this publisher dropped under on_full='drop_oldest' (a remote subscriber also drops its oldest "
          "unread messages itself when its own queue is full: its Subscriber.dropped counts both).")
@@ -572,11 +572,11 @@ void register_ipc(nb::module_& m) {
       }, "The 'host:port' remote subscribers connect to (the port resolved when listen asked for 0), or None "
          "without listen.")
       .def_prop_ro("remote_subscribers", [](const tw::Publisher& p) {
-        nb::gil_scoped_release nogil;
+        ReleaseGil nogil;
         return p.remote_subscriber_count();
       }, "Remote subscribers connected now (included in subscribers).")
       .def_prop_ro("pool_buffers", [](const tw::Publisher& p) {
-        nb::gil_scoped_release nogil;
+        ReleaseGil nogil;
         return p.pool_buffers();
       }, "Buffers the publisher's shared-memory pool holds now (free and in use).")
       .def("__repr__", [](const tw::Publisher& p) {
@@ -596,7 +596,7 @@ void register_ipc(nb::module_& m) {
              o.token = token_from(token);
              o.keepalive = keepalive_from(keepalive);
              o.max_message_bytes = count_arg(max_message_bytes, "max_message_bytes");
-             nb::gil_scoped_release nogil;
+             ReleaseGil nogil;
              new (self) tw::Subscriber(name, o);
            }, nb::sig("def __init__(self, name: str, *, connect: str | int | None = None, token: str | None = None, "
                       "keepalive: float = 10.0, max_message_bytes: int = 17179869184, device: object = None) -> None"),
@@ -621,24 +621,24 @@ void register_ipc(nb::module_& m) {
           throw;
         }
       })
-      .def("fileno", &tw::Subscriber::fileno, nb::call_guard<nb::gil_scoped_release>(),
+      .def("fileno", &tw::Subscriber::fileno, nb::call_guard<ReleaseGil>(),
            "A descriptor that polls readable while a message (or end-of-stream) waits.")
-      .def("close", &tw::Subscriber::close, nb::call_guard<nb::gil_scoped_release>(),
+      .def("close", &tw::Subscriber::close, nb::call_guard<ReleaseGil>(),
            "Disconnect: nothing more is delivered and queued messages are released; tensors already received stay "
            "valid until dropped.")
       .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
       .def("__exit__", [](tw::Subscriber& s, nb::args) {
-        nb::gil_scoped_release nogil;
+        ReleaseGil nogil;
         s.close();
       })
       .def_prop_ro("closed", [](const tw::Subscriber& s) { return closed_nogil(s); },
                    "True once the stream ended (or after close()).")
       .def_prop_ro("connected", [](const tw::Subscriber& s) {
-        nb::gil_scoped_release nogil;
+        ReleaseGil nogil;
         return s.connected();
       }, "True while connected to a live publisher.")
       .def_prop_ro("dropped", [](const tw::Subscriber& s) {
-        nb::gil_scoped_release nogil;
+        ReleaseGil nogil;
         return s.dropped();
       }, "Messages this subscriber missed because a queue was full (on_full='drop_oldest'); a remote subscriber "
          "counts those the publisher dropped for it and those its own queue dropped. Still readable after close().")

@@ -580,7 +580,7 @@ tw::Device target_device(nb::handle device, bool pinned, const char* what) {
 
 tw::Tensor copy_released(const tw::Tensor& t, tw::MemoryOrder order) {
   if (t.nbytes() >= kReleaseGilBytes) {
-    nb::gil_scoped_release nogil;
+    ReleaseGil nogil;
     return t.copy(order);
   }
   return t.copy(order);
@@ -836,7 +836,7 @@ NB_MODULE(_tensorwire, m) {
                                  "move from cpu to cpu has none; leave stream unset").c_str());
         if (*dev == t.device() && c != true) return nb::borrow(self);
         return wrap(as_python("tensorwire.Tensor.to", [&] {
-          nb::gil_scoped_release nogil;  // a copy may wait for a stream
+          ReleaseGil nogil;  // a copy may wait for a stream
           return t.to(*dev, s, c);
         }));
       }, "device"_a.none(), nb::kw_only(), "stream"_a = nb::none(), "copy"_a = nb::none(),
@@ -850,7 +850,7 @@ NB_MODULE(_tensorwire, m) {
         const tw::Tensor& t = unwrap(self);
         if (t.pinned()) return nb::borrow(self);
         return wrap(as_python("tensorwire.Tensor.pin", [&] {
-          nb::gil_scoped_release nogil;
+          ReleaseGil nogil;
           return t.pin();
         }));
       }, "A copy in pinned (page-locked) host memory from tensorwire's pinned pool: dtype, shape, strides and "
@@ -1048,7 +1048,7 @@ NB_MODULE(_tensorwire, m) {
     // (Python objects: read before the lock is released)
     const tw::MemoryOrder ord = as_python("tensorwire.empty", [&] { return parse_order(order); });
     return as_python("tensorwire.empty", [&] {
-      nb::gil_scoped_release nogil;
+      ReleaseGil nogil;
       return tw::Tensor::empty(d, dt, dev, ord);
     });
   }, nb::sig("def empty(shape: int | tuple[int, ...], dtype: object = 'float32', order: str = 'C', *, device: object = None, pinned: bool = False) -> Tensor"),
@@ -1064,7 +1064,7 @@ NB_MODULE(_tensorwire, m) {
     // (Python objects: read before the lock is released)
     const tw::MemoryOrder ord = as_python("tensorwire.zeros", [&] { return parse_order(order); });
     return as_python("tensorwire.zeros", [&] {
-      nb::gil_scoped_release nogil;
+      ReleaseGil nogil;
       // Without a device runtime, empty() says why at once: never build (and fault in) the zeros on the host first.
       if (dev.type != kDLCPU && !tw::cuda::is_available()) return tw::Tensor::empty(d, dt, dev, ord);
       tw::Tensor host = tw::Tensor::zeros(d, dt, ord);
@@ -1074,7 +1074,7 @@ NB_MODULE(_tensorwire, m) {
   "shape"_a, "dtype"_a.none() = "float32", "order"_a.none() = "C", nb::kw_only(), "device"_a = nb::none(),
   "pinned"_a.none() = false, "A new zero-filled tensor; dtype, device and pinned as in tensorwire.empty.");
   m.def("_copy_into", [](const tw::Tensor& src, const tw::Tensor& dst) {
-    nb::gil_scoped_release nogil;
+    ReleaseGil nogil;
     tw::copy(src, dst);
   }, "src"_a, "dst"_a);
   m.def("cuda_driver_status", [] { return tw::cuda::driver_status(); });
@@ -1091,7 +1091,7 @@ NB_MODULE(_tensorwire, m) {
     return pool_stats_dict(tw::cuda::device_pool_stats(device));
   }, "device"_a = 0);
   m.def("_cuda_empty_cache", [] {
-    nb::gil_scoped_release nogil;
+    ReleaseGil nogil;
     tw::cuda::empty_cache();
   });
   m.attr("__version__") = tw::version();

@@ -41,6 +41,33 @@ def run_child(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
                           timeout=timeout, env=env)
 
 
+def test_an_interpreter_exits_cleanly_while_daemon_threads_wait_in_recv_and_send():
+    # Python before 3.14 ends a daemon thread that takes the GIL back during finalization with pthread_exit; the
+    # forced unwind met a noexcept destructor and std::terminate aborted the process (rc 134) at every exit with a
+    # thread in recv: tensorwire.torch's DataLoader runs its receivers that way.
+    r = run_child("""
+        import threading, time, numpy as np, tensorwire as tw
+        sub = tw.Subscriber("exit-daemon-%d" % __import__("os").getpid())
+        pub = tw.Publisher("exit-daemon-full-%d" % __import__("os").getpid(), depth=1)
+        sub2 = tw.Subscriber(pub.name)
+        def receive():
+            while True:
+                try:
+                    sub.recv(timeout=0.05)
+                except TimeoutError:
+                    pass
+        def send():  # blocks on the full ring nobody reads
+            while True:
+                pub.send(np.zeros(4))
+        for f in (receive, receive, send):
+            threading.Thread(target=f, daemon=True).start()
+        time.sleep(0.3)
+        print("end", flush=True)
+    """)
+    assert r.returncode == 0 and r.stdout.strip() == "end", (r.returncode, r.stdout, r.stderr)
+    assert "terminate called" not in r.stderr, r.stderr
+
+
 # ---- 1. a spent loan raises, never aborts ------------------------------------------------------------------------
 
 
