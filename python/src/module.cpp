@@ -1,5 +1,6 @@
 // module.cpp — the tensorwire._tensorwire extension: Tensor, DType, Device, errors, metadata and views.
 // This layer only binds: every rule about layouts, copies and protocols lives in the C++ library.
+#include <algorithm>
 #include <bit>
 #include <cctype>
 #include <initializer_list>
@@ -586,6 +587,28 @@ tw::Tensor copy_released(const tw::Tensor& t, tw::MemoryOrder order) {
   return t.copy(order);
 }
 
+// The metadata key of tensorwire.torch's subclass descriptions (tensorwire/torch.py: METADATA_KEY).
+constexpr const char* kSubclassKey = "tensorwire.torch";
+
+// A view that reorders or reverses dimensions no longer shows what a subclass description in its metadata
+// describes (a square box tensor's .T still has the recorded shape). tensorwire.torch.to_torch sees that from the
+// view's layout, but a copy of the view does not (a send packs it in C order): the view drops the description.
+tw::Tensor without_subclass(tw::Tensor v) {
+  if (v.metadata().contains(kSubclassKey)) v.metadata().erase(kSubclassKey);
+  return v;
+}
+
+// Whether `order` moves a dimension of extent > 1 relative to another such dimension.
+bool reorders(const tw::Tensor& t, const tw::Dims& order) {
+  std::vector<int64_t> moved;
+  const auto nd = static_cast<int64_t>(t.ndim());
+  for (int64_t d : order) {
+    const int64_t k = d < 0 ? d + nd : d;
+    if (k >= 0 && k < nd && t.shape()[static_cast<size_t>(k)] > 1) moved.push_back(k);
+  }
+  return !std::is_sorted(moved.begin(), moved.end());
+}
+
 // An array of integers with an __index__ (a one-element torch or tw tensor, a NumPy array): advanced indexing in
 // NumPy and PyTorch (t[torch.tensor([1])] keeps a dimension), never a scalar index here (which dropped it).
 bool is_array_index(nb::handle x) {
@@ -640,7 +663,9 @@ tw::Tensor index_tensor(const tw::Tensor& t, nb::handle index) {
       PySliceObject* sl = reinterpret_cast<PySliceObject*>(x.ptr());
       std::optional<int64_t> b = sl->start == Py_None ? std::nullopt : std::optional<int64_t>(start);
       std::optional<int64_t> e = sl->stop == Py_None ? std::nullopt : std::optional<int64_t>(stop);
+      const bool reversed = step < 0 && r.shape()[static_cast<size_t>(dim)] > 1;
       r = r.slice(dim, b, e, step);
+      if (reversed) r = without_subclass(std::move(r));
       ++dim;
       ++src_dim;
     } else if (PyIndex_Check(x.ptr()) && !PyBool_Check(x.ptr()) && !is_array_index(x)) {
@@ -864,18 +889,27 @@ NB_MODULE(_tensorwire, m) {
            nb::sig("def copy(self, order: str = 'C') -> Tensor"),
            "order"_a.none() = "C", "A new tensor with its own memory ('C', 'F', or 'any' to keep a dense layout's order).")
       .def("permute", [](const tw::Tensor& t, nb::args dims) {
-        if (dims.size() == 1 && !PyLong_Check(dims[0].ptr())) return t.permute(dims_from(dims[0], "permute dims"));
-        return t.permute(dims_from(nb::tuple(dims), "permute dims"));
+        const tw::Dims order = dims.size() == 1 && !PyLong_Check(dims[0].ptr()) ? dims_from(dims[0], "permute dims")
+                                                                                : dims_from(nb::tuple(dims), "permute dims");
+        tw::Tensor v = t.permute(order);
+        return reorders(t, order) ? without_subclass(std::move(v)) : v;
       }, nb::sig("def permute(self, *dims: int) -> Tensor"),
       "permute(*dims) or permute(dims): a view with the dimensions reordered (no copy).")
       .def("transpose", [](const tw::Tensor& t, nb::handle a, nb::handle b) {
-        return t.transpose(int64_arg(a, "transpose: dim0"), int64_arg(b, "transpose: dim1"));
+        const int64_t d0 = int64_arg(a, "transpose: dim0"), d1 = int64_arg(b, "transpose: dim1");
+        tw::Tensor v = t.transpose(d0, d1);
+        std::vector<int64_t> order;
+        const auto nd = static_cast<int64_t>(t.ndim());
+        for (int64_t i = 0; i < nd; ++i) order.push_back(i);
+        std::swap(order[static_cast<size_t>(d0 < 0 ? d0 + nd : d0)], order[static_cast<size_t>(d1 < 0 ? d1 + nd : d1)]);
+        return reorders(t, tw::Dims(order)) ? without_subclass(std::move(v)) : v;
       }, nb::sig("def transpose(self, dim0: int, dim1: int) -> Tensor"), "dim0"_a.none(), "dim1"_a.none(),
            "A view with dimensions dim0 and dim1 swapped (no copy); negative dimensions count from the end.")
       .def_prop_ro("T", [](const tw::Tensor& t) {
         std::vector<int64_t> p;
         for (size_t i = t.ndim(); i-- > 0;) p.push_back(static_cast<int64_t>(i));
-        return t.permute(tw::Dims(p));
+        tw::Tensor v = t.permute(tw::Dims(p));
+        return reorders(t, tw::Dims(p)) ? without_subclass(std::move(v)) : v;
       }, "The view with every dimension reversed (no copy), as NumPy's .T.")
       .def("view", [](const tw::Tensor& t, nb::args shape) -> tw::Tensor {
         if (shape.size() == 1 && !PyLong_Check(shape[0].ptr())) return t.view(dims_from(shape[0], "shape"));
@@ -905,8 +939,9 @@ NB_MODULE(_tensorwire, m) {
         const auto opt = [](nb::handle h, const char* what) {
           return h.is_none() ? std::nullopt : std::optional<int64_t>(int64_arg(h, what));
         };
-        return t.slice(int64_arg(dim, "slice: dim"), opt(start, "slice: start"), opt(stop, "slice: stop"),
-                       int64_arg(step, "slice: step"));
+        const int64_t st = int64_arg(step, "slice: step");
+        tw::Tensor v = t.slice(int64_arg(dim, "slice: dim"), opt(start, "slice: start"), opt(stop, "slice: stop"), st);
+        return st < 0 ? without_subclass(std::move(v)) : v;  // (reversed)
       }, nb::sig("def slice(self, dim: int, start: int | None = None, stop: int | None = None, step: int = 1) -> Tensor"),
          "dim"_a.none(), "start"_a.none() = nb::none(), "stop"_a.none() = nb::none(), "step"_a.none() = 1,
            "The view of elements start:stop:step along `dim`, as Python slicing (negative steps give negative "

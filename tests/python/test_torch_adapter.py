@@ -453,8 +453,23 @@ def test_a_transposed_or_reversed_view_of_the_same_shape_converts_to_a_plain_ten
     bb = tv_tensors.BoundingBoxes(torch.arange(16.0).reshape(4, 4), format="XYXY", canvas_size=(99, 99))
     t = tw.asarray(bb)
     assert type(twt.to_torch(t)) is tv_tensors.BoundingBoxes
-    for view in (t.T, t.permute(1, 0), t[:, ::-1], t[::-1]):
-        assert twt.METADATA_KEY in view.metadata and type(twt.to_torch(view)) is torch.Tensor
+    views = (t.T, t.permute(1, 0), t.transpose(0, 1), t[:, ::-1], t[::-1], t.slice(1, None, None, -1))
+    for view in views:  # the view drops the description, so its copies, sent or not, are plain too
+        assert twt.METADATA_KEY not in view.metadata and type(twt.to_torch(view)) is torch.Tensor
+        assert type(twt.to_torch(view.copy())) is torch.Tensor
+    assert twt.METADATA_KEY in t.metadata  # (the source keeps it)
+    name = f"tposed-{os.getpid()}"
+    with tw.Publisher(name) as pub, tw.Subscriber(name) as sub:
+        pub.send(t.T)  # packed into C order on the way
+        assert type(twt.to_torch(sub.recv(timeout=5))) is torch.Tensor
+        pub.send(t)
+        assert type(twt.to_torch(sub.recv(timeout=5))) is tv_tensors.BoundingBoxes
+    # A view that moves no dimension of extent > 1 keeps it; the description's own check still covers a view made
+    # before it was recorded (a reordered layout arriving as it was).
+    assert twt.METADATA_KEY in t.permute(0, 1).metadata and twt.METADATA_KEY in t[None].permute(1, 0, 2).metadata
+    u = tw.asarray(bb)
+    u.metadata[twt.METADATA_KEY] = dict(u.metadata[twt.METADATA_KEY], order=[1, 0])
+    assert type(twt.to_torch(u.T)) is torch.Tensor
     # A dense copy in C order (what a packing transport delivers) keeps its type, and so does a channels-last image
     # whose layout crossed as it was.
     assert type(twt.to_torch(t.copy())) is tv_tensors.BoundingBoxes
