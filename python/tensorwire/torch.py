@@ -50,6 +50,7 @@ import warnings
 from typing import Any, Callable, TypeVar
 
 import torch
+import torch.autograd.forward_ad as _fw_ad
 import torch.utils.data
 from torch.utils.data._utils.collate import collate as _torch_collate
 from torch.utils.data._utils.collate import default_collate_fn_map as _default_collate_fn_map
@@ -57,6 +58,9 @@ from torch.utils.data._utils.collate import default_collate_fn_map as _default_c
 from . import _tensorwire as _ext
 from ._tensorwire import CopyError, asarray
 from ._exporters import check_copy, check_torch_device, torch_from_dlpack as _torch_from_dlpack
+
+_is_functorch_wrapped = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor",
+                                lambda x: False)
 
 __all__ = [
     "METADATA_KEY",
@@ -760,14 +764,23 @@ class _Contiguous(torch.autograd.Function):
         return g  # the identity: autograd accepts a gradient of any layout
 
 
+def _torch_autodiff_only(x: torch.Tensor) -> bool:
+    """Forward-mode AD (inside fwAD.dual_level(): a dual tensor does not require grad, so its tangent was dropped)
+    and torch.func transforms (grad, jacrev...: wrapped tensors) differentiate PyTorch's own ops only."""
+    return _fw_ad._current_level >= 0 or _is_functorch_wrapped(x)
+
+
 def contiguous(x: torch.Tensor) -> torch.Tensor:
     """x made C-contiguous by tensorwire's copy engine (x itself when it already is); differentiable, and a subclass
     keeps its type and attributes. CUDA tensors, and dtypes or layouts DLPack cannot carry (float8, quantized,
-    sparse, nested), are copied by PyTorch's x.contiguous()."""
+    sparse, nested), are copied by PyTorch's x.contiguous(), and so is everything under forward-mode AD or a
+    torch.func transform (their tangents and wrappers are PyTorch's)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"contiguous: expects a torch.Tensor, got {type(x).__module__}.{type(x).__qualname__}")
     if x.is_contiguous():
         return x
+    if _torch_autodiff_only(x):
+        return x.contiguous()
     cls = type(x)
     if cls is torch.Tensor:
         return _Contiguous.apply(x) if x.requires_grad else _engine_contiguous(x)

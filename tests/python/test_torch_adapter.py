@@ -1223,6 +1223,25 @@ def test_gradients_of_a_decorated_op_match_the_reference(make):
     assert all(a and b for a, b in seen)
 
 
+def test_forward_mode_ad_and_torch_func_flow_through_contiguous():
+    # A dual tensor does not require grad: its tangent was dropped by the engine's copy (silently None), and
+    # torch.func.grad refused the autograd.Function. Under either, PyTorch's own contiguous() does the copy.
+    import torch.autograd.forward_ad as fwAD
+    x = torch.randn(4, 3).T
+    with fwAD.dual_level():
+        d = fwAD.make_dual(x, torch.full_like(x, 2.0))
+        y = twt.contiguous(d)
+        assert y.is_contiguous() and torch.equal(fwAD.unpack_dual(y).primal, x)
+        assert torch.equal(fwAD.unpack_dual(y).tangent, torch.full_like(x, 2.0))
+
+    @twt.contiguous_inputs
+    def total(a):
+        assert a.is_contiguous()
+        return (a * a).sum()
+    assert torch.allclose(torch.func.grad(total)(x), 2 * x)
+    assert torch.allclose(torch.func.jacrev(lambda a: twt.contiguous(a).sum(0))(x).sum(), torch.tensor(12.0))
+
+
 def test_contiguous_inputs_on_a_custom_op_with_backward():
     @torch.library.custom_op("tw_tests::scale_rows", mutates_args=())
     @twt.contiguous_inputs
