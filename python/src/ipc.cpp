@@ -230,6 +230,14 @@ size_t send_message(tw::Publisher& p, nb::handle obj, nb::handle metadata, nb::h
   std::vector<bool> loaned;
   for (size_t i = 0; i < values.size(); ++i) {
     nb::object& v = values[i];
+    // A part that is itself a list / tuple holding arrays: asarray stacked it into one tensor (np.asarray's rule),
+    // so [[a, b]] arrived as one (2, n) tensor, silently; a nested dict is refused, and so is this now.
+    if ((PyList_Check(v.ptr()) || PyTuple_Check(v.ptr())) && PySequence_Fast_GET_SIZE(v.ptr()) > 0 &&
+        !numbers_only(v.ptr(), 0))
+      throw nb::type_error(("tensorwire.Publisher.send: the message's part " + part_name(m, i) + " is a " +
+                            Py_TYPE(v.ptr())->tp_name + " of arrays: a message is one dict, list or tuple of "
+                            "tensors, not nested; send its items as parts, or stack them into one array first "
+                            "(np.stack)").c_str());
     if (!is_tensor(v)) {
       try {
         v = as_tensor(v);

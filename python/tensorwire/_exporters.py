@@ -4,7 +4,7 @@ tensorwire.CopyError when copy=False forbids the copy."""
 
 from __future__ import annotations
 
-from ._tensorwire import CopyError, asarray
+from ._tensorwire import CopyError, Tensor, asarray
 
 
 def check_copy(copy, who: str) -> None:
@@ -84,10 +84,25 @@ def _import_copy(copy):
     return False if copy is False else None
 
 
+def _per_part(x, convert, copy):
+    """A received message (a dict of parts, or a list / tuple holding tensors), converted part by part with the
+    structure Subscriber.recv gave it; None for anything else. (asarray of such a list stacked the parts into one
+    array, promoting mixed dtypes: uint64 and float32 parts came back as float64, rounded.)"""
+    if isinstance(x, dict):
+        return {k: convert(v, copy=copy) for k, v in x.items()}
+    if isinstance(x, (list, tuple)) and any(isinstance(e, Tensor) for e in x):
+        return type(x)(convert(e, copy=copy) for e in x) if type(x) in (list, tuple) else \
+            [convert(e, copy=copy) for e in x]
+    return None
+
+
 def to_numpy(x, *, copy=None):
     """x as a numpy.ndarray; NumPy takes every strided layout, so this copies only when copy=True, or when the
-    tensor is a packed sub-byte one (int4...), which NumPy holds one element per byte (refused with copy=False)."""
+    tensor is a packed sub-byte one (int4...), which NumPy holds one element per byte (refused with copy=False).
+    A received message (a dict, list or tuple of tensors) converts part by part, keeping its structure."""
     check_copy(copy, "to_numpy")
+    if (parts := _per_part(x, to_numpy, copy)) is not None:
+        return parts
     from ._numpy import is_packed, ndarray_view, unpacked
 
     t = asarray(x, copy=_import_copy(copy))
@@ -102,8 +117,11 @@ def to_numpy(x, *, copy=None):
 
 def to_torch(x, *, copy=None):
     """x as a torch.Tensor through DLPack. PyTorch refuses negative strides and has no read-only tensors: such
-    tensors (a received tw.Subscriber message among them) are copied, or refused with copy=False."""
+    tensors (a received tw.Subscriber message among them) are copied, or refused with copy=False. A message of
+    several tensors (a dict, list or tuple) converts part by part, keeping its structure."""
     check_copy(copy, "to_torch")
+    if (parts := _per_part(x, to_torch, copy)) is not None:
+        return parts
     import torch
 
     t = asarray(x, copy=_import_copy(copy))
@@ -131,8 +149,11 @@ def to_jax(x, *, copy=None):
     """x as a jax.Array through DLPack. XLA takes dense layouts in any dimension order (no gaps, no stride 0, no
     negative strides) and asks for legacy capsules: anything else is copied (or refused with copy=False). A 64-bit
     tensor while JAX's 64-bit types are off (jax_enable_x64, off by default) is refused with TypeError: JAX would
-    make it 32-bit, wrapping or rounding its values."""
+    make it 32-bit, wrapping or rounding its values. A message of several tensors (a dict, list or tuple)
+    converts part by part, keeping its structure."""
     check_copy(copy, "to_jax")
+    if (parts := _per_part(x, to_jax, copy)) is not None:
+        return parts
     return jax_array(x, copy, False)
 
 

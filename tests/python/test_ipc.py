@@ -653,3 +653,15 @@ def test_a_request_larger_than_pool_bytes_waits_for_an_empty_pool_and_the_timeou
         del held  # the pool empties: the same request is served
         assert pub.send(np.zeros(8 << 20, np.uint8), timeout=5) == 1
         assert sub.recv(timeout=5).shape == (8 << 20,)
+
+
+def test_a_nested_list_of_arrays_is_refused_not_stacked_into_one_part():
+    # [[a, b]] arrived as one (2, n) tensor (the inner list went through asarray); a nested dict was refused.
+    name = topic("nested")
+    with tw.Publisher(name) as pub, tw.Subscriber(name) as sub:
+        for bad in ([[np.ones(2), np.zeros(2)]], [np.ones(2), (np.ones(1),)]):
+            with pytest.raises(TypeError, match=r"the message's part \d is a (list|tuple) of arrays: .* not nested"):
+                pub.send(bad)
+        pub.send([np.ones(2), [1, 2, 3], [[1, 2], [3, 4]], []])  # numbers are array data, as tw.asarray takes them
+        got = sub.recv(timeout=5)
+        assert [tuple(t.shape) for t in got] == [(2,), (3,), (2, 2), (0,)]
