@@ -798,7 +798,8 @@ def contiguous_inputs(fn: Callable | None = None, *, mutates: tuple[str, ...] | 
 
     A non-contiguous argument is replaced by a copy, so an op that writes into an argument must name it:
     ``@contiguous_inputs(mutates=("out",))`` copies such an argument back into the caller's tensor after the call
-    (and refuses one whose elements overlap, such as an expanded tensor, which cannot be written element-wise). For
+    (and refuses one whose elements overlap, such as an expanded tensor, which cannot be written element-wise); an
+    op that returns the argument it wrote (as torch's out= ops do) returns the caller's tensor. For
     an op taking ``**kwargs``, a name in mutates may be a keyword it receives there.
     """
     if fn is None:
@@ -861,6 +862,15 @@ def contiguous_inputs(fn: Callable | None = None, *, mutates: tuple[str, ...] | 
         with torch.no_grad():
             for orig, new in back:
                 orig.copy_(new)
+        # An op that returns the argument it wrote (as torch's out= ops do) returns the caller's tensor, not the
+        # contiguous copy it was handed (later in-place changes to the result must reach the caller's).
+        for orig, new in back:
+            if result is new:
+                return orig
+        if isinstance(result, tuple) and any(r is n for r in result for _, n in back):
+            swap = {id(n): o for o, n in back}
+            return type(result)(*(swap.get(id(r), r) for r in result)) if hasattr(result, "_fields") else \
+                tuple(swap.get(id(r), r) for r in result)
         return result
 
     @functools.wraps(fn)

@@ -1114,6 +1114,23 @@ def test_contiguous_inputs_copies_written_arguments_back():
     with pytest.raises(ValueError, match="no parameter"):
         twt.contiguous_inputs(mutates=("nope",))(lambda x: x)
 
+    @twt.contiguous_inputs(mutates=("out",))
+    def add_into(a, b, out):  # returns what it wrote, as torch's out= ops do
+        return torch.add(a, b, out=out)
+
+    o = torch.zeros(3, 2).T
+    r = add_into(x, x, o)
+    assert r is o and torch.equal(o, x * 2)  # the caller's tensor, not the contiguous copy it was handed
+
+    @twt.contiguous_inputs(mutates=("out",))
+    def pair(a, out):
+        out.copy_(a)
+        return a, out
+
+    o2 = torch.zeros(3, 2).T
+    first, second = pair(x, o2)
+    assert second is o2 and torch.equal(o2, x)
+
 
 def test_contiguous_inputs_fixes_and_writes_back_tensors_passed_in_kwargs():
     @twt.contiguous_inputs(mutates=("out",))
