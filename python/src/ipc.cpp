@@ -393,8 +393,8 @@ void register_ipc(nb::module_& m) {
 
   nb::class_<tw::Publisher>(m, "Publisher",
                             "The sending end of a shared-memory topic: Publisher(name, *, depth=8, on_full='block').\n\n"
-                            "send(obj, metadata=None, *, timeout=None) delivers anything tw.asarray accepts to every "
-                            "subscriber or to none (one copy, or none for a loan()ed tensor); on_full is 'block', "
+                            "send(obj, metadata=None, *, timeout=None) delivers anything tw.asarray accepts, or a "
+                            "dict, list or tuple of such parts (one message), to every subscriber or to none (one copy, or none for a loan()ed tensor); on_full is 'block', "
                             "'drop_oldest' or 'raise' (BlockingIOError); a blocked send raises TimeoutError after "
                             "`timeout` seconds, naming the subscriber it waited for.")
       .def("__init__",
@@ -507,7 +507,8 @@ void register_ipc(nb::module_& m) {
                    "copy: bool | None = None, stream: object = None) -> int"),
            nb::arg("obj").none(), "metadata"_a = nb::none(), nb::kw_only(), "timeout"_a = nb::none(), "copy"_a.none() = nb::none(),
            "stream"_a = nb::none(),
-           "Delivers obj (anything tw.asarray accepts) to every current subscriber, or to none, with its metadata "
+           "Delivers obj (anything tw.asarray accepts, or a dict / list / tuple of such parts: one message of several "
+           "tensors, not nested) to every current subscriber, or to none, with its metadata "
            "merged with `metadata`; returns how many subscribers got it. A loan()ed tensor crosses with no copy and "
            "is spent afterwards (its memory becomes read-only here); a CUDA tensor crosses by its allocation's "
            "handle where the driver can share it; anything else is copied once. copy=False raises tw.CopyError "
@@ -618,8 +619,9 @@ void register_ipc(nb::module_& m) {
            "'cuda:N') delivers every tensor there, copying what arrives elsewhere (a device this process does not "
            "have is refused here, at once); without it a CUDA tensor this process cannot open is an error at recv.")
       .def("recv", &recv, "timeout"_a = nb::none(),
-           "The next message as a read-only tensor. timeout=None waits (interruptible, GIL released); raises "
-           "TimeoutError when the timeout passes and EOFError at end-of-stream.")
+           "The next message: a read-only tensor, or the dict / list / tuple of them it was sent as. timeout=None "
+           "waits (interruptible, GIL released); raises TimeoutError when the timeout passes and EOFError at "
+           "end-of-stream.")
       .def("__iter__", [](nb::handle self) { return nb::borrow(self); })
       .def("__next__", [](tw::Subscriber& s) {
         try {
