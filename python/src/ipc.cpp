@@ -188,6 +188,36 @@ bool numbers_only(PyObject* o, int depth) {
   return true;
 }
 
+// Whether a list / tuple holds (at any depth) an array-like or a dict: a nested message, where asarray would stack
+// the arrays into one tensor. Lists of numbers (array data) and of other objects (asarray's own error) are not.
+bool holds_arrays(PyObject* o, int depth) {
+  if (depth > 64) return false;
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
+  PyObject** items = PySequence_Fast_ITEMS(o);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* x = items[i];
+    if (PyList_Check(x) || PyTuple_Check(x)) {
+      if (holds_arrays(x, depth + 1)) return true;
+      continue;
+    }
+    if (PyLong_Check(x) || PyFloat_Check(x) || PyComplex_Check(x) || PyUnicode_Check(x) || x == Py_None) continue;
+    if (PyDict_Check(x)) return true;
+    if (PyObject* nd = PyObject_GetAttrString(x, "ndim")) {  // a 0-d array or NumPy scalar is a number here
+      const long k = PyLong_Check(nd) ? PyLong_AsLong(nd) : -1;
+      Py_DECREF(nd);
+      if (k == -1 && PyErr_Occurred()) PyErr_Clear();
+      if (k == 0) continue;
+    } else {
+      PyErr_Clear();
+    }
+    if (is_tensor(nb::handle(x))) return true;
+    for (const char* attr : {"__dlpack__", "__array_interface__", "__cuda_array_interface__", "__array__"}) {
+      if (PyObject_HasAttrString(x, attr)) return true;
+    }
+  }
+  return false;
+}
+
 // A message dict's key: a str, whole (its NULs kept: c_str() cut 'a\0b' to 'a'), and UTF-8 (a lone surrogate gave
 // a bare "basic_string: construction from null").
 std::string message_key(PyObject* k, const char* who) {
@@ -232,8 +262,7 @@ size_t send_message(tw::Publisher& p, nb::handle obj, nb::handle metadata, nb::h
     nb::object& v = values[i];
     // A part that is itself a list / tuple holding arrays: asarray stacked it into one tensor (np.asarray's rule),
     // so [[a, b]] arrived as one (2, n) tensor, silently; a nested dict is refused, and so is this now.
-    if ((PyList_Check(v.ptr()) || PyTuple_Check(v.ptr())) && PySequence_Fast_GET_SIZE(v.ptr()) > 0 &&
-        !numbers_only(v.ptr(), 0))
+    if ((PyList_Check(v.ptr()) || PyTuple_Check(v.ptr())) && holds_arrays(v.ptr(), 0))
       throw nb::type_error(("tensorwire.Publisher.send: the message's part " + part_name(m, i) + " is a " +
                             Py_TYPE(v.ptr())->tp_name + " of arrays: a message is one dict, list or tuple of "
                             "tensors, not nested; send its items as parts, or stack them into one array first "

@@ -662,6 +662,6 @@ def test_a_nested_list_of_arrays_is_refused_not_stacked_into_one_part():
         for bad in ([[np.ones(2), np.zeros(2)]], [np.ones(2), (np.ones(1),)]):
             with pytest.raises(TypeError, match=r"the message's part \d is a (list|tuple) of arrays: .* not nested"):
                 pub.send(bad)
-        pub.send([np.ones(2), [1, 2, 3], [[1, 2], [3, 4]], []])  # numbers are array data, as tw.asarray takes them
+        pub.send([np.ones(2), [1, 2, 3], [[1, 2], [3, 4]], [], [np.float64(1), np.float64(2)]])  # numbers: array data
         got = sub.recv(timeout=5)
-        assert [tuple(t.shape) for t in got] == [(2,), (3,), (2, 2), (0,)]
+        assert [tuple(t.shape) for t in got] == [(2,), (3,), (2, 2), (0,), (2,)]
