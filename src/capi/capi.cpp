@@ -218,18 +218,18 @@ tw_value* new_value(tw::Value v) noexcept {
 // Checked without recursion.
 constexpr size_t kMaxValueDepth = 64;  // encode_metadata's limit
 void check_depth(const tw::Value& root, const char* what) {
-  std::vector<std::pair<const tw::Value*, size_t>> todo{{&root, 0}};
-  while (!todo.empty()) {
-    const auto [v, depth] = todo.back();
-    todo.pop_back();
+  std::vector<std::pair<const tw::Value*, size_t>> pending{{&root, 0}};
+  while (!pending.empty()) {
+    const auto [v, depth] = pending.back();
+    pending.pop_back();
     if (depth > kMaxValueDepth)
       throw tw::Error(tw::ErrorCode::invalid_argument,
                       std::string(what) + " is nested deeper than " + std::to_string(kMaxValueDepth) + " levels");
     const auto k = v->kind();
     if (k == tw::Value::Kind::list || k == tw::Value::Kind::tuple) {
-      for (const tw::Value& x : v->items()) todo.emplace_back(&x, depth + 1);
+      for (const tw::Value& x : v->items()) pending.emplace_back(&x, depth + 1);
     } else if (k == tw::Value::Kind::dict) {
-      for (const tw::Value& x : v->values()) todo.emplace_back(&x, depth + 1);
+      for (const tw::Value& x : v->values()) pending.emplace_back(&x, depth + 1);
     }
   }
 }
