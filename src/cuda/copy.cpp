@@ -218,9 +218,20 @@ const Module& module_for(int device) {
                       result_name(r) + " (they are built for " + tw_cuda_fatbin_archs +
                       ", which the driver compiles for newer GPUs; PTX of this nvcc needs a driver at least as new as "
                       "its toolkit)");
-    for (int i = 0; i < 5; ++i) check(a.cuModuleGetFunction(&m.strided[i], mod, kStridedNames[i]), kStridedNames[i]);
-    for (int i = 0; i < 4; ++i) check(a.cuModuleGetFunction(&m.transpose[i], mod, kTransposeNames[i]), kTransposeNames[i]);
-    m.module = mod;
+    // A module missing a kernel is unloaded (not kept half-resolved, nor leaked: the next call loads it afresh).
+    Module found;
+    auto lookup = [&](CUfunction* f, const char* name) {
+      if (CUresult r = a.cuModuleGetFunction(f, mod, name); r != kSuccess) {
+        if (a.cuModuleUnload) a.cuModuleUnload(mod);
+        throw Error(ErrorCode::unsupported, std::string("tensorwire's CUDA kernels on cuda:") + std::to_string(device) +
+                                                " lack " + name + ": " + result_name(r) +
+                                                " (the embedded image does not match this build)");
+      }
+    };
+    for (int i = 0; i < 5; ++i) lookup(&found.strided[i], kStridedNames[i]);
+    for (int i = 0; i < 4; ++i) lookup(&found.transpose[i], kTransposeNames[i]);
+    found.module = mod;
+    m = found;
   }
   return m;
 }

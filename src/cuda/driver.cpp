@@ -80,6 +80,7 @@ Driver load_real() {
   TW_RESOLVE(cuLaunchKernel);
   TW_RESOLVE(cuGetErrorName);
   TW_RESOLVE(cuThreadExchangeStreamCaptureMode);
+  TW_RESOLVE(cuModuleUnload);
   TW_RESOLVE(cuStreamGetCtx);
   TW_RESOLVE(cuStreamGetFlags);
   TW_RESOLVE(cuMemGetAllocationGranularity);

@@ -124,6 +124,7 @@ struct Api {
   // optional
   CUresult (*cuGetErrorName)(CUresult, const char**) = nullptr;
   CUresult (*cuThreadExchangeStreamCaptureMode)(int*) = nullptr;  // (CUstreamCaptureMode*)
+  CUresult (*cuModuleUnload)(CUmodule) = nullptr;
   CUresult (*cuStreamGetCtx)(CUstream, CUcontext*) = nullptr;
   CUresult (*cuStreamGetFlags)(CUstream, unsigned*) = nullptr;
   CUresult (*cuMemGetAllocationGranularity)(size_t*, const MemAllocationProp*, int) = nullptr;

@@ -80,6 +80,8 @@ struct Fake {
   std::mutex streams_mu;
   std::multiset<uintptr_t> recorded_on;  // the streams events were recorded on
   std::set<std::string> names;
+  std::string missing_kernel;       // cuModuleGetFunction of this name is CUDA_ERROR_NOT_FOUND
+  std::atomic<int> modules_loaded{0};  // cuModuleLoadData minus cuModuleUnload
   int ctx[4] = {};
   int foreign_ctx = 0;
   // VMM, modelled with memfds so that an exported fd imported and mapped again aliases the same bytes.
@@ -339,9 +341,15 @@ d::Api fake_api() {
     EXPECT_EQ(magic, 0xBA55ED50u) << "the kernels' image is not a fatbin";
     if (magic != 0xBA55ED50u) return 200;  // CUDA_ERROR_INVALID_IMAGE
     *m = g_fake;
+    ++g_fake->modules_loaded;
+    return 0;
+  };
+  a.cuModuleUnload = [](d::CUmodule) {
+    --g_fake->modules_loaded;
     return 0;
   };
   a.cuModuleGetFunction = [](d::CUfunction* f, d::CUmodule, const char* name) {
+    if (name == g_fake->missing_kernel) return 500;  // CUDA_ERROR_NOT_FOUND
     *f = const_cast<char*>(g_fake->names.insert(name).first->c_str());
     return 0;
   };
@@ -1284,6 +1292,30 @@ TEST_F(FakeDriver, TransposedLayoutsRunTheTileKernelAndArriveBitExact) {
     EXPECT_EQ(g_fake->launches_transpose, before + 1) << "one tile transpose";
     EXPECT_EQ(g_fake->launches_emulated, emulated + 1) << "kernels.cu's own code ran";
     ASSERT_TRUE(same_values(c.to(Device::cpu()), host.permute(tw::Dims(perm))));
+  }
+  expect_no_leaks();
+}
+
+TEST_F(FakeDriver, AModuleMissingAKernelIsUnloadedAndLoadedAfreshNextTime) {
+  std::mt19937 rng(7);
+  Tensor host = random_host(tw::Shape{16, 24}, DType::float32(), rng);
+  {
+    const Tensor g = host.to(Device::cuda(0));
+    g_fake->missing_kernel = "tw_transpose_u4";
+    try {
+      (void)g.permute(tw::Dims{1, 0}).contiguous();
+      ADD_FAILURE() << "a module without its kernel was used";
+    } catch (const tw::Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::unsupported);
+      EXPECT_NE(std::string(e.what()).find("lack tw_transpose_u4"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(g_fake->modules_loaded, 0) << "the half-resolved module was kept loaded";
+    g_fake->missing_kernel.clear();
+    const Tensor c = g.permute(tw::Dims{1, 0}).contiguous();
+    EXPECT_EQ(g_fake->modules_loaded, 1);
+    EXPECT_TRUE(same_values(c.to(Device::cpu()), host.permute(tw::Dims{1, 0})));
+    (void)g.permute(tw::Dims{1, 0}).contiguous();
+    EXPECT_EQ(g_fake->modules_loaded, 1) << "loaded once per device";
   }
   expect_no_leaks();
 }
