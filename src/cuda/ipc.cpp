@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -14,6 +16,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -458,6 +461,8 @@ intptr_t wait_ipc_event(const IpcEvent& event) {
 // ---- releases ordered after the consumer's work ------------------------------------------------------------------
 namespace {
 
+std::atomic<bool> g_queue_fails_for_testing{false};
+
 struct Release {
   int device = 0;
   bool whole_device = false;             // wait for everything queued on the device (a use on an unnamed stream)
@@ -494,6 +499,36 @@ struct Releaser {
     }
   }
 
+  // Waits for `r`'s events and destroys them; false when its device is gone (no context can be made current:
+  // nothing it ran can still read the memory).
+  static bool wait_events(const Api& a, Release& r) noexcept {
+    try {
+      ContextGuard g(r.device);
+      for (CUevent e : r.events) {
+        if (a.cuEventSynchronize(e) != kSuccess) r.whole_device = true;
+        a.cuEventDestroy(e);
+      }
+      r.events.clear();
+      return true;
+    } catch (...) {
+      return false;
+    }
+  }
+
+  // What the thread does for one release, on the caller's thread (when it cannot be queued).
+  static void finish_now(Release& r) noexcept {
+    const Api& a = driver().api;
+    const RelaxedCapture relaxed;
+    if (wait_events(a, r) && r.whole_device) {
+      try {
+        ContextGuard g(r.device);
+        a.cuCtxSynchronize();
+      } catch (...) {
+      }
+    }
+    r.what.reset();
+  }
+
   static void wait_for(std::deque<Release>& batch) noexcept {
     const Driver& drv = driver();
     if (!drv.status.empty()) return;  // no driver: nothing can be queued
@@ -501,15 +536,7 @@ struct Releaser {
     const RelaxedCapture relaxed;  // (a user's graph capture in global mode must not fail on this thread's waits)
     std::vector<int> whole;  // devices to synchronize once each
     for (Release& r : batch) {
-      try {
-        ContextGuard g(r.device);
-        for (CUevent e : r.events) {
-          if (a.cuEventSynchronize(e) != kSuccess) r.whole_device = true;
-          a.cuEventDestroy(e);
-        }
-      } catch (...) {
-        continue;  // the device is gone (no context can be made current): nothing it ran can still read the memory
-      }
+      if (!wait_events(a, r)) continue;
       if (!r.whole_device) {
         r.what.reset();  // its own streams' work is done: it need not wait for the batch's device synchronize
         continue;
@@ -553,32 +580,42 @@ void release_after_work(int device, const std::vector<int64_t>* streams, std::sh
   Release r;
   r.device = device;
   r.whole_device = streams == nullptr;
-  if (streams) {
-    ContextGuard g(device);
-    for (int64_t s : *streams) {
-      CUevent e = nullptr;
-      if (a.cuEventCreate(&e, kEventDisableTiming) != kSuccess) {
-        r.whole_device = true;
-        continue;
-      }
-      if (a.cuEventRecord(e, as_stream(static_cast<intptr_t>(s))) != kSuccess) {
-        a.cuEventDestroy(e);  // a stream that no longer exists: wait for the whole device instead
-        r.whole_device = true;
-        continue;
-      }
-      r.events.push_back(e);
-    }
-  }
   r.what = std::move(what);
-  Releaser& q = releaser();
-  std::lock_guard lk(q.mu);
-  if (!q.running) {  // first use, or in a fork()ed child
-    std::thread([&q] { q.run(); }).detach();
-    q.running = true;
+  try {
+    if (streams) {
+      r.events.reserve(streams->size());
+      ContextGuard g(device);
+      for (int64_t s : *streams) {
+        CUevent e = nullptr;
+        if (a.cuEventCreate(&e, kEventDisableTiming) != kSuccess) {
+          r.whole_device = true;
+          continue;
+        }
+        if (a.cuEventRecord(e, as_stream(static_cast<intptr_t>(s))) != kSuccess) {
+          a.cuEventDestroy(e);  // a stream that no longer exists: wait for the whole device instead
+          r.whole_device = true;
+          continue;
+        }
+        r.events.push_back(e);
+      }
+    }
+    if (g_queue_fails_for_testing) throw std::system_error(EAGAIN, std::generic_category(), "thread");
+    Releaser& q = releaser();
+    std::lock_guard lk(q.mu);
+    if (!q.running) {  // first use, or in a fork()ed child
+      std::thread([&q] { q.run(); }).detach();
+      q.running = true;
+    }
+    q.queue.push_back(std::move(r));
+    q.cv.notify_one();
+  } catch (...) {
+    // No thread or no memory to queue it: the caller waits instead. Its events are destroyed, and the memory is
+    // never handed back while work may still read it.
+    Releaser::finish_now(r);
   }
-  q.queue.push_back(std::move(r));
-  q.cv.notify_one();
 }
+
+void fail_release_queue_for_testing(bool fail) { g_queue_fails_for_testing = fail; }
 
 void wait_releases() {
   Releaser& q = releaser();

@@ -38,6 +38,8 @@ intptr_t wait_ipc_event(const IpcEvent& event);
 void release_after_work(int device, const std::vector<int64_t>* streams, std::shared_ptr<const void> what);
 /// Blocks until every release queued so far is done (empty_cache; tests).
 void wait_releases();
+/// Tests: release_after_work behaves as when its thread cannot start (it waits on the caller's thread instead).
+void fail_release_queue_for_testing(bool fail);
 
 /// This process's ordinal of the device with `uuid`; throws Error(device_unavailable) naming the UUID when none.
 int device_of_uuid(const std::array<uint8_t, 16>& uuid);

@@ -1051,6 +1051,35 @@ TEST_F(FakeDriver, AllocateIdleReusesOnlyBlocksWhoseWorkIsDoneNeverWaitsAndRetur
   expect_no_leaks();
 }
 
+TEST_F(FakeDriver, AReleaseThatCannotBeQueuedWaitsOnTheCallersThread) {
+  // No release thread (or no memory to queue): the caller waits for the work instead of handing the memory back
+  // while it may still be read, and the events it recorded are destroyed.
+  const tw::DeviceRuntime& rt = tw::device_runtime();
+  d::wait_releases();
+  auto released = std::make_shared<std::atomic<int>>(0);
+  auto counted = [&](int i) {
+    return std::shared_ptr<const void>(new int(i), [released](const int* p) {
+      delete p;
+      ++*released;
+    });
+  };
+  d::fail_release_queue_for_testing(true);
+  const int event_syncs = g_fake->event_syncs, ctx_syncs = g_fake->ctx_syncs;
+  const std::vector<int64_t> streams = {0, 2};
+  rt.release_after_work(Device::cuda(0), &streams, counted(1));
+  EXPECT_EQ(released->load(), 1) << "not released on the caller's thread";
+  EXPECT_EQ(g_fake->event_syncs - event_syncs, 2) << "one wait per named stream's event";
+  EXPECT_EQ(g_fake->ctx_syncs, ctx_syncs) << "no device-wide wait when every stream was named";
+  rt.release_after_work(Device::cuda(0), nullptr, counted(2));
+  EXPECT_EQ(released->load(), 2);
+  EXPECT_EQ(g_fake->ctx_syncs - ctx_syncs, 1) << "an unnamed stream's use waits for the device";
+  d::fail_release_queue_for_testing(false);
+  rt.release_after_work(Device::cuda(0), &streams, counted(3));
+  d::wait_releases();
+  EXPECT_EQ(released->load(), 3);
+  expect_no_leaks();
+}
+
 TEST_F(FakeDriver, ReleasesQueuedWhileTheDeviceWorksShareOneSynchronize) {
   // Received device memory goes back once the device's work so far is done: one cuCtxSynchronize serves every
   // release queued meanwhile, so a busy device costs one wait per batch, not one per message.
