@@ -466,6 +466,14 @@ TEST(CudaIpcGpu, AKilledSubscribersLeaseIsReclaimedAndNoDeviceMemoryStays) {
   EXPECT_GE(free_device_bytes_once_back_to(before), before) << "device memory stayed allocated after everything closed";
 }
 
+// What cuda_ipc_peer's publish modes send: byte i is (i * 7 + 3) & 0xFF.
+Tensor peer_pattern(int64_t n) {
+  Tensor t = Tensor::empty({n}, DType::uint8());
+  auto* b = static_cast<unsigned char*>(t.data_ptr());
+  for (int64_t i = 0; i < n; ++i) b[i] = static_cast<unsigned char>((i * 7 + 3) & 0xFF);
+  return t;
+}
+
 TEST(CudaIpcGpu, AKilledPublisherLeavesReceivedTensorsReadable) {
   TW_NEED_CUDA();
   constexpr int64_t n = int64_t{64} << 20;  // far above kMemSlack: a mapping left behind shows
@@ -482,9 +490,7 @@ TEST(CudaIpcGpu, AKilledPublisherLeavesReceivedTensorsReadable) {
     EXPECT_EQ(std::string(t->buffer().transport()), "cuda-vmm");
     peer.kill();
     EXPECT_EQ(peer.wait(), 128 + SIGKILL);
-    Tensor expected = Tensor::empty({n}, DType::uint8());
-    auto* b = static_cast<unsigned char*>(expected.data_ptr());
-    for (int64_t i = 0; i < n; ++i) b[i] = static_cast<unsigned char>((i * 7 + 3) & 0xFF);
+    const Tensor expected = peer_pattern(n);
     EXPECT_EQ(bytes_of(*t), bytes_of(expected)) << "the tensor must stay readable after its publisher died";
     // The stream ends (bounded): the publisher is gone.
     const auto until = std::chrono::steady_clock::now() + 20s;
@@ -513,9 +519,7 @@ TEST(CudaIpcGpu, AMessageReadAfterItsPublisherClosedAndExitedArrivesWhole) {
     auto t = sub.recv(20s);  // only now: the publisher's process is gone
     ASSERT_TRUE(t);
     EXPECT_EQ(std::string(t->buffer().transport()), "cuda-vmm");
-    Tensor expected = Tensor::empty({n}, DType::uint8());
-    auto* b = static_cast<unsigned char*>(expected.data_ptr());
-    for (int64_t i = 0; i < n; ++i) b[i] = static_cast<unsigned char>((i * 7 + 3) & 0xFF);
+    const Tensor expected = peer_pattern(n);
     EXPECT_EQ(bytes_of(*t), bytes_of(expected));
     EXPECT_FALSE(sub.recv(2s));  // then the end of the stream, as the publisher announced it
     EXPECT_TRUE(sub.closed());
