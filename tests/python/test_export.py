@@ -587,7 +587,15 @@ def test_a_received_message_converts_part_by_part():
     got = tw.to_numpy(msg)
     assert isinstance(got, list) and got[0].dtype == np.uint64 and got[0].tolist() == big.tolist()
     assert got[1].tolist() == [1.5]
+    # each part a view of its received tensor (zero-copy, read-only as received), unless a copy is asked for
+    assert [g.ctypes.data for g in got] == [m.data_ptr for m in msg] and not got[0].flags.writeable
+    copied = tw.to_numpy(msg, copy=True)
+    assert all(c.ctypes.data != m.data_ptr for c, m in zip(copied, msg)) and copied[0].flags.writeable
     t = tw.to_torch(tuple(msg))
+    # PyTorch has no read-only tensors: each received part is copied, or refused as a whole with copy=False
+    assert all(p.data_ptr() != m.data_ptr for p, m in zip(t, msg))
+    with pytest.raises(tw.CopyError, match="read-only"):
+        tw.to_torch(msg, copy=False)
     assert isinstance(t, tuple) and t[0].dtype == torch.uint64 and t[1].dtype == torch.float32
     d = tw.to_numpy(named)
     assert list(d) == ["big", "half"] and d["big"].tolist() == big.tolist()
