@@ -537,6 +537,25 @@ def test_to_jax(src):
     assert isinstance(j, type(jnp.zeros(1)))
 
 
+def test_to_jax_copy_false_refuses_what_xla_would_copy_for_its_address(monkeypatch):
+    # XLA on the CPU copies a buffer that is not 64-byte aligned: copy=False silently gave JAX a copy (writes to the
+    # source no longer seen), which most NumPy arrays (16-byte aligned) and every offset view would hit.
+    pytest.importorskip("jax", reason="JAX is not installed")
+    from tensorwire import _exporters
+
+    a = aligned(np.arange(32, dtype=np.float32))
+    view = a[1:17]
+    with pytest.raises(tw.CopyError, match="4 bytes past a 64-byte boundary"):
+        tw.to_jax(view, copy=False)
+    j = tw.to_jax(view)  # a copy, as copy=None allows
+    assert np.array_equal(np.asarray(j), view)
+    assert tw.to_jax(a, copy=False).unsafe_buffer_pointer() == ptr(a)
+    # a copy JAX makes by a rule tensorwire does not model is caught after the import
+    monkeypatch.setattr(_exporters, "_XLA_CPU_ALIGN", 1)
+    with pytest.raises(tw.CopyError, match="JAX copied this tensor"):
+        tw.to_jax(view, copy=False)
+
+
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # (JAX's own narrowing of 1e300)
 @pytest.mark.parametrize("dtype,value", [("int64", 2**40 + 1), ("uint64", 2**64 - 1), ("float64", 1e300),
                                          ("complex128", 1 + 1e-10j)])
