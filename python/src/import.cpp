@@ -274,6 +274,7 @@ struct TypeInfo {
   PyObject* resolve_neg = nullptr;
   bool torch_subclass = false;             // a subclass of torch.Tensor (not torch.Tensor itself)
   bool torch = false;                      // torch.Tensor or a subclass: requires_grad is asked (see detached)
+  bool masked = false;                     // numpy.ma.MaskedArray or a subclass: its mask is no protocol's
   PyObject* requires_grad = nullptr;       // its requires_grad descriptor, when a data descriptor (called directly)
 };
 
@@ -316,6 +317,16 @@ const TypeInfo& type_info(PyTypeObject* tp) {
   }
   PyErr_Clear();
   info.immutable = type_named(tp, "jaxlib.") || type_named(tp, "jax.");
+  if (PyObject* mro = tp->tp_mro; mro && PyTuple_Check(mro))
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro) && !info.masked; ++i) {
+      auto* b = reinterpret_cast<PyTypeObject*>(PyTuple_GET_ITEM(mro, i));
+      if (std::strcmp(b->tp_name, "MaskedArray") != 0) continue;
+      PyObject* mod = PyObject_GetAttrString(reinterpret_cast<PyObject*>(b), "__module__");
+      info.masked = mod && PyUnicode_Check(mod) && (PyUnicode_CompareWithASCIIString(mod, "numpy.ma") == 0 ||
+                                                    PyUnicode_CompareWithASCIIString(mod, "numpy.ma.core") == 0);
+      Py_XDECREF(mod);
+      PyErr_Clear();
+    }
   if (type_named(tp, "torch._C.TensorBase")) {
     info.torch = true;
     // A data descriptor (PyTorch's getset) wins over any instance attribute: calling its getter is what getattr
@@ -350,6 +361,20 @@ const TypeInfo& type_info(PyTypeObject* tp) {
   Py_INCREF(tp);
   cache.emplace_back(tp, info);
   return cache.back().second;
+}
+
+// A NumPy masked array exports its data through every protocol and its mask through none: the masked elements
+// would arrive as values. Refused when any element is masked (a mask of all False hides nothing).
+void refuse_masked(nb::handle obj) {
+  nb::object mask = obj.attr("mask");
+  nb::object any = mask.attr("any")();
+  const int hidden = PyObject_IsTrue(any.ptr());
+  if (hidden < 0) throw nb::python_error();
+  if (!hidden) return;
+  throw nb::type_error((std::string("tensorwire.asarray: this ") + Py_TYPE(obj.ptr())->tp_name +
+                        " has masked elements, and a tensor has no mask: they would arrive as values; pass "
+                        "m.filled(value) to replace them, or m.data to take the values underneath as they are")
+                           .c_str());
 }
 
 bool call_flag(PyObject* method, nb::handle obj) {
@@ -822,6 +847,7 @@ nb::object asarray(nb::handle obj_in, nb::handle device, nb::handle copy, nb::ha
   }
   // What the type says beyond its protocols: an immutable producer, PyTorch's lazy bits, an exchange API.
   const TypeInfo& ti = type_info(Py_TYPE(obj.ptr()));
+  if (ti.masked) refuse_masked(obj);
   req.immutable = ti.immutable;
   nb::object grad_free = detached(obj, ti, req);
   obj = grad_free;

@@ -250,6 +250,22 @@ def test_datetimes_are_refused_never_reinterpreted_as_bytes(x):
     assert tw.asarray(np.asarray(x).view("int64")).dtype == tw.int64
 
 
+def test_masked_arrays_with_masked_elements_are_refused():
+    # Every protocol a MaskedArray speaks exports its data and none its mask: the masked 2 arrived as a value (into
+    # Arrow too, which could have held a null), silently.
+    m = np.ma.masked_array([1, 2, 3], mask=[0, 1, 0])
+    for convert in (tw.asarray, tw.to_arrow, tw.to_torch, lambda x: tw.asarray(x, copy=False)):
+        with pytest.raises(TypeError, match="MaskedArray has masked elements, and a tensor has no mask"):
+            convert(m)
+    assert tw.asarray(m.filled(0)).tolist() == [1, 0, 3]
+    assert tw.asarray(m.data).tolist() == [1, 2, 3]
+    # nothing masked: nothing to lose (a view, as of any array)
+    clear = np.ma.masked_array(np.arange(4.0), mask=[False] * 4)
+    t = tw.asarray(clear)
+    assert t.tolist() == [0.0, 1.0, 2.0, 3.0] and t.data_ptr == clear.data.ctypes.data
+    assert tw.asarray(np.ma.masked_array([5, 6])).tolist() == [5, 6]
+
+
 def test_pep3118_suboffsets_refused():
     _testbuffer = pytest.importorskip("_testbuffer", reason="CPython's _testbuffer module is not built here")
     x = _testbuffer.ndarray(list(range(12)), shape=[3, 4], format="i",
