@@ -61,6 +61,22 @@ def test_protocol5_readonly_out_of_band():
     assert same_bits(np.asarray(r), a)
 
 
+def test_protocol5_out_of_band_buffer_of_another_format_or_shape():
+    # A receiver hands the buffers back as whatever it made of the bytes (a float64 or 2-D view of them): NumPy's
+    # unpickler takes any C-contiguous buffer; tensorwire's raised "_from_bytes needs a contiguous 1-D uint8 tensor".
+    t = tw.asarray(np.arange(8, dtype=np.float32))
+    bufs = []
+    data = pickle.dumps(t, protocol=5, buffer_callback=bufs.append)
+    raw = np.frombuffer(bytes(bufs[0].raw()), np.uint8)
+    for back in (raw.view(np.float64), raw.reshape(4, 8), bytearray(raw.tobytes())):
+        u = pickle.loads(data, buffers=[back])
+        assert u.dtype == tw.float32 and u.tolist() == t.tolist()
+    with pytest.raises(ValueError, match="not C-contiguous, so it is not the bytes that were pickled"):
+        pickle.loads(data, buffers=[raw.reshape(4, 8).T])
+    with pytest.raises(ValueError, match="pickled data holds 16 bytes but \\(8,\\) float32 needs 32"):
+        pickle.loads(data, buffers=[raw[:16]])
+
+
 def test_protocol5_without_callback_is_in_band():
     a = np.arange(1000, dtype=np.float64)
     t = tw.asarray(a)
