@@ -37,6 +37,9 @@ Device Device::from_dlpack(DLDevice d) {
                 "DLPack device type " + std::to_string(static_cast<int>(d.device_type)) + " is not a DLPack 1.4 device");
   if (d.device_id < 0)
     throw Error(ErrorCode::invalid_argument, "DLPack device id " + std::to_string(d.device_id) + " is negative");
+  // The host is one device: a producer numbering its CPU "devices" (JAX with several host devices says kDLCPU:2)
+  // still hands over memory of the one address space. Kept as cpu:2 it named a device that does not exist.
+  if (d.device_type == kDLCPU) return Device::cpu();
   return Device{d.device_type, d.device_id};
 }
 

@@ -166,3 +166,27 @@ def test_a_capsule_flagged_is_copied_is_not_copied_again():
     data = m.dl_tensor.data
     t = tw.from_dlpack(cap, copy=True)
     assert t.data_ptr == data and t.data_ptr != src.data_ptr
+
+
+def test_a_jax_array_on_another_host_device_imports_as_the_cpu():
+    # JAX with several host devices says (kDLCPU, 2) for an array on its third: imported as cpu:2, a device
+    # tensorwire itself says does not exist (its pickle would not load; to("cpu", copy=False) raised CopyError).
+    pytest.importorskip("jax", reason="JAX is not installed")
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import jax, jax.numpy as jnp, pickle, tensorwire as tw
+assert len(jax.devices("cpu")) == 4
+e = jax.device_put(jnp.arange(4.0), jax.devices("cpu")[2])
+t = tw.asarray(e)
+assert t.device == tw.Device("cpu"), t.device
+assert t.data_ptr == e.unsafe_buffer_pointer()
+assert pickle.loads(pickle.dumps(t.device)) == t.device
+assert t.to("cpu", copy=False).tolist() == [0.0, 1.0, 2.0, 3.0]
+print("ok")
+"""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
