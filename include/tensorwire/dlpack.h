@@ -160,3 +160,14 @@ typedef struct DLPackExchangeAPI {
 #endif
 
 #endif  // DLPACK_DLPACK_H_
+
+/* What tensorwire's headers need of DLPack, under its own names, whichever dlpack.h a translation unit included
+   first. An older official header (PyTorch 2.13's ATen/dlpack.h and PyArrow's are 1.3) makes the declarations above
+   a no-op: its layouts are the same (a minor version adds enumerators only) but it lacks 1.4's names, and its
+   DLPACK_MINOR_VERSION is not the version tensorwire speaks. */
+#if !defined(DLPACK_MAJOR_VERSION) || DLPACK_MAJOR_VERSION != 1 || DLPACK_MINOR_VERSION < 1
+#error "tensorwire needs DLPack 1.1 or newer declarations, and an older dlpack.h was included first: include a tensorwire header before it (tensorwire's 1.4 declarations then serve both)"
+#endif
+#define TW_DLPACK_MAJOR_VERSION 1
+#define TW_DLPACK_MINOR_VERSION 4
+#define TW_DL_BCOMPLEX 18 /* kDLBcomplex (1.4) */

@@ -44,7 +44,7 @@ struct DType {
   /// Two float16 halves (DLPack kDLComplex, 32 bits; PyTorch complex32 / chalf, ml_dtypes.complex32).
   static constexpr DType complex32() noexcept { return make(kDLComplex, 32); }
   /// Two bfloat16 halves (DLPack 1.4 kDLBcomplex; ml_dtypes.bcomplex32).
-  static constexpr DType bcomplex32() noexcept { return make(kDLBcomplex, 32); }
+  static constexpr DType bcomplex32() noexcept { return make(static_cast<DLDataTypeCode>(TW_DL_BCOMPLEX), 32); }
   static constexpr DType boolean() noexcept { return make(kDLBool, 8); }
   static constexpr DType float8_e3m4() noexcept { return make(kDLFloat8_e3m4, 8); }
   static constexpr DType float8_e4m3() noexcept { return make(kDLFloat8_e4m3, 8); }

@@ -26,7 +26,7 @@ namespace tw {
 struct DLPackExportOptions {
   /// Highest version the consumer understands; the exported version is min(ours, this) within major 1.
   /// A consumer whose major is not 1 cannot be served a versioned struct (Error(version_mismatch)).
-  DLPackVersion max_version{DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION};
+  DLPackVersion max_version{TW_DLPACK_MAJOR_VERSION, TW_DLPACK_MINOR_VERSION};
   /// Set DLPACK_FLAG_BITMASK_IS_COPIED: the producer made this copy for the consumer alone.
   bool is_copied = false;
 };
@@ -130,7 +130,7 @@ struct ExportRequest {
   std::optional<int64_t> stream;
   ConsumerProfile consumer = ConsumerProfile::portable;
   /// Highest DLPack version the consumer understands (versioned exports only).
-  DLPackVersion max_version{DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION};
+  DLPackVersion max_version{TW_DLPACK_MAJOR_VERSION, TW_DLPACK_MINOR_VERSION};
 };
 
 /// The tensor an export hands out, and whether it is a copy made for this consumer alone.

@@ -17,6 +17,9 @@ static_assert(sizeof(void*) == 8, "these offsets are the LP64 layout");
 // ---- version ---------------------------------------------------------------------------------------------------
 static_assert(DLPACK_MAJOR_VERSION == 1);
 static_assert(DLPACK_MINOR_VERSION == 4);
+// tensorwire's own names for what its headers use (defined whichever dlpack.h came first) agree with the spec's.
+static_assert(TW_DLPACK_MAJOR_VERSION == DLPACK_MAJOR_VERSION && TW_DLPACK_MINOR_VERSION == DLPACK_MINOR_VERSION);
+static_assert(TW_DL_BCOMPLEX == kDLBcomplex);
 static_assert(sizeof(DLPackVersion) == 8);
 static_assert(offsetof(DLPackVersion, major) == 0);
 static_assert(offsetof(DLPackVersion, minor) == 4);
