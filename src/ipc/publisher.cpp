@@ -1096,6 +1096,17 @@ class PublisherImpl {
         return *slot;
       }
       // Exhausted: every buffer is loaned, queued or held by a subscriber.
+      if (device < 0) {
+        // A request no wait can serve (beyond the memory this process can get, counting the pool's own, which
+        // released buffers would give back) fails now, as it does with an empty pool: waiting would never end.
+        const uint64_t room = os::memory_headroom(), pool_bytes = pool_->bytes();
+        if (room != UINT64_MAX && nbytes > room && nbytes - room > pool_bytes)
+          throw Error(ErrorCode::out_of_memory,
+                      who + " needs " + std::to_string(nbytes) + " bytes of shared memory but this process can get "
+                      "about " + std::to_string(room + pool_bytes) + " (available memory and the pool's own " +
+                      std::to_string(pool_bytes) + "; cgroup and address-space limits), however long it waits; ask "
+                      "for less");
+      }
       if (pool_->only_reserved())  // by this message's own parts: waiting cannot make room
         throw Error(ErrorCode::invalid_argument,
                     "Publisher::" + std::string(what) + " on '" + name_ + "': this message's tensors need more pool "

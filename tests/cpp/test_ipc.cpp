@@ -842,6 +842,29 @@ TEST(IpcPublisher, HugeLoansThrowOutOfMemory) {
   EXPECT_EQ(pub.pool_buffers(), 0u);
 }
 
+TEST(IpcPublisher, HugeLoansThrowOutOfMemoryWhileTheCallerHoldsABuffer) {
+  // With a buffer held (here by the caller itself) the request waited for the pool to free room it could never
+  // use: forever without a timeout (a deadlock), a misleading TimeoutError with one.
+  const std::string name = topic("hugeheld");
+  Publisher pub(name);
+  Subscriber sub(name);  // (a send with no subscriber stores nothing)
+  ASSERT_TRUE(sub.connected());
+  Tensor keep = pub.loan({4}, DType::float32());
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    try {
+      if (attempt == 0)
+        (void)pub.loan({int64_t{1} << 50}, DType::float32(), tw::Device::cpu(), std::chrono::seconds(60));
+      else
+        (void)pub.send(Tensor::zeros({1}, DType::float32()).expand({int64_t{1} << 44}));
+      ADD_FAILURE() << "a request beyond this machine's memory succeeded";
+    } catch (const tw::Error& e) {
+      EXPECT_EQ(e.code(), tw::ErrorCode::out_of_memory) << e.what();
+      EXPECT_NE(std::string(e.what()).find("however long it waits"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(pub.pool_buffers(), 1u);
+}
+
 // Whether this process may write the page at `addr`, as the kernel reports it (writing to find out would fault).
 bool writable_here(const void* addr) {
   const auto a = reinterpret_cast<uintptr_t>(addr);
