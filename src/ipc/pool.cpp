@@ -30,6 +30,7 @@ class HostSegments final : public SegmentSource {
     s.map = os::Mapping::map(s.fd.get(), bytes, true, true);  // pre-faulted within bounds: a fresh page costs ~10 us
     // Readers map it read-only, and no peer can ever map it writable again (our mapping stays writable).
     os::add_seals(s.fd.get(), F_SEAL_FUTURE_WRITE | F_SEAL_SEAL);
+    s.map.private_in_forked_children(s.fd.get());  // (a fork()ed child's loans are its own copies)
     return s;
   }
   bool protect(Segment& s, bool writable) noexcept override { return s.map.protect(writable); }

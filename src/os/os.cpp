@@ -19,6 +19,8 @@
 #include <climits>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <set>
 #include <sstream>
 
@@ -173,7 +175,49 @@ bool Mapping::protect(bool writable) noexcept {
   return p_ && ::mprotect(p_, n_, writable ? PROT_READ | PROT_WRITE : PROT_READ) == 0;
 }
 
+namespace {
+
+// Mappings made private in fork()ed children: address -> (size, fd). Its lock is held across fork() so that the
+// child sees the set whole.
+struct ForkPrivate {
+  std::mutex mu;
+  std::map<void*, std::pair<size_t, int>> live;
+};
+ForkPrivate& fork_private() noexcept {
+  static auto* r = new ForkPrivate();  // never destroyed: fork handlers may run during exit
+  return *r;
+}
+void fork_private_child() noexcept {
+  ForkPrivate& r = fork_private();
+  for (const auto& [addr, what] : r.live) {
+    void* p = ::mmap(addr, what.first, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, what.second, 0);
+    if (p == MAP_FAILED) ::mprotect(addr, what.first, PROT_READ);  // (then at least never written through)
+  }
+  r.mu.unlock();
+}
+
+}  // namespace
+
+void Mapping::private_in_forked_children(int fd) {
+  static const bool registered = [] {
+    ::pthread_atfork([] { fork_private().mu.lock(); }, [] { fork_private().mu.unlock(); }, &fork_private_child);
+    return true;
+  }();
+  (void)registered;
+  if (!p_ || fork_private_) return;
+  ForkPrivate& r = fork_private();
+  std::lock_guard lk(r.mu);
+  r.live[p_] = {n_, fd};
+  fork_private_ = true;
+}
+
 void Mapping::reset() noexcept {
+  if (p_ && fork_private_) {
+    ForkPrivate& r = fork_private();
+    std::lock_guard lk(r.mu);
+    r.live.erase(p_);
+  }
+  fork_private_ = false;
   if (p_) ::munmap(p_, n_);
   p_ = nullptr;
   n_ = 0;

@@ -48,12 +48,14 @@ class Mapping {
  public:
   Mapping() noexcept = default;
   Mapping(void* p, size_t n) noexcept : p_(p), n_(n) {}
-  Mapping(Mapping&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
+  Mapping(Mapping&& o) noexcept : p_(o.p_), n_(o.n_), fork_private_(o.fork_private_) {
+    o.p_ = nullptr, o.n_ = 0, o.fork_private_ = false;
+  }
   Mapping& operator=(Mapping&& o) noexcept {
     if (this != &o) {
       reset();
-      p_ = o.p_, n_ = o.n_;
-      o.p_ = nullptr, o.n_ = 0;
+      p_ = o.p_, n_ = o.n_, fork_private_ = o.fork_private_;
+      o.p_ = nullptr, o.n_ = 0, o.fork_private_ = false;
     }
     return *this;
   }
@@ -66,6 +68,10 @@ class Mapping {
   static Mapping map(int fd, size_t size, bool writable, bool prefault);
   /// Makes the mapping read-only or writable again (a sent loan). Returns false when the kernel refused.
   bool protect(bool writable) noexcept;
+  /// In a fork()ed child this mapping of `fd` (which must stay open while the mapping lives) becomes a private
+  /// copy-on-write one at the same address: what the child writes stays the child's. A publisher's pool memory is
+  /// shared with every subscriber; a child writing a loan it inherited changed what they had already received.
+  void private_in_forked_children(int fd);
 
   char* data() const noexcept { return static_cast<char*>(p_); }
   size_t size() const noexcept { return n_; }
@@ -75,6 +81,7 @@ class Mapping {
  private:
   void* p_ = nullptr;
   size_t n_ = 0;
+  bool fork_private_ = false;
 };
 
 /// A sealed memfd of `size` bytes (F_SEAL_SHRINK | F_SEAL_GROW; the caller adds more seals after mapping).

@@ -421,6 +421,45 @@ def test_a_forked_child_cannot_send_and_does_not_keep_the_publishers_socket():
         sub.close()
 
 
+@pytest.mark.skipif(UNDER_ASAN, reason="fork() of a multi-threaded ASan process is not supported by the runtime")
+def test_a_forked_childs_writes_to_an_inherited_loan_stay_the_childs():
+    # The child's mapping of the pool was the parent's shared one: writing a loan it inherited changed what a
+    # subscriber had already received, read-only, from the parent.
+    name = topic("forkloan")
+    pub = tw.Publisher(name)
+    sub = tw.Subscriber(name)
+    assert sub.connected
+    loan = pub.loan(1 << 16, "uint8")
+    np.asarray(loan)[:] = 1
+    go_r, go_w = os.pipe()
+    done_r, done_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: once the parent has sent the loan, writes its own copy of it
+        code = 1
+        try:
+            os.read(go_r, 1)
+            view = np.asarray(loan)
+            view[:] = 99
+            code = 0 if int(view.min()) == 99 == int(view.max()) else 2  # its writes are its own to read
+        finally:
+            os.write(done_w, bytes([code]))
+            os._exit(0)
+    try:
+        pub.send(loan)
+        got = sub.recv(timeout=5)
+        os.write(go_w, b"x")
+        assert os.read(done_r, 1) == b"\x00"
+        assert np.array_equal(np.unique(np.asarray(got)), [1]), "the child's writes reached the subscriber"
+        pub.send(np.full(8, 7, np.uint8))  # the parent's pool still serves it
+        assert np.asarray(sub.recv(timeout=5)).tolist() == [7] * 8
+    finally:
+        os.waitpid(pid, 0)
+        for fd in (go_r, go_w, done_r, done_w):
+            os.close(fd)
+        sub.close()
+        pub.close()
+
+
 # ---- misc. from the review ------------------------------------------------------------------------------------------
 
 
