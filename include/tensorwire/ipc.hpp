@@ -179,8 +179,10 @@ void validate_topic_name(std::string_view name);
 
 /// The sending end of a topic. One publisher per name at a time (a second one throws Error(invalid_argument));
 /// a new one may take the name once the old one is closed or dead. Thread-safe: send and loan may be called from
-/// several threads (messages are ordered by the publisher's internal lock). In a fork()ed child every call throws
-/// (the child closes its copies of the publisher's sockets at fork; only the parent publishes).
+/// several threads (messages are ordered by the publisher's internal lock). In a fork()ed child every call that
+/// acts throws (send, loan, fileno...; the child closes its copies of the publisher's sockets at fork: only the
+/// parent publishes), and the getters report a closed publisher (closed() true, no subscribers, no address). A
+/// loan the child inherited is its own copy-on-write copy there.
 ///
 /// Waiting: send() and loan() wait when a subscriber's ring is full (OnFull::block) or every pool buffer is held.
 /// They never wait for a subscriber that hung up, and give up after their timeout (TimeoutError, nothing done).
@@ -265,7 +267,8 @@ class Publisher {
 /// after both exist (subject to the publisher's OnFull policy). Several threads may recv() on one Subscriber (each
 /// message goes to one of them; they wait without holding its lock); received tensors may be used and dropped on
 /// any thread. Received tensors hold the publisher's buffers: keep copies of those you keep for long, or the
-/// publisher's pool runs dry. In a fork()ed child every call throws (only the parent subscribes).
+/// publisher's pool runs dry. In a fork()ed child every call that acts throws (recv, fileno...: only the parent
+/// subscribes), and the getters report a closed subscriber (closed() true, connected() false).
 class Subscriber {
  public:
   explicit Subscriber(std::string_view name, SubscriberOptions options = {});
