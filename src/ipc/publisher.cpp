@@ -357,6 +357,11 @@ class PublisherImpl {
         if (!seen.insert(k).second)
           throw Error(ErrorCode::invalid_argument, "Publisher::send: the message has the key '" + k + "' twice");
     } else {
+      if (!m.keys.empty())  // (they were dropped: the receiver got a list without the names the sender gave)
+        throw Error(ErrorCode::invalid_argument,
+                    std::string("Publisher::send: a ") + (m.kind == Message::Kind::tuple ? "tuple" : "list") +
+                        " message has no keys, and this one has " + std::to_string(m.keys.size()) +
+                        "; make it Message::Kind::dict to send them");
       structure.set("kind", m.kind == Message::Kind::tuple ? "tuple" : "list");
     }
     const std::string head = encode_metadata(structure);

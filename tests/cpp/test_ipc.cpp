@@ -1004,7 +1004,20 @@ TEST(IpcMessage, SeveralTensorsCrossAtomicallyWithTheirStructure) {
         }
       },
       tw::Error);
+  // Keys on a list or tuple were dropped silently (the receiver got a list without the names).
+  for (const auto kind : {tw::Message::Kind::list, tw::Message::Kind::tuple}) {
+    m.kind = kind;
+    m.keys = {"a", "b"};
+    try {
+      pub.send(m);
+      ADD_FAILURE() << "a list message with keys was sent";
+    } catch (const tw::Error& e) {
+      EXPECT_EQ(e.code(), tw::ErrorCode::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find("message has no keys, and this one has 2"), std::string::npos) << e.what();
+    }
+  }
   m.kind = tw::Message::Kind::list;
+  m.keys.clear();
   m.tensors.assign(8, Tensor::zeros({1}, DType::int8()));
   EXPECT_THROW(pub.send(m), tw::Error);  // 9 cells in a ring of 8
   pub.send(Tensor::zeros({1}, DType::int8()));
