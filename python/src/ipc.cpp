@@ -173,12 +173,39 @@ tw::SendOptions send_options(nb::handle metadata, std::optional<bool> copy, nb::
   return o;
 }
 
-// A non-empty list / tuple whose leaves are all Python numbers (nested lists and tuples of them): array data, which
-// send takes as tw.asarray does ([1, 2, 3] is one 1-d tensor), not a message of several 0-d tensors. A list holding
-// any array (or anything else) is a message of several tensors.
+// A NumPy scalar number (np.float32(1), np.int64(2), np.bool_): a number as a Python one is (np.float64 already
+// was, being a float). Without NumPy imported there is none.
+bool numpy_number(PyObject* o) {
+  static PyObject* number = nullptr;
+  static PyObject* boolean = nullptr;
+  if (!number) {
+    PyObject* np = PyImport_GetModule(nb::str("numpy").ptr());
+    if (!np) {
+      PyErr_Clear();
+      return false;
+    }
+    PyObject* n = PyObject_GetAttrString(np, "number");
+    PyObject* b = PyObject_GetAttrString(np, "bool_");
+    Py_DECREF(np);
+    if (!n || !b) {
+      Py_XDECREF(n);
+      Py_XDECREF(b);
+      PyErr_Clear();
+      return false;
+    }
+    number = n, boolean = b;  // kept for the life of the process
+  }
+  const int r = PyObject_IsInstance(o, number) == 1 || PyObject_IsInstance(o, boolean) == 1;
+  PyErr_Clear();
+  return r;
+}
+
+// A non-empty list / tuple whose leaves are all numbers, Python's or NumPy's scalars (nested lists and tuples of
+// them): array data, which send takes as tw.asarray does ([1, 2, 3] is one 1-d tensor), not a message of several
+// 0-d tensors. A list holding any array, a 0-d one included, (or anything else) is a message of several tensors.
 bool numbers_only(PyObject* o, int depth) {
   if (depth > 64) return false;
-  if (PyLong_Check(o) || PyFloat_Check(o) || PyComplex_Check(o)) return depth > 0;
+  if (PyLong_Check(o) || PyFloat_Check(o) || PyComplex_Check(o) || numpy_number(o)) return depth > 0;
   if (!PyList_Check(o) && !PyTuple_Check(o)) return false;
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
   if (n == 0) return depth > 0;  // [[], []] is array data (shape (2, 0)); [] alone is an empty message

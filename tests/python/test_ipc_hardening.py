@@ -695,7 +695,11 @@ def test_a_list_of_numbers_is_array_data_and_a_list_of_arrays_a_message():
     # holding arrays is a message of several tensors.
     name = topic("numbers")
     with tw.Publisher(name) as pub, tw.Subscriber(name) as sub:
-        for x in ([1, 2, 3], [[1.5, 2.5], [3.5, 4.5]], (True, False), [1 + 2j, 3], [[], []]):
+        # NumPy's scalars are numbers too: [np.float32(1), np.float32(2)] was a message of two 0-d tensors where
+        # [np.float64(1), np.float64(2)] (a float subclass) was one array
+        for x in ([1, 2, 3], [[1.5, 2.5], [3.5, 4.5]], (True, False), [1 + 2j, 3], [[], []],
+                  [np.float32(1), np.float32(2)], [np.int64(1), 2], [[1, 2], [np.float32(3), 4]],
+                  (np.bool_(True), False), [np.float64(0.5), np.uint8(3)]):
             pub.send(x)
             got = sub.recv(timeout=5)
             assert isinstance(got, tw.Tensor)
@@ -705,6 +709,9 @@ def test_a_list_of_numbers_is_array_data_and_a_list_of_arrays_a_message():
         pub.send([np.zeros(2), 1])
         got = sub.recv(timeout=5)
         assert isinstance(got, list) and [t.shape for t in got] == [(2,), ()]
+        pub.send([np.array(1.0), np.array(2.0)])  # 0-d arrays are arrays: a message of two
+        got = sub.recv(timeout=5)
+        assert isinstance(got, list) and [t.shape for t in got] == [(), ()]
         with pytest.raises(ValueError, match="np.empty"):
             pub.send([])
 
