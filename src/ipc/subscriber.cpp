@@ -204,6 +204,7 @@ class SubscriberImpl {
     const std::string pub = "the publisher (pid " + std::to_string(publisher_pid_) + ")";
     if (user_closed_) return "this subscriber was closed";
     if (forked_) return "";  // (every use says whose it is)
+    if (!refused_.empty()) return pub + " refused this subscriber: " + refused_;
     if (broken_) return pub + " broke the protocol";
     if (!welcomed_) return "";
     if (bye_ || (chan_ && chan_->ring.closed())) return pub + " closed the topic";
@@ -509,8 +510,10 @@ class SubscriberImpl {
         if (n < 0) broken(name_, "an oversized control packet");
         handle(decode_control(std::span<const uint8_t>(buf, static_cast<size_t>(n)), fds.size()), fds);
       } catch (const Error& e) {
-        // A hostile or broken publisher: stop listening to it (end-of-stream) and report the error once.
-        peer_gone_ = broken_ = true;
+        // A hostile or broken publisher: stop listening to it (end-of-stream) and report the error once. (A
+        // refusal is the publisher's word, not a broken protocol: why_ended says which.)
+        peer_gone_ = true;
+        if (refused_.empty()) broken_ = true;
         if (e.code() == ErrorCode::invalid_argument || e.code() == ErrorCode::version_mismatch) throw;
         throw Error(ErrorCode::invalid_argument, "Subscriber('" + name_ + "'): the publisher (pid " +
                                                      std::to_string(publisher_pid_) + ") sent what cannot be used: " +
@@ -559,12 +562,12 @@ class SubscriberImpl {
       case ControlType::bye: peer_gone_ = bye_ = true; break;
       case ControlType::refused:
         peer_gone_ = true;
-        throw Error(ErrorCode::invalid_argument,
-                    "Subscriber('" + name_ + "'): the publisher (pid " + std::to_string(publisher_pid_) +
-                        ") refused this subscriber: " +
-                        (m.id == static_cast<uint64_t>(RefuseReason::too_many_subscribers)
-                             ? std::string("it already serves its max_subscribers")
-                             : std::string("it is out of file descriptors or memory")));
+        refused_ = m.id == static_cast<uint64_t>(RefuseReason::too_many_subscribers)
+                       ? "it already serves its max_subscribers"
+                       : "it is out of file descriptors or memory";
+        throw Error(ErrorCode::invalid_argument, "Subscriber('" + name_ + "'): the publisher (pid " +
+                                                     std::to_string(publisher_pid_) + ") refused this subscriber: " +
+                                                     refused_);
     }
   }
 
@@ -794,6 +797,7 @@ class SubscriberImpl {
   uint64_t received_ = 0;  // messages taken (for waiting_for)
   bool welcomed_ = false, peer_gone_ = false, user_closed_ = false, eos_ = false, fd_mode_ = false, forked_ = false;
   bool broken_ = false;  // the publisher broke the protocol: reported once, then end-of-stream
+  std::string refused_;  // why the publisher refused this subscriber (then end-of-stream)
   bool bye_ = false;     // the publisher said BYE (it closed the topic) before its socket closed
   std::exception_ptr pending_error_;  // caught by connected(), raised by the next recv / fileno
 };

@@ -489,6 +489,25 @@ def test_too_many_subscribers_are_refused_with_a_clear_error():
         assert pub.subscribers == 1
 
 
+def test_a_subscriber_refused_later_says_so_at_every_recv():
+    # Made before its publisher, a subscriber hears of the refusal at its first recv; the next said "the publisher
+    # broke the protocol".
+    name = topic("caplater")
+    first, second = tw.Subscriber(name), tw.Subscriber(name)
+    with tw.Publisher(name, max_subscribers=1):
+        deadline = time.monotonic() + 10
+        while not first.connected and time.monotonic() < deadline:  # (its handshake, a step per look)
+            time.sleep(0.005)
+        assert first.connected
+        with pytest.raises(ValueError, match="refused this subscriber: it already serves its max_subscribers"):
+            second.recv(timeout=2)
+        for _ in range(2):
+            with pytest.raises(EOFError, match="refused this subscriber: it already serves its max_subscribers"):
+                second.recv(timeout=2)
+    first.close()
+    second.close()
+
+
 # ---- 9. a slow reader of control messages: the on_full policy, never dropped, never freed --------------------------
 # Each new pool buffer is announced to each subscriber over its control socket, which it reads as it receives the
 # messages that use the buffers. One that reads nothing while a few hundred new buffers are made fills that socket:
