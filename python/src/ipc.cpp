@@ -94,7 +94,9 @@ tw::Dims shape_from(nb::handle h) {
 std::chrono::nanoseconds timeout_from(nb::handle h, bool& forever) {
   forever = h.is_none();
   if (forever) return std::chrono::nanoseconds(0);
-  if (PyBool_Check(h.ptr()) || !(PyFloat_Check(h.ptr()) || PyIndex_Check(h.ptr())))  // (numpy.int64 too)
+  // Any real number: float, int, and what converts like one (numpy.int64, numpy.float32, a 0-d array...).
+  PyNumberMethods* nm = Py_TYPE(h.ptr())->tp_as_number;
+  if (PyBool_Check(h.ptr()) || !(PyFloat_Check(h.ptr()) || PyIndex_Check(h.ptr()) || (nm && nm->nb_float)))
     throw tw::Error(tw::ErrorCode::type_mismatch,
                     std::string("timeout must be None or a number of seconds, not ") + Py_TYPE(h.ptr())->tp_name);
   const double s = PyFloat_AsDouble(h.ptr());
@@ -369,10 +371,17 @@ nb::object recv(tw::Subscriber& s, nb::handle timeout_h) {
   if (!forever && timeout.count() == 0 && st != tw::Subscriber::PollStatus::busy) {  // a poll: answer now
     // Returning a null object with the error set raises it without a C++ throw (unwinding costs microseconds,
     // and busy pollers raise TimeoutError all the time).
-    if (st == tw::Subscriber::PollStatus::ended)
+    if (st == tw::Subscriber::PollStatus::ended) {
       PyErr_SetString(PyExc_EOFError, end_of_stream(s).c_str());
-    else
-      PyErr_SetString(PyExc_TimeoutError, "no message waiting");
+    } else {
+      std::string why;
+      {
+        ReleaseGil nogil;
+        why = s.waiting_for();
+      }
+      PyErr_SetString(PyExc_TimeoutError, ("tensorwire.Subscriber('" + s.name() + "'): no message waiting" +
+                                           (why.empty() ? std::string() : " (" + why + ")")).c_str());
+    }
     return nb::object();
   }
   const auto deadline = std::chrono::steady_clock::now() + timeout;

@@ -470,6 +470,13 @@ def test_timeouts_of_the_wrong_type_are_type_errors():
             sub.recv(timeout="1")
         with pytest.raises(TypeError, match="timeout"):
             pub.send(np.zeros(1), timeout="1")
+        # any real number is a timeout: np.float32 was refused where np.int64 and 0-d arrays were taken
+        for t in (np.float32(0.01), np.int64(0), np.array(0.01), 0):
+            with pytest.raises(TimeoutError, match=f"Subscriber\\('{name}'\\): no message"):
+                sub.recv(timeout=t)
+        for bad in (True, 1j, b"1"):
+            with pytest.raises(TypeError, match="timeout must be None or a number of seconds"):
+                sub.recv(timeout=bad)
 
 
 @pytest.mark.parametrize("option,says", [("max_subscribers", "max_subscribers must be at least 1"),
