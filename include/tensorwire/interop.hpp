@@ -31,7 +31,10 @@ struct DLPackExportOptions {
   bool is_copied = false;
 };
 
-/// Exports a versioned DLPack struct (flags: READ_ONLY, IS_COPIED, IS_SUBBYTE_TYPE_PADDED as they apply).
+/// Exports a versioned DLPack struct (flags: READ_ONLY, IS_COPIED, IS_SUBBYTE_TYPE_PADDED as they apply): the
+/// tensor's own memory and layout, whatever they are (negative and zero strides included), never a copy. To hand
+/// a tensor to a consumer that cannot take every layout (PyTorch aborts on negative strides), use export_dlpack,
+/// which copies what the consumer cannot take.
 DLManagedTensorVersioned* to_dlpack(const Tensor& t, const DLPackExportOptions& options = {});
 /// Exports a legacy (unversioned) struct. Read-only tensors are refused (the legacy struct cannot say so):
 /// Error(read_only). Padded sub-byte tensors are refused likewise.
