@@ -1039,10 +1039,10 @@ class PublisherImpl {
     return false;
   }
 
-  // Who holds the pool's buffers ("subscriber pid N holds ..., 2 loan(s) alive in this process"), and how many
+  // Who holds the pool's buffers ("subscriber pid N holds ..., 2 loans alive in this process"), and how many
   // buffers there are.
   std::string pool_holders(uint64_t* buffers_out = nullptr) const {
-    std::map<int32_t, uint64_t> by_pid;
+    std::map<int32_t, std::pair<uint64_t, uint64_t>> by_pid;  // pid -> (buffers held, messages queued unread)
     uint64_t loaned = 0, buffers = 0;
     for (size_t i = 0; i < pool_->end(); ++i) {
       const Pool::Slot& s = pool_->slot(i);
@@ -1050,14 +1050,21 @@ class PublisherImpl {
       ++buffers;
       if (s.loans.load(std::memory_order_relaxed) != 0) ++loaned;
       for (auto& sub : subs_)
-        if (!sub->dead.load() && sub->holds(i)) by_pid[sub->pid] += 1;
+        if (!sub->dead.load() && sub->holds(i)) by_pid[sub->pid].first += 1;
     }
+    for (auto& sub : subs_)
+      if (!sub->dead.load() && by_pid.count(sub->pid) && sub->ring.sane()) by_pid[sub->pid].second += sub->ring.queued();
     if (buffers_out) *buffers_out = buffers;
     std::string holders;
+    // (A buffer is held by a message still queued unread as much as by a received tensor kept: which one says
+    // whether the subscriber reads too slowly or keeps what it read.)
     for (auto& [pid, n] : by_pid)
-      holders += (holders.empty() ? "" : ", ") + ("subscriber pid " + std::to_string(pid) + " holds " +
-                                                  std::to_string(n) + " received tensor(s)' buffers");
-    if (loaned) holders += (holders.empty() ? "" : ", ") + std::to_string(loaned) + " loan(s) alive in this process";
+      holders += (holders.empty() ? "" : ", ") +
+                 ("subscriber pid " + std::to_string(pid) + " holds " + tw::detail::counted(int64_t(n.first), "buffer") +
+                  (n.second ? " (" + tw::detail::counted(int64_t(n.second), "message") + " queued unread, the rest "
+                              "received and kept)"
+                            : " of received tensors it keeps"));
+    if (loaned) holders += (holders.empty() ? "" : ", ") + tw::detail::counted(int64_t(loaned), "loan") + " alive in this process";
     return holders;
   }
 
@@ -1073,7 +1080,8 @@ class PublisherImpl {
       m += ". This request alone (" + mib(nbytes) + ") is larger than pool_bytes: it is served once the pool holds "
            "no other buffer";
     return m + ". A subscriber that keeps received tensors for long should keep copies (np.array(t)) so their "
-               "buffers return to the pool; or raise max_buffers/pool_bytes";
+               "buffers return to the pool, and one that reads too slowly holds a buffer per unread message; or "
+               "raise max_buffers/pool_bytes";
   }
 
   // A free pool slot of at least `nbytes` (the pool reuses, creates or retires segments as its budget allows);

@@ -321,13 +321,22 @@ def test_exhausted_pool_message_counts_its_buffers_in_english():
         held = sub.recv(timeout=1)
         with pytest.raises(BlockingIOError, match=r"\(1 buffer at most, pool_bytes") as e:
             pub.send(np.zeros(BIG))
-        assert f"subscriber pid {os.getpid()} holds 1 received tensor(s)' buffers (on_full='raise')" in str(e.value)
+        assert f"subscriber pid {os.getpid()} holds 1 buffer of received tensors it keeps (on_full='raise')" in str(e.value)
         del held
+    with tw.Publisher(name, on_full="raise", max_buffers=2) as pub, tw.Subscriber(name) as sub:
+        pub.send(np.zeros(BIG))
+        kept = sub.recv(timeout=1)
+        pub.send(np.zeros(BIG))  # never read: it holds its buffer as much as the received one does
+        with pytest.raises(BlockingIOError) as e:
+            pub.send(np.zeros(BIG))
+        assert (f"subscriber pid {os.getpid()} holds 2 buffers (1 message queued unread, the rest received and kept)"
+                in str(e.value))
+        del kept
     with tw.Publisher(topic("pool1-loan"), on_full="raise", max_buffers=1) as pub:  # nobody subscribes: a loan holds it
         loan = pub.loan(BIG)
         with pytest.raises(BlockingIOError) as e:
             pub.loan(BIG)
-        assert "1 loan(s) alive in this process (on_full='raise')" in str(e.value) and "subscriber" not in str(e.value)
+        assert "1 loan alive in this process (on_full='raise')" in str(e.value) and "subscriber" not in str(e.value)
         del loan
 
 
