@@ -220,6 +220,14 @@ T* Tensor::data() const {
   }
   if (!device().is_host_accessible())
     throw Error(ErrorCode::unsupported, "Tensor::data<T>: memory on " + device().str() + " is not host-accessible");
+  // (Every element is at data_ptr() plus a multiple of the element size: the first one's alignment is all of them.)
+  if (reinterpret_cast<std::uintptr_t>(data_ptr()) % alignof(U) != 0)
+    throw Error(ErrorCode::invalid_argument,
+                "Tensor::data<T>: the data starts " +
+                    std::to_string(reinterpret_cast<std::uintptr_t>(data_ptr()) % alignof(U)) + " bytes past a " +
+                    std::to_string(alignof(U)) + "-byte boundary, and a " + DType::of<U>().name() +
+                    " pointer to it would be undefined behaviour; read it through data_ptr() with std::memcpy, or "
+                    "copy() it into aligned memory");
   return static_cast<T*>(data_ptr());
 }
 

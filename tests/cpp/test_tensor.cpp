@@ -103,6 +103,22 @@ TEST(Tensor, FromBlobKeepAliveReleasedWhenFactoryThrows) {
   EXPECT_EQ(c.released, 1);
 }
 
+TEST(Tensor, DataOfMisalignedMemoryIsRefusedNotHandedOutAsATypedPointer) {
+  // from_blob over an odd address is legal (the copy engine reads it bytewise), but a float* to it is undefined
+  // behaviour in C++: data<float>() said nothing and returned one.
+  alignas(8) unsigned char raw[64] = {};
+  const float values[4] = {1.5f, -2.0f, 3.25f, 8.0f};
+  std::memcpy(raw + 1, values, sizeof values);
+  Tensor u = Tensor::from_blob(raw + 1, {4}, DType::float32(), tw::Device::cpu(), nullptr);
+  TW_EXPECT_ERROR_MSG(u.data<float>(), ErrorCode::invalid_argument, "starts 1 bytes past a 4-byte boundary");
+  TW_EXPECT_ERROR_MSG(u.data<const float>(), ErrorCode::invalid_argument, "std::memcpy");
+  Tensor c = u.copy();  // aligned memory, the same values
+  EXPECT_EQ(c.data<const float>()[2], 3.25f);
+  Tensor a = Tensor::from_blob(raw + 4, {4}, DType::float32(), tw::Device::cpu(), nullptr);
+  EXPECT_EQ(static_cast<const void*>(a.data<float>()), static_cast<const void*>(raw + 4));
+  EXPECT_EQ(Tensor::from_blob(raw + 1, {4}, DType::uint8(), tw::Device::cpu(), nullptr).data<uint8_t>()[0], 0);
+}
+
 TEST(Tensor, FromBlobRefusesADeviceDLPackDoesNotDefineOrANegativeId) {
   float x[4] = {};
   TW_EXPECT_ERROR_MSG(Tensor::from_blob(x, {4}, DType::float32(), tw::Device{static_cast<DLDeviceType>(99), 0}, nullptr),
