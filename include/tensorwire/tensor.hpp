@@ -8,6 +8,7 @@
 #error "tensorwire's C++ headers need C++20 (-std=c++20); C and older C++ take the C API, tensorwire/tensorwire.h"
 #endif
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -40,6 +41,18 @@ class Tensor {
   /// Throws Error on invalid shapes/strides or a null `data` with nonzero size.
   static Tensor from_blob(void* data, Shape shape, DType dtype, Device device,
                           std::shared_ptr<const void> keep_alive, Strides strides = {}, bool readonly = false);
+  /// The same over memory the caller may only read (a const pointer): the tensor is read-only.
+  static Tensor from_blob(const void* data, Shape shape, DType dtype, Device device,
+                          std::shared_ptr<const void> keep_alive, Strides strides = {}) {
+    return from_blob(const_cast<void*>(data), std::move(shape), dtype, device, std::move(keep_alive),
+                     std::move(strides), true);
+  }
+  /// (A null `data`, as a zero-size tensor may have: the two overloads above would make the call ambiguous.)
+  static Tensor from_blob(std::nullptr_t, Shape shape, DType dtype, Device device,
+                          std::shared_ptr<const void> keep_alive, Strides strides = {}, bool readonly = false) {
+    return from_blob(static_cast<void*>(nullptr), std::move(shape), dtype, device, std::move(keep_alive),
+                     std::move(strides), readonly);
+  }
 
   /// Zero-copy: takes ownership of the vector's storage (moved, never copied); C-contiguous.
   /// Throws Error(invalid_argument) when the shape's element count differs from v.size().

@@ -119,6 +119,16 @@ TEST(Tensor, DataOfMisalignedMemoryIsRefusedNotHandedOutAsATypedPointer) {
   EXPECT_EQ(Tensor::from_blob(raw + 1, {4}, DType::uint8(), tw::Device::cpu(), nullptr).data<uint8_t>()[0], 0);
 }
 
+TEST(Tensor, FromBlobOfAConstPointerIsReadOnly) {
+  static const float table[3] = {1.0f, 2.0f, 4.0f};  // (a const_cast was needed, and the tensor was writable)
+  Tensor t = Tensor::from_blob(table, {3}, DType::float32(), Device::cpu(), nullptr);
+  EXPECT_TRUE(t.readonly());
+  EXPECT_EQ(t.data<const float>()[2], 4.0f);
+  TW_EXPECT_ERROR(t.data<float>(), ErrorCode::read_only);
+  float mutable_table[2] = {0, 0};
+  EXPECT_FALSE(Tensor::from_blob(mutable_table, {2}, DType::float32(), Device::cpu(), nullptr).readonly());
+}
+
 TEST(Tensor, FromBlobRefusesADeviceDLPackDoesNotDefineOrANegativeId) {
   float x[4] = {};
   TW_EXPECT_ERROR_MSG(Tensor::from_blob(x, {4}, DType::float32(), tw::Device{static_cast<DLDeviceType>(99), 0}, nullptr),
