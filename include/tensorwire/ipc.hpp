@@ -46,6 +46,9 @@ namespace tw {
 enum class OnFull : uint8_t {
   block = 0,    ///< Wait until the subscriber makes room (a dead subscriber is dropped, never waited for).
   drop_oldest,  ///< Drop the subscriber's oldest unread message (counted in dropped()) and enqueue the new one.
+                ///< An exhausted pool drops unread messages to free a buffer, for a loan() too (sent or not);
+                ///< a subscriber whose control socket is full (new buffers' announcements unread) misses the new
+                ///< message instead (the old ones hold what was announced).
   raise,        ///< Throw WouldBlockError; no subscriber receives the message.
 };
 
