@@ -791,11 +791,13 @@ class PublisherImpl {
     }
     if (head && head->size() > opt_.max_metadata_bytes)
       throw Error(ErrorCode::invalid_argument, "Publisher::send: the message's keys encode to " +
-                                                   std::to_string(head->size()) + " bytes, more than max_metadata_bytes");
+                                                   std::to_string(head->size()) + " bytes, more than max_metadata_bytes (" +
+                                                   std::to_string(opt_.max_metadata_bytes) + ")");
     const uint32_t cells = static_cast<uint32_t>(parts.size() + (head ? 1 : 0));
     if (cells > opt_.depth)
-      throw Error(ErrorCode::invalid_argument, "Publisher::send: a message of " + std::to_string(parts.size()) +
-                                                   " tensors takes " + std::to_string(cells) +
+      throw Error(ErrorCode::invalid_argument, "Publisher::send: a message of " +
+                                                   tw::detail::counted(int64_t(parts.size()), "tensor") + " takes " +
+                                                   std::to_string(cells) +
                                                    " ring cells, more than depth (" + std::to_string(opt_.depth) +
                                                    "); create the publisher with depth >= " + std::to_string(cells));
     const Deadline deadline(o.timeout);

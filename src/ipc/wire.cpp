@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 
 #include "core/checked.hpp"
@@ -28,20 +29,46 @@ const char* on_full_name(OnFull f) noexcept {
   return "?";
 }
 
+namespace {
+
+// A name as an error message can show it: printable ASCII as it is, any other byte as \xNN (a newline or a
+// UTF-8 sequence printed raw garbled the message).
+std::string shown(std::string_view name) {
+  std::string out;
+  for (const char c : name) {
+    const auto b = static_cast<unsigned char>(c);
+    if (b >= 0x20 && b < 0x7f && c != '\\') {
+      out += c;
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02X", b);
+      out += buf;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 void validate_topic_name(std::string_view name) {
+  constexpr const char* kRule = "letters, digits and _ - . / : (ASCII)";
   if (name.empty()) throw Error(ErrorCode::invalid_argument, "topic name is empty");
   if (name.size() > 64)
-    throw Error(ErrorCode::invalid_argument, "topic name '" + std::string(name.substr(0, 80)) + "...' has " +
-                                                 std::to_string(name.size()) + " characters; at most 64 are allowed");
+    throw Error(ErrorCode::invalid_argument, "topic name '" + shown(name.substr(0, 64)) + "...' is " +
+                                                 std::to_string(name.size()) + " bytes long; at most 64 of " + kRule +
+                                                 " are allowed");
   if (name[0] == '/')
-    throw Error(ErrorCode::invalid_argument, "topic name '" + std::string(name) + "' must not start with '/'");
-  for (char c : name) {
+    throw Error(ErrorCode::invalid_argument, "topic name '" + shown(name) + "' must not start with '/'");
+  for (const char c : name) {
     const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
                     c == '-' || c == '.' || c == '/' || c == ':';
     if (!ok) {
-      const unsigned code = static_cast<unsigned char>(c);
-      throw Error(ErrorCode::invalid_argument, "topic name '" + std::string(name) + "' contains character " +
-                                                   std::to_string(code) + "; use letters, digits and _ - . / :");
+      const auto b = static_cast<unsigned char>(c);
+      const std::string what = b >= 0x20 && b < 0x7f ? "'" + std::string(1, c) + "'"
+                               : b >= 0x80           ? "a non-ASCII character"
+                                                     : "a control character (" + shown(std::string_view(&c, 1)) + ")";
+      throw Error(ErrorCode::invalid_argument,
+                  "topic name '" + shown(name) + "' contains " + what + "; use " + kRule);
     }
   }
 }

@@ -204,7 +204,15 @@ TEST(IpcWire, TopicNames) {
   TW_EXPECT_ERROR(tw::validate_topic_name(std::string("nul\0x", 5)), tw::ErrorCode::invalid_argument);
   // The message quotes the name whole: a NUL in it reads \x00 (C readers of what(), Python's too, stopped there).
   TW_EXPECT_ERROR_MSG(tw::validate_topic_name(std::string("nul\0x", 5)), tw::ErrorCode::invalid_argument,
-                      "topic name 'nul\\x00x' contains character 0");
+                      "topic name 'nul\\x00x' contains a control character (\\x00)");
+  // Each offending character as a person reads it (a UTF-8 byte read "character 195"; a newline printed raw).
+  TW_EXPECT_ERROR_MSG(tw::validate_topic_name("sp ace"), tw::ErrorCode::invalid_argument, "contains ' '; use letters");
+  TW_EXPECT_ERROR_MSG(tw::validate_topic_name("caf\xC3\xA9"), tw::ErrorCode::invalid_argument,
+                      "topic name 'caf\\xC3\\xA9' contains a non-ASCII character");
+  TW_EXPECT_ERROR_MSG(tw::validate_topic_name("a\nb"), tw::ErrorCode::invalid_argument,
+                      "'a\\x0Ab' contains a control character (\\x0A)");
+  TW_EXPECT_ERROR_MSG(tw::validate_topic_name(std::string(65, 'a')), tw::ErrorCode::invalid_argument,
+                      "is 65 bytes long; at most 64");
   EXPECT_STREQ(tw::Error(tw::ErrorCode::internal, std::string("a\0\0b\0", 5)).what(), "a\\x00\\x00b\\x00");
   TW_EXPECT_ERROR(Publisher("bad#name"), tw::ErrorCode::invalid_argument);
   TW_EXPECT_ERROR(Subscriber(std::string(100, 'x')), tw::ErrorCode::invalid_argument);
