@@ -6,7 +6,8 @@
   ``arrow.variable_shape_tensor`` for a list of tensors.
 - ``tw.from_arrow(obj, *, copy=None)`` -> a Tensor, a list of Tensors (variable shapes) or a dict of columns (record
   batches, tables).
-- ``tw.asarray(obj)`` accepts Arrow arrays, chunked arrays and streams of one fixed-shape column.
+- ``tw.asarray(obj)`` accepts Arrow arrays and chunked arrays of one column (a table or a record batch, even of one
+  column, goes through ``tw.from_arrow``, which returns a dict of columns).
 - ``Tensor.__arrow_c_array__`` exports a tensor directly; layouts Arrow cannot describe are copied (the protocol
   has no copy argument: use ``tw.to_arrow(t, copy=False)`` to refuse instead).
 

@@ -19,6 +19,9 @@ constexpr bool kLittle = std::endian::native == std::endian::little;
 }  // namespace
 
 ParsedType parse_typestr(std::string_view s) {
+  if (s.size() >= 2 && s[1] == 'O')  // (NumPy's '|O' has no size: before the size check, which named the format)
+    bad_typestr(s, "Python object arrays hold references to objects, not numbers; convert them first if they are "
+                   "numbers (np.asarray(x, dtype=float))");
   if (s.size() < 3) bad_typestr(s, "expected <byteorder><kind><size>, e.g. '<f4'");
   const char order = s[0], kind = s[1];
   if (order != '<' && order != '>' && order != '|' && order != '=')
@@ -51,7 +54,6 @@ ParsedType parse_typestr(std::string_view s) {
       break;
     case 'V': bad_typestr(s, "void/record types have no tensor dtype (bfloat16 and float8 arrive this way from "
                              "ml_dtypes: pass the NumPy array itself so its dtype name can be read)");
-    case 'O': bad_typestr(s, "Python object arrays hold pointers, not numbers");
     case 'S':
     case 'U':
     case 'a': bad_typestr(s, "string arrays have no tensor dtype");

@@ -53,6 +53,11 @@ TEST(Typestr, Refused) {
     SCOPED_TRACE(s);
     TW_EXPECT_ERROR_MSG(tw::parse_typestr(s), ErrorCode::unsupported, std::string("'") + s + "'");
   }
+  // NumPy's object typestr has no size: it was told to have one ("expected <byteorder><kind><size>").
+  for (const char* s : {"|O", "|O8", "<O"}) {
+    SCOPED_TRACE(s);
+    TW_EXPECT_ERROR_MSG(tw::parse_typestr(s), ErrorCode::unsupported, "Python object arrays hold references");
+  }
 }
 
 // ---- PEP 3118 buffer formats -----------------------------------------------------------------------------------
