@@ -184,8 +184,8 @@ void validate_topic_name(std::string_view name);
 /// a new one may take the name once the old one is closed or dead. Thread-safe: send and loan may be called from
 /// several threads (messages are ordered by the publisher's internal lock). In a fork()ed child every call that
 /// acts throws (send, loan, fileno...; the child closes its copies of the publisher's sockets at fork: only the
-/// parent publishes), and the getters report a closed publisher (closed() true, no subscribers, no address). A
-/// loan the child inherited is its own copy-on-write copy there.
+/// parent publishes), and the getters report a closed publisher (closed() true, no subscribers, no address). What
+/// the child writes into a loan it inherited stays in the child (its mapping of the pool is private).
 ///
 /// Waiting: send() and loan() wait when a subscriber's ring is full (OnFull::block) or every pool buffer is held.
 /// They never wait for a subscriber that hung up, and give up after their timeout (TimeoutError, nothing done).

@@ -177,8 +177,11 @@ bool Mapping::protect(bool writable) noexcept {
 
 namespace {
 
-// Mappings made private in fork()ed children: address -> (size, fd). Its lock is held across fork() so that the
-// child sees the set whole.
+// Mappings made private in fork()ed children: address -> (size, fd). Its lock is a leaf (nothing else is taken
+// while it is held) and is held across fork() so that the child sees the set whole: its fork handlers are
+// registered when the library loads, before any other of tensorwire's, because prepare handlers run in reverse
+// order of registration. Taken first, it deadlocked a fork() against a thread that held a publisher's lock (taken
+// by the publisher's own prepare handler) and wanted this one to make a pool segment.
 struct ForkPrivate {
   std::mutex mu;
   std::map<void*, std::pair<size_t, int>> live;
@@ -190,20 +193,25 @@ ForkPrivate& fork_private() noexcept {
 void fork_private_child() noexcept {
   ForkPrivate& r = fork_private();
   for (const auto& [addr, what] : r.live) {
-    void* p = ::mmap(addr, what.first, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, what.second, 0);
-    if (p == MAP_FAILED) ::mprotect(addr, what.first, PROT_READ);  // (then at least never written through)
+    // A private copy made elsewhere first, then moved over the shared one: a failure leaves the shared mapping in
+    // place (a failed mmap(MAP_FIXED) may have unmapped it), which is then at least never written through here.
+    void* p = ::mmap(nullptr, what.first, PROT_READ | PROT_WRITE, MAP_PRIVATE, what.second, 0);
+    if (p != MAP_FAILED && ::mremap(p, what.first, what.first, MREMAP_MAYMOVE | MREMAP_FIXED, addr) != MAP_FAILED)
+      continue;
+    if (p != MAP_FAILED) ::munmap(p, what.first);
+    ::mprotect(addr, what.first, PROT_READ);
   }
   r.mu.unlock();
 }
+const bool g_fork_private_registered = [] {
+  ::pthread_atfork([] { fork_private().mu.lock(); }, [] { fork_private().mu.unlock(); }, &fork_private_child);
+  return true;
+}();
 
 }  // namespace
 
 void Mapping::private_in_forked_children(int fd) {
-  static const bool registered = [] {
-    ::pthread_atfork([] { fork_private().mu.lock(); }, [] { fork_private().mu.unlock(); }, &fork_private_child);
-    return true;
-  }();
-  (void)registered;
+  (void)g_fork_private_registered;
   if (!p_ || fork_private_) return;
   ForkPrivate& r = fork_private();
   std::lock_guard lk(r.mu);

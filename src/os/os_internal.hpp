@@ -68,8 +68,9 @@ class Mapping {
   static Mapping map(int fd, size_t size, bool writable, bool prefault);
   /// Makes the mapping read-only or writable again (a sent loan). Returns false when the kernel refused.
   bool protect(bool writable) noexcept;
-  /// In a fork()ed child this mapping of `fd` (which must stay open while the mapping lives) becomes a private
-  /// copy-on-write one at the same address: what the child writes stays the child's. A publisher's pool memory is
+  /// In a fork()ed child this mapping of `fd` (which must stay open while the mapping lives) becomes a private one
+  /// at the same address: what the child writes stays the child's (pages it has not written still show the file;
+  /// where the private mapping cannot be had, the child's is made read-only). A publisher's pool memory is
   /// shared with every subscriber; a child writing a loan it inherited changed what they had already received.
   void private_in_forked_children(int fd);
 

@@ -460,6 +460,37 @@ def test_a_forked_childs_writes_to_an_inherited_loan_stay_the_childs():
         pub.close()
 
 
+@pytest.mark.skipif(UNDER_ASAN, reason="fork() of a multi-threaded ASan process is not supported by the runtime")
+def test_fork_while_another_thread_makes_pool_buffers_does_not_deadlock():
+    # fork()'s prepare handlers took the pool-mapping registry's lock, then waited for the publisher's lock, which a
+    # thread making a pool segment held while it waited for the registry's: both waited forever (in a subprocess
+    # here, so that a deadlock fails the test instead of hanging the run).
+    code = f"""
+import os, threading, tensorwire as tw
+pub = tw.Publisher({topic("forkchurn")!r}, max_buffers=1)
+pub.loan(1 << 20, "uint8")  # (a first segment, dropped at once)
+stop = False
+def churn():
+    n = 0
+    while not stop:
+        x = pub.loan((1 << 16) if n % 2 else (1 << 20), "uint8")  # other size classes: retire and create
+        del x
+        n += 1
+th = threading.Thread(target=churn, daemon=True)
+th.start()
+for _ in range(400):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+stop = True
+th.join()
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
 # ---- misc. from the review ------------------------------------------------------------------------------------------
 
 
