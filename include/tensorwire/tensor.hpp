@@ -8,7 +8,6 @@
 #error "tensorwire's C++ headers need C++20 (-std=c++20); C and older C++ take the C API, tensorwire/tensorwire.h"
 #endif
 
-#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -41,17 +40,14 @@ class Tensor {
   /// Throws Error on invalid shapes/strides or a null `data` with nonzero size.
   static Tensor from_blob(void* data, Shape shape, DType dtype, Device device,
                           std::shared_ptr<const void> keep_alive, Strides strides = {}, bool readonly = false);
-  /// The same over memory the caller may only read (a const pointer): the tensor is read-only.
-  static Tensor from_blob(const void* data, Shape shape, DType dtype, Device device,
-                          std::shared_ptr<const void> keep_alive, Strides strides = {}) {
-    return from_blob(const_cast<void*>(data), std::move(shape), dtype, device, std::move(keep_alive),
-                     std::move(strides), true);
-  }
-  /// (A null `data`, as a zero-size tensor may have: the two overloads above would make the call ambiguous.)
-  static Tensor from_blob(std::nullptr_t, Shape shape, DType dtype, Device device,
-                          std::shared_ptr<const void> keep_alive, Strides strides = {}, bool readonly = false) {
-    return from_blob(static_cast<void*>(nullptr), std::move(shape), dtype, device, std::move(keep_alive),
-                     std::move(strides), readonly);
+  /// The same over memory the caller may only read (a pointer to const): the tensor is read-only. (A template, so
+  /// that a null pointer constant -- nullptr, 0, NULL -- and non-const pointers still mean the overload above.)
+  template <class U>
+    requires std::is_const_v<U>
+  static Tensor from_blob(U* data, Shape shape, DType dtype, Device device, std::shared_ptr<const void> keep_alive,
+                          Strides strides = {}) {
+    return from_blob(const_cast<void*>(static_cast<const void*>(data)), std::move(shape), dtype, device,
+                     std::move(keep_alive), std::move(strides), true);
   }
 
   /// Zero-copy: takes ownership of the vector's storage (moved, never copied); C-contiguous.
@@ -234,10 +230,10 @@ T* Tensor::data() const {
   if (!device().is_host_accessible())
     throw Error(ErrorCode::unsupported, "Tensor::data<T>: memory on " + device().str() + " is not host-accessible");
   // (Every element is at data_ptr() plus a multiple of the element size: the first one's alignment is all of them.)
-  if (reinterpret_cast<std::uintptr_t>(data_ptr()) % alignof(U) != 0)
+  if (const std::uintptr_t off = reinterpret_cast<std::uintptr_t>(data_ptr()) % alignof(U); off != 0)
     throw Error(ErrorCode::invalid_argument,
-                "Tensor::data<T>: the data starts " +
-                    std::to_string(reinterpret_cast<std::uintptr_t>(data_ptr()) % alignof(U)) + " bytes past a " +
+                "Tensor::data<T>: the data starts " + std::to_string(off) + (off == 1 ? " byte" : " bytes") +
+                    " past a " +
                     std::to_string(alignof(U)) + "-byte boundary, and a " + DType::of<U>().name() +
                     " pointer to it would be undefined behaviour; read it through data_ptr() with std::memcpy, or "
                     "copy() it into aligned memory");

@@ -91,16 +91,42 @@ tw::Dims shape_from(nb::handle h) {
 }
 
 
+// Whether `o` is an instance of numpy.<kind> (no NumPy imported: none is).
+bool numpy_kind(PyObject* o, const char* kind) {
+  if (PyFloat_CheckExact(o) || PyLong_CheckExact(o)) return false;  // (the common case, without a lookup)
+  PyObject* np = PyImport_GetModule(nb::str("numpy").ptr());
+  if (!np) {
+    PyErr_Clear();
+    return false;
+  }
+  PyObject* type = PyObject_GetAttrString(np, kind);
+  Py_DECREF(np);
+  const int r = type ? PyObject_IsInstance(o, type) : 0;
+  Py_XDECREF(type);
+  PyErr_Clear();
+  return r == 1;
+}
+
 std::chrono::nanoseconds timeout_from(nb::handle h, bool& forever) {
   forever = h.is_none();
   if (forever) return std::chrono::nanoseconds(0);
-  // Any real number: float, int, and what converts like one (numpy.int64, numpy.float32, a 0-d array...).
-  PyNumberMethods* nm = Py_TYPE(h.ptr())->tp_as_number;
-  if (PyBool_Check(h.ptr()) || !(PyFloat_Check(h.ptr()) || PyIndex_Check(h.ptr()) || (nm && nm->nb_float)))
+  // A real number: float, int, and what converts like one (numpy.int64, numpy.float32, a 0-d array...); not a
+  // bool (numpy's either) nor a complex (whose imaginary part float() would drop).
+  auto refuse = [&] {
     throw tw::Error(tw::ErrorCode::type_mismatch,
                     std::string("timeout must be None or a number of seconds, not ") + Py_TYPE(h.ptr())->tp_name);
+  };
+  PyNumberMethods* nm = Py_TYPE(h.ptr())->tp_as_number;
+  if (PyBool_Check(h.ptr()) || PyComplex_Check(h.ptr()) || numpy_kind(h.ptr(), "bool_") ||
+      numpy_kind(h.ptr(), "complexfloating") ||
+      !(PyFloat_Check(h.ptr()) || PyIndex_Check(h.ptr()) || (nm && nm->nb_float)))
+    refuse();
   const double s = PyFloat_AsDouble(h.ptr());
-  if (s == -1.0 && PyErr_Occurred()) throw nb::python_error();
+  if (s == -1.0 && PyErr_Occurred()) {
+    if (!PyErr_ExceptionMatches(PyExc_TypeError)) throw nb::python_error();
+    PyErr_Clear();  // (numpy.timedelta64: NumPy's own words about float())
+    refuse();
+  }
   if (std::isnan(s) || s < 0) throw nb::value_error("timeout must be None or a number >= 0");
   if (s > 1e9) {
     forever = true;

@@ -59,8 +59,8 @@ def _jax_cannot(t):
         return f"strides {t.strides} for shape {t.shape} have gaps or broadcasts (XLA takes dense layouts only)"
     if t.readonly:
         return "the tensor is read-only and JAX asks for a legacy capsule, which cannot carry that flag"
-    if t.device.type == "cpu" and t.nbytes and t.data_ptr % _XLA_CPU_ALIGN:
-        return (f"its data starts {t.data_ptr % _XLA_CPU_ALIGN} bytes past a {_XLA_CPU_ALIGN}-byte boundary; XLA "
+    if t.device.type == "cpu" and t.nbytes and (off := t.data_ptr % _XLA_CPU_ALIGN):
+        return (f"its data starts {off} byte{'s' if off > 1 else ''} past a {_XLA_CPU_ALIGN}-byte boundary; XLA "
                 "on the CPU takes only aligned buffers in place")
     return None
 

@@ -25,10 +25,12 @@ def _rebuild(buf, dtype: str, shape, readonly: bool, padded: bool, meta: bytes):
     # An out-of-band buffer comes back as whatever the receiver made of the bytes (pickle.loads(buffers=...)): any
     # C-contiguous buffer of the right size is taken as its bytes, as NumPy's unpickler does.
     view = memoryview(buf)
-    if view.ndim != 1 or view.format != "B":
-        if not view.c_contiguous:
-            raise ValueError(f"pickled tensor: its out-of-band buffer (format {view.format!r}, shape {view.shape}) is "
-                             "not C-contiguous, so it is not the bytes that were pickled")
+    if not view.c_contiguous:
+        raise ValueError(f"pickled tensor: its out-of-band buffer (format {view.format!r}, shape {view.shape}) is not "
+                         "C-contiguous, so it is not the bytes that were pickled")
+    if view.nbytes == 0:
+        view = memoryview(b"")  # (a cast refuses zeros in the shape)
+    elif view.ndim != 1 or view.format != "B":
         view = view.cast("B")
     raw = asarray(view)
     if raw.readonly and not readonly:

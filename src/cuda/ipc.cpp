@@ -610,7 +610,8 @@ void release_after_work(int device, const std::vector<int64_t>* streams, std::sh
     q.cv.notify_one();
   } catch (...) {
     // No thread or no memory to queue it: the caller waits instead. Its events are destroyed, and the memory is
-    // never handed back while work may still read it.
+    // never handed back while work may still read it (a stream left without an event: the whole device).
+    if (streams && r.events.size() < streams->size()) r.whole_device = true;
     Releaser::finish_now(r);
   }
 }

@@ -1063,8 +1063,8 @@ class PublisherImpl {
     for (auto& [pid, n] : by_pid)
       holders += (holders.empty() ? "" : ", ") +
                  ("subscriber pid " + std::to_string(pid) + " holds " + tw::detail::counted(int64_t(n.first), "buffer") +
-                  (n.second ? " (" + tw::detail::counted(int64_t(n.second), "message") + " queued unread, the rest "
-                              "received and kept)"
+                  (n.second ? ", some for messages it has not read yet (" +
+                                  tw::detail::counted(int64_t(n.second), "ring cell") + " queued)"
                             : " of received tensors it keeps"));
     if (loaned) holders += (holders.empty() ? "" : ", ") + tw::detail::counted(int64_t(loaned), "loan") + " alive in this process";
     return holders;
@@ -1111,7 +1111,7 @@ class PublisherImpl {
         return *slot;
       }
       // Exhausted: every buffer is loaned, queued or held by a subscriber.
-      if (device < 0) {
+      if (device < 0 && nbytes > pool_->bytes()) {  // (only then can it be beyond all the memory there is)
         // A request no wait can serve (beyond the memory this process can get, counting the pool's own, which
         // released buffers would give back) fails now, as it does with an empty pool: waiting would never end.
         const uint64_t room = os::memory_headroom(), pool_bytes = pool_->bytes();

@@ -110,7 +110,7 @@ TEST(Tensor, DataOfMisalignedMemoryIsRefusedNotHandedOutAsATypedPointer) {
   const float values[4] = {1.5f, -2.0f, 3.25f, 8.0f};
   std::memcpy(raw + 1, values, sizeof values);
   Tensor u = Tensor::from_blob(raw + 1, {4}, DType::float32(), tw::Device::cpu(), nullptr);
-  TW_EXPECT_ERROR_MSG(u.data<float>(), ErrorCode::invalid_argument, "starts 1 bytes past a 4-byte boundary");
+  TW_EXPECT_ERROR_MSG(u.data<float>(), ErrorCode::invalid_argument, "starts 1 byte past a 4-byte boundary");
   TW_EXPECT_ERROR_MSG(u.data<const float>(), ErrorCode::invalid_argument, "std::memcpy");
   Tensor c = u.copy();  // aligned memory, the same values
   EXPECT_EQ(c.data<const float>()[2], 3.25f);
@@ -127,6 +127,13 @@ TEST(Tensor, FromBlobOfAConstPointerIsReadOnly) {
   TW_EXPECT_ERROR(t.data<float>(), ErrorCode::read_only);
   float mutable_table[2] = {0, 0};
   EXPECT_FALSE(Tensor::from_blob(mutable_table, {2}, DType::float32(), Device::cpu(), nullptr).readonly());
+  char bytes[4] = {};
+  EXPECT_FALSE(Tensor::from_blob(bytes, {4}, DType::uint8(), Device::cpu(), nullptr).readonly());
+  const char* cbytes = bytes;
+  EXPECT_TRUE(Tensor::from_blob(cbytes, {4}, DType::uint8(), Device::cpu(), nullptr).readonly());
+  // a null pointer constant, of any spelling, still means the writable overload (not ambiguous)
+  EXPECT_FALSE(Tensor::from_blob(nullptr, {0}, DType::uint8(), Device::cpu(), nullptr).readonly());
+  EXPECT_FALSE(Tensor::from_blob(0, {0}, DType::uint8(), Device::cpu(), nullptr).readonly());
 }
 
 TEST(Tensor, FromBlobRefusesADeviceDLPackDoesNotDefineOrANegativeId) {

@@ -71,8 +71,12 @@ def test_protocol5_out_of_band_buffer_of_another_format_or_shape():
     for back in (raw.view(np.float64), raw.reshape(4, 8), bytearray(raw.tobytes())):
         u = pickle.loads(data, buffers=[back])
         assert u.dtype == tw.float32 and u.tolist() == t.tolist()
-    with pytest.raises(ValueError, match="not C-contiguous, so it is not the bytes that were pickled"):
-        pickle.loads(data, buffers=[raw.reshape(4, 8).T])
+    for strided in (raw.reshape(4, 8).T, np.frombuffer(raw.tobytes() * 2, np.uint8)[::2]):
+        with pytest.raises(ValueError, match="not C-contiguous, so it is not the bytes that were pickled"):
+            pickle.loads(data, buffers=[strided])
+    empty = []
+    nothing = pickle.dumps(tw.asarray(np.zeros((0, 3), np.float32)), protocol=5, buffer_callback=empty.append)
+    assert pickle.loads(nothing, buffers=[np.zeros((0, 3), np.float32)]).shape == (0, 3)
     with pytest.raises(ValueError, match="pickled data holds 16 bytes but \\(8,\\) float32 needs 32"):
         pickle.loads(data, buffers=[raw[:16]])
 
