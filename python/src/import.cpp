@@ -367,9 +367,15 @@ const TypeInfo& type_info(PyTypeObject* tp) {
 // would arrive as values. Refused when any element is masked (a mask of all False hides nothing).
 void refuse_masked(nb::handle obj) {
   nb::object mask = obj.attr("mask");
-  nb::object any = mask.attr("any")();
-  const int hidden = PyObject_IsTrue(any.ptr());
-  if (hidden < 0) throw nb::python_error();
+  int hidden = 1;  // (a mask that cannot say, a structured dtype's: refused as if it hid something)
+  if (PyObject* any = PyObject_CallMethod(mask.ptr(), "any", nullptr)) {
+    hidden = PyObject_IsTrue(any);
+    Py_DECREF(any);
+  }
+  if (hidden < 0 || PyErr_Occurred()) {
+    PyErr_Clear();
+    hidden = 1;
+  }
   if (!hidden) return;
   throw nb::type_error((std::string("tensorwire.asarray: this ") + Py_TYPE(obj.ptr())->tp_name +
                         " has masked elements, and a tensor has no mask: they would arrive as values; pass "
@@ -1007,6 +1013,7 @@ void register_import(nb::module_& m) {
     req.policy.copy = parse_copy(copy);
     try {
       const TypeInfo& ti = type_info(Py_TYPE(x.ptr()));
+      if (ti.masked) refuse_masked(x);
       req.immutable = ti.immutable;
       const nb::object src_in = detached(x, ti, req);
       if (ti.api) {
