@@ -183,7 +183,11 @@ Tensor Tensor::slice(int64_t dim, std::optional<int64_t> start, std::optional<in
     stride = l.strides[d];  // a view of at most one element never steps along d: any stride will do
   }
   out.strides[d] = stride;
-  if (len > 0) {
+  // An empty view keeps its offset: moving it along d when another dimension is 0 (then nothing is addressed)
+  // took it outside the buffer, even below 0, and the next reshape or pickle refused "byte_offset -16".
+  bool empty = len == 0;
+  for (size_t i = 0; i < l.ndim(); ++i) empty = empty || l.shape[i] == 0;
+  if (!empty) {
     int64_t elem_off = detail::mul(b, l.strides[d], "slice offset");
     if (l.is_packed_subbyte()) {
       int64_t bits = elem_off * int64_t(l.dtype.total_bits());

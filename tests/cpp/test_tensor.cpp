@@ -119,6 +119,20 @@ TEST(Tensor, DataOfMisalignedMemoryIsRefusedNotHandedOutAsATypedPointer) {
   EXPECT_EQ(Tensor::from_blob(raw + 1, {4}, DType::uint8(), tw::Device::cpu(), nullptr).data<uint8_t>()[0], 0);
 }
 
+TEST(Tensor, EmptyViewsKeepAnOffsetInsideTheirBuffer) {
+  // Selecting along a dimension of a tensor empty in another one moved the offset anyway: outside the buffer
+  // (below 0 with a negative stride), and the next operation that validates refused "byte_offset -16".
+  Tensor z = Tensor::zeros({3, 0, 2}, DType::float64());
+  Tensor r = z.slice(0, std::nullopt, std::nullopt, -1);
+  for (const Tensor& v : {r, r.select(0, 1), z.select(0, 2), r.slice(0, 1, std::nullopt)}) {
+    SCOPED_TRACE(v.shape().str() + " strides " + v.strides().str());
+    EXPECT_GE(v.layout().byte_offset, 0);
+    EXPECT_LE(static_cast<uint64_t>(v.layout().byte_offset), v.buffer().size());
+    EXPECT_EQ(v.reshape({0}).numel(), 0);
+    EXPECT_EQ(v.contiguous().numel(), 0);
+  }
+}
+
 TEST(Tensor, FromBlobOfAConstPointerIsReadOnly) {
   static const float table[3] = {1.0f, 2.0f, 4.0f};  // (a const_cast was needed, and the tensor was writable)
   Tensor t = Tensor::from_blob(table, {3}, DType::float32(), Device::cpu(), nullptr);

@@ -331,3 +331,13 @@ def test_arguments_of_the_wrong_type_are_named_and_numpy_integers_are_integers()
     assert t.slice(np.int64(1), np.int32(1)).shape == (2, 2)
     assert t.select(np.int64(0), np.uint8(1)).shape == (3,) and t.transpose(np.int64(0), 1).shape == (3, 2)
     assert tw.empty((2,), pinned=np.bool_(False)).shape == (2,)
+
+
+def test_an_empty_view_of_a_reversed_array_stays_usable():
+    # (its offset moved below the buffer: reshape, expand, pickle then refused "byte_offset -16 is negative")
+    import pickle
+
+    v = tw.asarray(np.arange(0.0).reshape(3, 0, 2)[::-1])[1]
+    assert v.shape == (0, 2) and v.byte_offset >= 0
+    assert v.reshape(0).shape == (0,) and v[None].shape == (1, 0, 2) and v.expand(4, 0, 2).shape == (4, 0, 2)
+    assert pickle.loads(pickle.dumps(v)).shape == (0, 2)
