@@ -523,9 +523,25 @@ int64_t as_index(nb::handle h, const char* what) {
   return v;
 }
 
+// One integer, Python's or NumPy's (np.int64, a 0-d integer array: what np.prod(shape) gives), not a bool.
+bool index_scalar(nb::handle h) {
+  if (PyBool_Check(h.ptr())) return false;
+  if (PyLong_Check(h.ptr())) return true;
+  if (!PyIndex_Check(h.ptr()) || PyTuple_Check(h.ptr()) || PyList_Check(h.ptr())) return false;
+  PyObject* nd = PyObject_GetAttrString(h.ptr(), "ndim");  // (an array of rank > 0 is a sequence of them)
+  if (!nd) {
+    PyErr_Clear();
+    return true;
+  }
+  const long k = PyLong_Check(nd) ? PyLong_AsLong(nd) : -1;
+  Py_DECREF(nd);
+  PyErr_Clear();
+  return k == 0;
+}
+
 tw::Dims dims_from(nb::handle h, const char* what) {
   tw::Dims d;
-  if (PyLong_Check(h.ptr())) {
+  if (index_scalar(h)) {
     d.push_back(as_index(h, what));
     return d;
   }
@@ -889,7 +905,7 @@ NB_MODULE(_tensorwire, m) {
            nb::sig("def copy(self, order: str = 'C') -> Tensor"),
            "order"_a.none() = "C", "A new tensor with its own memory ('C', 'F', or 'any' to keep a dense layout's order).")
       .def("permute", [](const tw::Tensor& t, nb::args dims) {
-        const tw::Dims order = dims.size() == 1 && !PyLong_Check(dims[0].ptr()) ? dims_from(dims[0], "permute dims")
+        const tw::Dims order = dims.size() == 1 && !index_scalar(dims[0]) ? dims_from(dims[0], "permute dims")
                                                                                 : dims_from(nb::tuple(dims), "permute dims");
         tw::Tensor v = t.permute(order);
         return reorders(t, order) ? without_subclass(std::move(v)) : v;
@@ -912,20 +928,20 @@ NB_MODULE(_tensorwire, m) {
         return reorders(t, tw::Dims(p)) ? without_subclass(std::move(v)) : v;
       }, "The view with every dimension reversed (no copy), as NumPy's .T.")
       .def("view", [](const tw::Tensor& t, nb::args shape) -> tw::Tensor {
-        if (shape.size() == 1 && !PyLong_Check(shape[0].ptr())) return t.view(dims_from(shape[0], "shape"));
+        if (shape.size() == 1 && !index_scalar(shape[0])) return t.view(dims_from(shape[0], "shape"));
         return t.view(dims_from(nb::tuple(shape), "shape"));
       }, nb::sig("def view(self, *shape: int) -> Tensor"),
       "view(*shape) or view(shape): a view with a new shape (one dimension may be -1); raises tw.CopyError when "
       "the strides cannot express it without a copy (use reshape).")
       .def("reshape", [](const tw::Tensor& t, nb::args shape) {
-        tw::Dims d = shape.size() == 1 && !PyLong_Check(shape[0].ptr()) ? dims_from(shape[0], "shape")
+        tw::Dims d = shape.size() == 1 && !index_scalar(shape[0]) ? dims_from(shape[0], "shape")
                                                                          : dims_from(nb::tuple(shape), "shape");
         return as_python("tensorwire.Tensor.reshape", [&] { return t.reshape(d); });
       }, nb::sig("def reshape(self, *shape: int) -> Tensor"),
       "reshape(*shape) or reshape(shape): a view with a new shape when the strides allow it, else a C-contiguous "
       "copy reshaped (one dimension may be -1).")
       .def("expand", [](const tw::Tensor& t, nb::args shape) {
-        tw::Dims d = shape.size() == 1 && !PyLong_Check(shape[0].ptr()) ? dims_from(shape[0], "shape")
+        tw::Dims d = shape.size() == 1 && !index_scalar(shape[0]) ? dims_from(shape[0], "shape")
                                                                          : dims_from(nb::tuple(shape), "shape");
         return t.expand(d);
       }, nb::sig("def expand(self, *shape: int) -> Tensor"),

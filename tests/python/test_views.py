@@ -341,3 +341,14 @@ def test_an_empty_view_of_a_reversed_array_stays_usable():
     assert v.shape == (0, 2) and v.byte_offset >= 0
     assert v.reshape(0).shape == (0,) and v[None].shape == (1, 0, 2) and v.expand(4, 0, 2).shape == (4, 0, 2)
     assert pickle.loads(pickle.dumps(v)).shape == (0, 2)
+
+
+def test_a_numpy_integer_is_a_shape_as_a_python_int_is():
+    # (reshape(np.prod(shape)) raised "shape must be a tuple of ints, not numpy.int64"; NumPy and torch take it)
+    t = tw.asarray(np.arange(6.0))
+    n = np.prod((2, 3))
+    assert t.reshape(n).shape == t.view(n).shape == tw.zeros(n).shape == (6,)
+    assert tw.asarray(np.zeros(1)).expand(n).shape == (6,) and t.permute(np.int64(0)).shape == (6,)
+    assert t.reshape(np.int32(2), n // 2).shape == (2, 3)
+    with pytest.raises(TypeError, match="shape must be a tuple of ints, not bool"):
+        t.reshape(True)
