@@ -773,7 +773,7 @@ NB_MODULE(_tensorwire, m) {
       .def_prop_ro("itemsize", [](const tw::DType& d) { return d.itemsize(); },
                    "Bytes per element when stored one per byte or wider (1 for sub-byte types).")
       .def("__str__", &tw::DType::name)
-      .def("__repr__", [](const tw::DType& d) { return "tensorwire.dtype('" + d.name() + "')"; })
+      .def("__repr__", [](const tw::DType& d) { return "tensorwire.DType('" + d.name() + "')"; })
       .def("__hash__", [](const tw::DType& d) { return nb::hash(nb::str(d.name().c_str())); })
       .def("__eq__", [](const tw::DType& d, nb::handle o) {
         // Equal to whatever names the same type: "float32", np.float32, np.dtype("f4"), torch.float32, ...

@@ -530,3 +530,11 @@ def test_wrong_types_and_values_get_the_exceptions_python_users_expect():
         tw.Publisher("x", on_full="sometimes")
     with pytest.raises(TypeError, match="copy must be None, True or False"):
         tw.asarray(np.zeros(3), copy="yes")
+
+
+def test_a_dtypes_repr_names_the_class_it_is_made_with():
+    # (it said tensorwire.dtype('float32'), a name the package does not have)
+    for dt in (tw.float32, tw.bfloat16, tw.bool_, tw.int4):
+        r = repr(dt)
+        assert r == f"tensorwire.DType('{dt.name}')"
+        assert eval(r, {"tensorwire": tw}) == dt
