@@ -6,7 +6,7 @@ from __future__ import annotations
 import numbers
 from typing import Any
 
-from ._numpy import _ml_dtype, ndarray_view
+from ._numpy import _ml_dtype, is_packed, ndarray_view, unpacked
 
 # DLPack type codes (dlpack.h, DLDataTypeCode): kDLInt = 0, kDLUInt = 1. kDLBool (6) is not an index type.
 _INT_CODES = (0, 1)
@@ -164,7 +164,12 @@ def make_repr(c_repr):
                 return f"{head[:-1]}, {why})"
             import numpy as np
 
-            a = ndarray_view(self)
+            if is_packed(self):  # NumPy cannot view packed elements: a copy of them, when that is small
+                if self.size > (1 << 20):
+                    return head
+                a = unpacked(self)
+            else:
+                a = ndarray_view(self)
             prefix = "tensorwire.Tensor("
             body = np.array2string(a, separator=", ", prefix=prefix, threshold=1000, edgeitems=3)
             return prefix + body + ", " + head[len(prefix):]

@@ -210,7 +210,10 @@ def test_repr_shows_values_like_numpy_and_never_raises():
     big = repr(tw.asarray(np.arange(10**6, dtype=np.int32)))
     assert "..." in big and "999999]" in big and len(big) < 300  # summarised
     assert repr(tw.asarray(np.array(2.5))).startswith("tensorwire.Tensor(2.5, shape=()")
-    assert repr(tw.empty((3,), "int4")) == "tensorwire.Tensor(shape=(3,), dtype=int4, device=cpu)"  # packed: layout only
+    # packed elements, unpacked for the repr (it showed the layout alone), unless there are very many of them
+    assert repr(tw.zeros((2, 2), "int4")) == ("tensorwire.Tensor([[0, 0],\n                   [0, 0]], shape=(2, 2), "
+                                              "dtype=int4, device=cpu)")
+    assert repr(tw.empty((1 << 21,), "int4")) == "tensorwire.Tensor(shape=(2097152,), dtype=int4, device=cpu)"
     padded = tw.asarray(np.array([1, -2, 7], ml_dtypes.int4))  # ml_dtypes stores one element per byte
     assert padded.subbyte_padded
     assert repr(padded) == "tensorwire.Tensor([1, -2, 7], shape=(3,), dtype=int4, device=cpu)"
