@@ -653,7 +653,7 @@ tw::Tensor index_tensor(const tw::Tensor& t, nb::handle index) {
     if (x.ptr() == Py_Ellipsis) ++ellipses;
     else if (!x.is_none()) ++consumed;
   }
-  if (ellipses > 1) throw tw::Error(tw::ErrorCode::invalid_argument, "an index can only have a single ellipsis ('...')");
+  if (ellipses > 1) throw tw::Error(tw::ErrorCode::out_of_range, "an index can only have a single ellipsis ('...')");
   if (consumed > t.ndim())
     throw tw::Error(tw::ErrorCode::out_of_range, "too many indices: " + std::to_string(consumed) + " for a tensor of rank " +
                                                      std::to_string(t.ndim()));

@@ -352,3 +352,11 @@ def test_a_numpy_integer_is_a_shape_as_a_python_int_is():
     assert t.reshape(np.int32(2), n // 2).shape == (2, 3)
     with pytest.raises(TypeError, match="shape must be a tuple of ints, not bool"):
         t.reshape(True)
+
+
+def test_two_ellipses_are_an_index_error_as_in_numpy():
+    t = tw.asarray(np.zeros((2, 3)))
+    with pytest.raises(IndexError, match="single ellipsis"):
+        t[..., ...]
+    with pytest.raises(IndexError):
+        np.zeros((2, 3))[..., ...]
