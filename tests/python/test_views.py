@@ -92,7 +92,7 @@ def test_indexing_errors(a):
         t[2]
     with pytest.raises(IndexError):
         t[0, 0, 0, 0, 0]
-    with pytest.raises(ValueError):
+    with pytest.raises(IndexError):
         t[..., ...]
     with pytest.raises(ValueError):
         t[::0]
