@@ -551,6 +551,17 @@ tw::Dims dims_from(nb::handle h, const char* what) {
   return d;
 }
 
+// Whether h names a dtype (a name, a NumPy/PyTorch/ml_dtypes dtype, a scalar type, a tensorwire.DType).
+std::optional<tw::DType> dtype_like(nb::handle h) {
+  try {
+    return parse_dtype(h);
+  } catch (const nb::python_error&) {
+    return std::nullopt;
+  } catch (const tw::Error&) {
+    return std::nullopt;
+  }
+}
+
 nb::tuple to_tuple(const tw::Dims& d) {
   PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(d.size()));
   for (size_t i = 0; i < d.size(); ++i) PyTuple_SET_ITEM(t, static_cast<Py_ssize_t>(i), PyLong_FromLongLong(d[i]));
@@ -905,14 +916,16 @@ NB_MODULE(_tensorwire, m) {
            nb::sig("def copy(self, order: str = 'C') -> Tensor"),
            "order"_a.none() = "C", "A new tensor with its own memory ('C', 'F', or 'any' to keep a dense layout's order).")
       .def("permute", [](const tw::Tensor& t, nb::args dims) {
-        const tw::Dims order = dims.size() == 1 && !index_scalar(dims[0]) ? dims_from(dims[0], "permute dims")
-                                                                                : dims_from(nb::tuple(dims), "permute dims");
+        const char* what = "tensorwire.Tensor.permute: dims";
+        const tw::Dims order = dims.size() == 1 && !index_scalar(dims[0]) ? dims_from(dims[0], what)
+                                                                                : dims_from(nb::tuple(dims), what);
         tw::Tensor v = t.permute(order);
         return reorders(t, order) ? without_subclass(std::move(v)) : v;
       }, nb::sig("def permute(self, *dims: int) -> Tensor"),
       "permute(*dims) or permute(dims): a view with the dimensions reordered (no copy).")
       .def("transpose", [](const tw::Tensor& t, nb::handle a, nb::handle b) {
-        const int64_t d0 = int64_arg(a, "transpose: dim0"), d1 = int64_arg(b, "transpose: dim1");
+        const int64_t d0 = int64_arg(a, "tensorwire.Tensor.transpose: dim0");
+        const int64_t d1 = int64_arg(b, "tensorwire.Tensor.transpose: dim1");
         tw::Tensor v = t.transpose(d0, d1);
         std::vector<int64_t> order;
         const auto nd = static_cast<int64_t>(t.ndim());
@@ -928,26 +941,38 @@ NB_MODULE(_tensorwire, m) {
         return reorders(t, tw::Dims(p)) ? without_subclass(std::move(v)) : v;
       }, "The view with every dimension reversed (no copy), as NumPy's .T.")
       .def("view", [](const tw::Tensor& t, nb::args shape) -> tw::Tensor {
-        if (shape.size() == 1 && !index_scalar(shape[0])) return t.view(dims_from(shape[0], "shape"));
-        return t.view(dims_from(nb::tuple(shape), "shape"));
+        // torch's view(dtype) reinterprets bits; tensorwire's view only reshapes: say so rather than "not str".
+        std::optional<tw::DType> dt;
+        if (shape.size() == 1 && !index_scalar(shape[0]) && !PyTuple_Check(shape[0].ptr()) &&
+            !PyList_Check(shape[0].ptr()) && (dt = dtype_like(shape[0])))
+          throw tw::Error(tw::ErrorCode::type_mismatch,
+                          "tensorwire.Tensor.view takes a shape, not a dtype (" + dt->name() +
+                              "): tensorwire does not reinterpret bits; use np.asarray(t).view(dtype) or "
+                              "torch.from_dlpack(t).view(dtype)");
+        const char* what = "tensorwire.Tensor.view: shape";
+        if (shape.size() == 1 && !index_scalar(shape[0])) return t.view(dims_from(shape[0], what));
+        return t.view(dims_from(nb::tuple(shape), what));
       }, nb::sig("def view(self, *shape: int) -> Tensor"),
       "view(*shape) or view(shape): a view with a new shape (one dimension may be -1); raises tw.CopyError when "
       "the strides cannot express it without a copy (use reshape).")
       .def("reshape", [](const tw::Tensor& t, nb::args shape) {
-        tw::Dims d = shape.size() == 1 && !index_scalar(shape[0]) ? dims_from(shape[0], "shape")
-                                                                         : dims_from(nb::tuple(shape), "shape");
+        const char* what = "tensorwire.Tensor.reshape: shape";
+        tw::Dims d = shape.size() == 1 && !index_scalar(shape[0]) ? dims_from(shape[0], what)
+                                                                         : dims_from(nb::tuple(shape), what);
         return as_python("tensorwire.Tensor.reshape", [&] { return t.reshape(d); });
       }, nb::sig("def reshape(self, *shape: int) -> Tensor"),
       "reshape(*shape) or reshape(shape): a view with a new shape when the strides allow it, else a C-contiguous "
       "copy reshaped (one dimension may be -1).")
       .def("expand", [](const tw::Tensor& t, nb::args shape) {
-        tw::Dims d = shape.size() == 1 && !index_scalar(shape[0]) ? dims_from(shape[0], "shape")
-                                                                         : dims_from(nb::tuple(shape), "shape");
+        const char* what = "tensorwire.Tensor.expand: shape";
+        tw::Dims d = shape.size() == 1 && !index_scalar(shape[0]) ? dims_from(shape[0], what)
+                                                                         : dims_from(nb::tuple(shape), what);
         return t.expand(d);
       }, nb::sig("def expand(self, *shape: int) -> Tensor"),
       "expand(*shape) or expand(shape): broadcast size-1 dimensions with stride 0 (no copy); -1 keeps a size.")
       .def("select", [](const tw::Tensor& t, nb::handle dim, nb::handle index) {
-        return t.select(int64_arg(dim, "select: dim"), int64_arg(index, "select: index"));
+        return t.select(int64_arg(dim, "tensorwire.Tensor.select: dim"),
+                        int64_arg(index, "tensorwire.Tensor.select: index"));
       }, nb::sig("def select(self, dim: int, index: int) -> Tensor"), "dim"_a.none(), "index"_a.none(),
            "The view at `index` along `dim`, with that dimension removed (t.select(0, i) is t[i]); negative "
            "values count from the end.")
@@ -955,8 +980,9 @@ NB_MODULE(_tensorwire, m) {
         const auto opt = [](nb::handle h, const char* what) {
           return h.is_none() ? std::nullopt : std::optional<int64_t>(int64_arg(h, what));
         };
-        const int64_t st = int64_arg(step, "slice: step");
-        tw::Tensor v = t.slice(int64_arg(dim, "slice: dim"), opt(start, "slice: start"), opt(stop, "slice: stop"), st);
+        const int64_t st = int64_arg(step, "tensorwire.Tensor.slice: step");
+        tw::Tensor v = t.slice(int64_arg(dim, "tensorwire.Tensor.slice: dim"), opt(start, "tensorwire.Tensor.slice: start"),
+                               opt(stop, "tensorwire.Tensor.slice: stop"), st);
         return st < 0 ? without_subclass(std::move(v)) : v;  // (reversed)
       }, nb::sig("def slice(self, dim: int, start: int | None = None, stop: int | None = None, step: int = 1) -> Tensor"),
          "dim"_a.none(), "start"_a.none() = nb::none(), "stop"_a.none() = nb::none(), "step"_a.none() = 1,

@@ -360,3 +360,22 @@ def test_two_ellipses_are_an_index_error_as_in_numpy():
         t[..., ...]
     with pytest.raises(IndexError):
         np.zeros((2, 3))[..., ...]
+
+
+def test_view_of_a_dtype_says_tensorwire_does_not_reinterpret_and_shape_errors_name_the_method():
+    # (torch users write t.view(torch.int8): it said "shape must be a tuple of ints, not torch.dtype")
+    import torch
+
+    t = tw.asarray(np.arange(12.0).reshape(3, 4))
+    for dt in ["int8", np.float32, np.dtype("f2"), torch.int8, tw.DType("uint8")]:
+        with pytest.raises(TypeError, match=r"tensorwire.Tensor.view takes a shape, not a dtype .*np.asarray\(t\).view"):
+            t.view(dt)
+    for call, text in [(lambda: t.view("x"), "tensorwire.Tensor.view: shape must be a tuple of ints, not str"),
+                       (lambda: t.reshape(None), "tensorwire.Tensor.reshape: shape must be"),
+                       (lambda: t.expand(2.5), "tensorwire.Tensor.expand: shape must be"),
+                       (lambda: t.permute("ab"), "tensorwire.Tensor.permute: dims must be"),
+                       (lambda: t.transpose(0, 1.5), "tensorwire.Tensor.transpose: dim1 must be an int"),
+                       (lambda: t.slice(0, "a"), "tensorwire.Tensor.slice: start must be an int")]:
+        with pytest.raises(TypeError, match=text):
+            call()
+    assert t.view(4, 3).shape == (4, 3) and t.view([2, 6]).shape == (2, 6)
