@@ -10,6 +10,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "convert.hpp"
 #include "tensorwire/ipc.hpp"
@@ -91,18 +94,29 @@ tw::Dims shape_from(nb::handle h) {
 }
 
 
-// Whether `o` is an instance of numpy.<kind> (no NumPy imported: none is).
+// Whether `o` is an instance of numpy.<kind> (no NumPy imported: none is). Each type is looked up once, when NumPy
+// is first seen, and kept for the life of the process; the GIL guards the cache.
 bool numpy_kind(PyObject* o, const char* kind) {
   if (PyFloat_CheckExact(o) || PyLong_CheckExact(o)) return false;  // (the common case, without a lookup)
-  PyObject* np = PyImport_GetModule(nb::str("numpy").ptr());
-  if (!np) {
-    PyErr_Clear();
-    return false;
+  static std::vector<std::pair<std::string, PyObject*>> types;
+  PyObject* type = nullptr;
+  for (const auto& [name, t] : types)
+    if (name == kind) type = t;
+  if (!type) {
+    PyObject* np = PyImport_GetModule(nb::str("numpy").ptr());
+    if (!np) {
+      PyErr_Clear();
+      return false;
+    }
+    type = PyObject_GetAttrString(np, kind);
+    Py_DECREF(np);
+    if (!type) {
+      PyErr_Clear();
+      return false;
+    }
+    types.emplace_back(kind, type);  // (a new reference, never released)
   }
-  PyObject* type = PyObject_GetAttrString(np, kind);
-  Py_DECREF(np);
-  const int r = type ? PyObject_IsInstance(o, type) : 0;
-  Py_XDECREF(type);
+  const int r = PyObject_IsInstance(o, type);
   PyErr_Clear();
   return r == 1;
 }
@@ -202,31 +216,8 @@ tw::SendOptions send_options(nb::handle metadata, std::optional<bool> copy, nb::
 }
 
 // A NumPy scalar number (np.float32(1), np.int64(2), np.bool_): a number as a Python one is (np.float64 already
-// was, being a float). Without NumPy imported there is none.
-bool numpy_number(PyObject* o) {
-  static PyObject* number = nullptr;
-  static PyObject* boolean = nullptr;
-  if (!number) {
-    PyObject* np = PyImport_GetModule(nb::str("numpy").ptr());
-    if (!np) {
-      PyErr_Clear();
-      return false;
-    }
-    PyObject* n = PyObject_GetAttrString(np, "number");
-    PyObject* b = PyObject_GetAttrString(np, "bool_");
-    Py_DECREF(np);
-    if (!n || !b) {
-      Py_XDECREF(n);
-      Py_XDECREF(b);
-      PyErr_Clear();
-      return false;
-    }
-    number = n, boolean = b;  // kept for the life of the process
-  }
-  const int r = PyObject_IsInstance(o, number) == 1 || PyObject_IsInstance(o, boolean) == 1;
-  PyErr_Clear();
-  return r;
-}
+// was, being a float).
+bool numpy_number(PyObject* o) { return numpy_kind(o, "number") || numpy_kind(o, "bool_"); }
 
 // A non-empty list / tuple whose leaves are all numbers, Python's or NumPy's scalars (nested lists and tuples of
 // them): array data, which send takes as tw.asarray does ([1, 2, 3] is one 1-d tensor), not a message of several
