@@ -122,6 +122,7 @@ Tensor.__int__ = _scalars.tensor_int
 Tensor.__complex__ = _scalars.tensor_complex
 Tensor.__index__ = _scalars.tensor_index
 Tensor.__bool__ = _scalars.tensor_bool
+Tensor.__format__ = _scalars.tensor_format
 Tensor.__reduce_ex__ = _pickle.reduce_ex
 Tensor.__reduce__ = lambda self: _pickle.reduce_ex(self, 2)
 

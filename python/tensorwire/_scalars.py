@@ -98,6 +98,16 @@ def tensor_bool(self) -> bool:
     raise ValueError(f"the truth value of a tensor of {n} elements is ambiguous; use np.asarray(t).any() or .all()")
 
 
+def tensor_format(self, spec: str) -> str:
+    """f"{t:.3f}": a 0-d tensor formats as its value, as NumPy's and PyTorch's do; an empty spec is str(t)."""
+    if not spec:
+        return str(self)
+    if self.ndim != 0:
+        raise TypeError(f"format spec {spec!r} applies to a 0-d tensor's value; this tensor has shape {self.shape}: "
+                        f"format its elements (t.tolist()) or use str(t)")
+    return format(_host_value(self, "format()"), spec)
+
+
 # The protocols tw.asarray imports from: an object offering one is array-like, and t == obj would be read as a
 # comparison of values.
 _ARRAY_PROTOCOLS = ("__array__", "__array_interface__", "__array_struct__", "__dlpack__", "__cuda_array_interface__",

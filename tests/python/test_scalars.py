@@ -541,3 +541,14 @@ def test_a_dtypes_repr_names_the_class_it_is_made_with():
         r = repr(dt)
         assert r == f"tensorwire.DType('{dt.name}')"
         assert eval(r, {"tensorwire": tw}) == dt
+
+
+def test_a_0d_tensor_formats_as_its_value_as_numpy_and_torch_do():
+    # (f"{loss:.3f}" raised "unsupported format string passed to Tensor.__format__")
+    assert f"{tw.asarray(np.array(1.5)):.2f}" == f"{np.array(1.5):.2f}" == "1.50"
+    assert f"{tw.asarray(np.array(3, np.int16)):04d}" == "0003" and f"{tw.asarray(np.array(255)):x}" == "ff"
+    assert f"{tw.asarray(np.array(2 + 1j, np.complex64)):.1f}" == "2.0+1.0j"
+    t = tw.asarray(np.arange(3.0))
+    assert f"{t}" == str(t)
+    with pytest.raises(TypeError, match=r"format spec '.2f' applies to a 0-d tensor's value; this tensor has shape \(3,\)"):
+        f"{t:.2f}"
