@@ -21,6 +21,12 @@ class Value {
   enum class Kind : uint8_t { none, boolean, integer, floating, string, bytes, list, tuple, dict };
 
   Value() noexcept = default;
+  Value(const Value&) = default;
+  Value(Value&&) noexcept = default;
+  Value& operator=(const Value&) = default;
+  Value& operator=(Value&&) noexcept = default;
+  /// Frees a tree of any depth without recursion (a C caller can build one deeper than the stack allows).
+  ~Value() { if (!items_.empty()) release_nested(); }
   Value(std::nullptr_t) noexcept {}
   Value(bool b) noexcept : kind_(Kind::boolean), int_(b) {}
   Value(int v) noexcept : kind_(Kind::integer), int_(v) {}
@@ -86,6 +92,7 @@ class Value {
   std::vector<size_t> slots_;
   static constexpr size_t kIndexFrom = 16;
   void expect(Kind k) const;
+  void release_nested() noexcept;  // unlinks nested children onto a work list, so that none is freed by recursion
   size_t position(std::string_view key) const noexcept;  // keys_.size() when absent
   void index_last();     // adds keys_.back() to the index, building or growing it as needed
   void reindex();        // builds the index from scratch (or drops it below kIndexFrom keys)

@@ -43,6 +43,24 @@ double Value::as_float() const { expect(Kind::floating); return float_; }
 const std::string& Value::as_string() const { expect(Kind::string); return str_; }
 const std::string& Value::as_bytes() const { expect(Kind::bytes); return str_; }
 
+void Value::release_nested() noexcept {
+  const auto nested = [](const Value& x) { return !x.items_.empty(); };
+  if (std::none_of(items_.begin(), items_.end(), nested)) return;  // leaves only: the vector frees them
+  try {
+    std::vector<Value> pending;
+    for (Value& x : items_)
+      if (nested(x)) pending.push_back(std::move(x));  // (moving leaves x without items)
+    while (!pending.empty()) {
+      Value x = std::move(pending.back());
+      pending.pop_back();
+      for (Value& y : x.items_)
+        if (nested(y)) pending.push_back(std::move(y));
+    }  // each x is freed with leaves only
+  } catch (...) {
+    // Out of memory for the work list: what is still linked is freed by recursion, as it would have been.
+  }
+}
+
 const std::vector<Value>& Value::items() const {
   if (kind_ != Kind::list && kind_ != Kind::tuple) expect(Kind::list);
   return items_;

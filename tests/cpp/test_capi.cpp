@@ -337,6 +337,29 @@ TEST(CApi, MetadataNestedDeeperThanTheEncodingIsRefusedBeforeItIsCopied) {
   tw_tensor_free(t);
 }
 
+// tw_value_free of a tree deeper than the stack allows: it recursed and crashed (400 000 levels on an 8 MiB stack).
+// A chain of dicts and lists, each holding the next.
+TEST(CApi, AValueTreeOfAnyDepthIsFreedWithoutRecursion) {
+  constexpr int kLevels = 1000000;
+  tw_value* root = tw_value_dict();
+  tw_value* cur = root;
+  for (int i = 0; i < kLevels; ++i) {
+    if (tw_value_get_kind(cur) == TW_VALUE_DICT) {
+      ASSERT_EQ(tw_value_dict_set(cur, "k", 1, tw_value_list()), TW_OK) << tw_last_error();
+      cur = const_cast<tw_value*>(tw_value_dict_get(cur, "k", 1));
+    } else {
+      ASSERT_EQ(tw_value_append(cur, tw_value_dict()), TW_OK) << tw_last_error();
+      cur = const_cast<tw_value*>(tw_value_item(cur, 0));
+    }
+    ASSERT_NE(cur, nullptr);
+  }
+  int depth = 0;
+  for (const tw_value* v = root; tw_value_len(v) == 1; ++depth)
+    v = tw_value_get_kind(v) == TW_VALUE_DICT ? tw_value_dict_get(v, "k", 1) : tw_value_item(v, 0);
+  EXPECT_EQ(depth, kLevels);
+  tw_value_free(root);
+}
+
 TEST(CApi, MetadataValuesRoundTrip) {
   tw_value* d = tw_value_dict();
   ASSERT_NE(d, nullptr);

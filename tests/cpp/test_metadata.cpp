@@ -101,6 +101,31 @@ TEST(Value, Equality) {
   EXPECT_EQ(Value(), Value(nullptr));
 }
 
+// A tree is freed in a loop, not by recursion: one deeper than the stack allows was a crash. Copies and moves of
+// nested values keep their contents (the destructor made them user-declared).
+TEST(Value, ATreeOfAnyDepthIsFreedAndNestedValuesCopyAndMove) {
+  {
+    Value root = Value::list();
+    Value* cur = &root;
+    for (int i = 0; i < 1000000; ++i) {
+      cur->items().push_back(i % 2 ? Value::list() : Value::tuple({1, Value::list()}));
+      cur = &cur->items().back();
+    }
+    EXPECT_EQ(cur->kind(), K::list);
+  }  // freed here
+  Value a = Value::list({Value::tuple({1, Value::list({"x"})}), 2});
+  Value b = a;
+  EXPECT_EQ(b, a);
+  Value c = std::move(b);
+  EXPECT_EQ(c, a);
+  EXPECT_TRUE(b.items().empty());  // (moved from)
+  b = c;
+  EXPECT_EQ(b, a);
+  c = Value(3);
+  EXPECT_EQ(c, Value(3));
+  EXPECT_EQ(a.items()[0].items()[1].items()[0].as_string(), "x");
+}
+
 TEST(Value, KindNames) {
   EXPECT_STREQ(tw::value_kind_name(K::none), "none");
   EXPECT_STREQ(tw::value_kind_name(K::boolean), "bool");
