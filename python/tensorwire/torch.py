@@ -497,7 +497,22 @@ def _tv_decode(tv: Any, cls: type, plain: torch.Tensor, attrs: dict) -> torch.Te
             y.clamping_mode = v
         else:
             raise ValueError(f"{cls.__name__}: unknown attribute {k!r} in a message")
+    # An attribute this torchvision has and the sender's did not send (clamping_mode, new in 0.23): the value its
+    # constructor gives by default, as it would have here; without it the object breaks at its first use.
+    for k, default in _tv_defaults(cls).items():
+        if k not in attrs:
+            setattr(y, k, default)
     return y
+
+
+@functools.lru_cache(maxsize=None)
+def _tv_defaults(cls: type) -> dict:
+    """The defaults of cls's constructor for the attributes _tv_decode knows."""
+    try:
+        params = inspect.signature(cls.__new__).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {k: p.default for k, p in params.items() if k in _TV_ATTRS and p.default is not inspect.Parameter.empty}
 
 
 # ---- conversions ---------------------------------------------------------------------------------------------------

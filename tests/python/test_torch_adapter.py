@@ -441,6 +441,21 @@ def test_hostile_attributes_are_refused_with_a_clear_error():
     assert type(twt.to_torch(t)) is torch.Tensor
 
 
+def test_boxes_from_a_sender_without_clamping_mode_get_this_torchvisions_default():
+    # (a torchvision older than 0.23 sends no clamping_mode: the rebuilt boxes had none, and repr() or any v2
+    # transform raised AttributeError)
+    from torchvision.transforms import v2
+
+    t = tw.asarray(np.array([[0, 0, 10, 20]], np.float32))
+    t.metadata[twt.METADATA_KEY] = {"type": f"{tv_tensors.BoundingBoxes.__module__}.BoundingBoxes",
+                                    "attrs": {"format": "XYXY", "canvas_size": [64, 64]}, "registered": True}
+    r = twt.to_torch(t)
+    assert type(r) is tv_tensors.BoundingBoxes
+    assert r.clamping_mode == tv_tensors.BoundingBoxes([[0, 0, 1, 1]], format="XYXY", canvas_size=(2, 2)).clamping_mode
+    assert "clamping_mode" in repr(r)
+    assert v2.RandomHorizontalFlip(p=1)(r).tolist() == [[54.0, 0.0, 64.0, 20.0]]
+
+
 def test_a_view_of_another_shape_converts_to_a_plain_tensor():
     t = tw.asarray(boxes(5))
     assert type(twt.to_torch(t)) is tv_tensors.BoundingBoxes
