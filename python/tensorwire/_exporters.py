@@ -84,20 +84,26 @@ def _jax_zero_copy(j, t):
                         "forbids the copy")
 
 
-def torch_from_dlpack(t):
+def torch_from_dlpack(t, what="tensorwire.to_torch"):
     """torch.from_dlpack(t), and float8 too: torch.from_dlpack asks producers for DLPack 1.0 at most, which has no
     float8 codes (tensorwire refuses to hand a code to a consumer that does not claim to know it), yet PyTorch reads
     them from a 1.1 capsule given directly. The capsule is made ready on torch's current stream, as from_dlpack
-    would ask (DLPack: 1 for the legacy default stream)."""
+    would ask (DLPack: 1 for the legacy default stream). A dtype PyTorch cannot take is a BufferError naming it
+    (PyTorch's own words were "Unsupported code 7")."""
     import torch
 
-    if not t.dtype.name.startswith("float8"):
-        return torch.from_dlpack(t)
-    stream = None
-    if t.device.type == "cuda":
-        s = torch.cuda.current_stream(t.device.index).cuda_stream
-        stream = 1 if s == 0 else s
-    return torch.from_dlpack(t.__dlpack__(max_version=(1, 1), stream=stream))
+    try:
+        if not t.dtype.name.startswith("float8"):
+            return torch.from_dlpack(t)
+        stream = None
+        if t.device.type == "cuda":
+            s = torch.cuda.current_stream(t.device.index).cuda_stream
+            stream = 1 if s == 0 else s
+        return torch.from_dlpack(t.__dlpack__(max_version=(1, 1), stream=stream))
+    except BufferError as e:
+        name = t.dtype.name
+        raise BufferError(f"{what}: PyTorch {torch.__version__.split('+')[0]} cannot take {name} tensors ({e}); "
+                          f"tw.to_numpy(t) gives it to NumPy (through ml_dtypes)") from None
 
 
 def _import_copy(copy):

@@ -584,7 +584,7 @@ def _to_torch_one(t: Any, copy: bool | None) -> torch.Tensor:
             "(clone() it first, or pass copy=True). This warning is shown once.",
             stacklevel=3,
         )
-    x = _torch_from_dlpack(t)
+    x = _torch_from_dlpack(t, "tensorwire.torch.to_torch")
     if shape_ok and isinstance(desc.get("type"), str):
         codec = _lookup_name(desc["type"])
         if codec is not None:

@@ -427,6 +427,19 @@ def test_float8_to_torch_follows_dlpack_versions():
         assert x.view(torch.uint8).tolist() == a.view(np.uint8).tolist()
 
 
+def test_a_dtype_pytorch_cannot_take_is_named_by_to_torch():
+    # (PyTorch's own words reached the caller alone: "Unsupported code 7", "Unsupported kInt bits 4")
+    import tensorwire.torch as twt
+
+    for name in ("int4", "float8_e3m4"):
+        t = tw.zeros(4, name)
+        for conv, who in ((tw.to_torch, "tensorwire.to_torch"), (twt.to_torch, "tensorwire.torch.to_torch")):
+            with pytest.raises(BufferError, match=rf"{who}: PyTorch \S+ cannot take {name} tensors \(.+\); "
+                                                  r"tw.to_numpy\(t\) gives it"):
+                conv(t)
+        assert tw.to_numpy(t).dtype == np.dtype(getattr(ml_dtypes, name))
+
+
 def test_copy_false_forbids_a_copy_on_the_way_in_too():
     # to_numpy / to_torch / to_jax imported with copy=None, so a source that needed a copy to import at all came back
     # as a silent copy under copy=False: writes never reached the source.
