@@ -153,8 +153,10 @@ def _cuda() -> dict[str, Any]:
         kernels = bool(ext._cuda_kernels_built())  # (what the build compiled: known without a GPU)
     except Exception as e:  # noqa: BLE001
         available, status, kernels = False, f"unknown: tensorwire.cuda failed: {type(e).__name__}: {e}", False
-    return {"driver": status, "available": available, "kernels_built": kernels,
-            **_section(devices=(ext._cuda_device_count() if available else None, f"CUDA is unavailable: {status}"))}
+    # (the rule of every section: a check's value, or null and its reason under "why")
+    out = _section(driver=(status if available else None, status),
+                   devices=(ext._cuda_device_count() if available else None, f"CUDA is unavailable: {status}"))
+    return {"available": available, "kernels_built": kernels, **out}
 
 
 def _shm() -> dict[str, Any]:
@@ -246,7 +248,7 @@ def render(d: dict[str, Any]) -> str:
             lines.append(f"  {k:14s} {v or d['dependencies']['why'].get(k, 'not installed')}")
     c = d["cuda"]
     kernels = "built in" if c["kernels_built"] else "not built (the build had no nvcc)"
-    lines += ["", f"CUDA:            {'available' if c['available'] else 'unavailable'} — {c['driver']}; strided "
+    lines += ["", f"CUDA:            {'available' if c['available'] else 'unavailable'} — {c['driver'] or c['why']['driver']}; strided "
                   f"copy kernels {kernels}"]
     m = d["memfd"]
     lines.append("memfd + seals:   " + (f"yes (F_SEAL_FUTURE_WRITE: {'yes' if m.get('future_write_seal') else 'no'})"
