@@ -183,3 +183,5 @@ __all__ = [
     "pkgconfig_dir",
     "__version__",
 ]
+
+del annotations  # (the __future__ import binds the name: not part of the public namespace)

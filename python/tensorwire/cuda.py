@@ -75,3 +75,5 @@ def device_pool_stats(device: int | str | _ext.Device = 0) -> dict:
 def empty_cache() -> None:
     """Returns every cached block of the pools to the driver, once the work queued on it is done."""
     _ext._cuda_empty_cache()
+
+del annotations  # (the __future__ import binds the name: not part of the public namespace)

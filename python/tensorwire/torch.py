@@ -916,3 +916,5 @@ from ._dataloader import DataLoader  # noqa: E402  (uses the helpers above)
 
 _ext._set_subclass_hook(_describe_for_transport)
 _ensure_builtins()
+
+del annotations  # (the __future__ import binds the name: not part of the public namespace)
