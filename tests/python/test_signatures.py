@@ -206,3 +206,12 @@ def test_the_typed_usage_example_runs():
     # test_readme.py type-checks typed_usage.py with mypy --strict; running it proves the stub's claims are true.
     import runpy
     runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "typed_usage.py"))["main"]()
+
+
+def test_the_future_import_leaves_no_public_name():
+    # (tw.annotations, tw.cuda.annotations, tensorwire.torch.annotations: __future__'s feature object)
+    import tensorwire.cuda
+    import tensorwire.torch
+
+    for mod in (tw, tensorwire.cuda, tensorwire.torch):
+        assert not hasattr(mod, "annotations"), mod.__name__
