@@ -318,7 +318,8 @@ class Subscriber {
   /// Messages this subscriber missed because a queue was full (OnFull::drop_oldest): a remote subscriber counts
   /// those the publisher dropped for it (gaps in its numbering) and those its own queue dropped.
   uint64_t dropped() const noexcept;
-  /// Disconnects and releases the channel; tensors already received stay valid. Idempotent.
+  /// Disconnects and releases the channel: messages queued but not yet received are discarded (why_ended()
+  /// says how many); tensors already received stay valid. Idempotent.
   void close() noexcept;
   const std::string& name() const noexcept;
   /// True for a subscriber of a remote publisher (SubscriberOptions::connect).

@@ -46,7 +46,8 @@ typedef enum {
   TW_ERR_OUT_OF_MEMORY = 11,
   TW_ERR_TIMEOUT = 12,       /* a bounded wait ended with nothing done */
   TW_ERR_WOULD_BLOCK = 13,   /* TW_ON_FULL_RAISE: a subscriber's ring is full or the pool exhausted; nothing sent */
-  TW_END_OF_STREAM = 14,     /* tw_subscriber_recv: the publisher closed or died and every message was received */
+  TW_END_OF_STREAM = 14,     /* tw_subscriber_recv: the publisher closed or died and every message was received,
+                                or the subscriber was closed */
 } tw_status;
 
 /* The C ABI's version: TW_ABI_VERSION_MAJOR changes when a declaration here changes incompatibly; MINOR when
@@ -116,7 +117,8 @@ tw_status tw_tensor_export_dlpack(const tw_tensor* t, const tw_export_options* o
                                   DLManagedTensorVersioned** out, int* copied);
 /* The legacy (unversioned) struct, for pre-1.0 consumers: a read-only tensor is refused (TW_ERR_UNSUPPORTED). */
 tw_status tw_tensor_export_dlpack_legacy(const tw_tensor* t, const tw_export_options* options, DLManagedTensor** out);
-/* Imports under `options` (NULL: defaults); takes ownership of `managed` as tw_tensor_from_dlpack does. */
+/* Imports under `options` (NULL: defaults); takes ownership of `managed` as tw_tensor_from_dlpack does. A copy
+   tensorwire makes (TW_COPY_ALWAYS, another device) is the caller's alone: tw_tensor_is_exclusive says 1. */
 tw_status tw_tensor_import_dlpack(DLManagedTensorVersioned* managed, const tw_import_options* options,
                                   tw_tensor** out);
 /* A read-only view of t (a new handle). */
@@ -188,7 +190,8 @@ tw_status tw_tensor_empty_on(int32_t ndim, const int64_t* shape, DLDataType dtyp
 
 /* The same tensor (a new handle) when C-contiguous, else a C-contiguous copy. */
 tw_status tw_tensor_contiguous(const tw_tensor* t, tw_tensor** out);
-/* Views: Python-style slice of one dimension; permutation of all dimensions. */
+/* Views: Python-style slice of one dimension (bounds clamp as Python's do, so INT64_MAX / INT64_MIN stand in
+   for an omitted stop: start -1, stop INT64_MIN, step -1 is [::-1]); permutation of all dimensions. */
 tw_status tw_tensor_slice(const tw_tensor* t, int64_t dim, int64_t start, int64_t stop, int64_t step, tw_tensor** out);
 tw_status tw_tensor_permute(const tw_tensor* t, const int64_t* dims, int32_t ndim, tw_tensor** out);
 tw_status tw_tensor_transpose(const tw_tensor* t, int64_t dim0, int64_t dim1, tw_tensor** out);
@@ -384,6 +387,8 @@ int tw_publisher_closed(const tw_publisher* p);
 tw_status tw_subscriber_new(const char* name, const tw_subscriber_options* options, tw_subscriber** out);
 /* Disconnects and frees; received tensors stay valid. NULL is fine. */
 void tw_subscriber_free(tw_subscriber* s);
+/* Disconnects (a recv blocked in another thread returns TW_END_OF_STREAM); messages queued but not yet received
+   are discarded, and the end-of-stream error says how many. Received tensors stay valid. NULL is fine. */
 void tw_subscriber_close(tw_subscriber* s);
 /* The next message as a read-only tensor (zero-copy; it holds the publisher's buffer until freed). TW_ERR_TIMEOUT:
    nothing arrived in time; TW_END_OF_STREAM: the stream ended (*out is NULL in both). A message of several

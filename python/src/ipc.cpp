@@ -716,8 +716,8 @@ void register_ipc(nb::module_& m) {
       .def("fileno", &tw::Subscriber::fileno, nb::call_guard<ReleaseGil>(),
            "A descriptor that polls readable while a message (or end-of-stream) waits.")
       .def("close", &tw::Subscriber::close, nb::call_guard<ReleaseGil>(),
-           "Disconnect: nothing more is delivered and queued messages are released; tensors already received stay "
-           "valid until dropped.")
+           "Disconnect: nothing more is delivered and queued messages are discarded unread (recv's EOFError then says "
+           "how many); tensors already received stay valid until dropped.")
       .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
       .def("__exit__", [](tw::Subscriber& s, nb::args) {
         ReleaseGil nogil;

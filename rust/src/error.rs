@@ -34,7 +34,8 @@ pub enum ErrorKind {
     Timeout,
     /// `OnFull::Raise`: a subscriber's ring is full or the pool is exhausted; nobody received the message.
     WouldBlock,
-    /// `Subscriber::recv`: the publisher closed or died and every message was received.
+    /// `Subscriber::recv`: the publisher closed or died and every message was received, or the subscriber was
+    /// closed.
     EndOfStream,
     /// A mutable slice was asked of memory another owner (a view, a clone, an export, a raw pointer) can see.
     Shared,

@@ -552,7 +552,8 @@ impl Subscriber {
     pub fn iter(&self) -> Messages<'_> {
         Messages { sub: self, done: false }
     }
-    /// Disconnects (a `recv` blocked in another thread returns `EndOfStream`); received tensors stay valid.
+    /// Disconnects (a `recv` blocked in another thread returns `EndOfStream`); messages queued but not yet received
+    /// are discarded (the `EndOfStream` error says how many); received tensors stay valid.
     pub fn close(&self) {
         unsafe { ffi::tw_subscriber_close(self.raw.as_ptr()) }
     }

@@ -285,7 +285,8 @@ impl Tensor {
         self.derive(|t, out| unsafe { ffi::tw_tensor_permute(t, d.as_ptr(), n, out) })
     }
     /// Python's `t[..., start:stop:step, ...]` on `dim` (negative start/stop count from the end; a negative step
-    /// walks backwards): a view.
+    /// walks backwards): a view. Out-of-range bounds are clamped as Python's are, which stands in for an omitted
+    /// one: `slice(d, 0, i64::MAX, 1)` is `[:]`, and `slice(d, -1, i64::MIN, -1)` is `[::-1]`.
     pub fn slice(&self, dim: usize, start: i64, stop: i64, step: i64) -> Result<Tensor> {
         let d = dim_i64(dim)?;
         self.derive(|t, out| unsafe { ffi::tw_tensor_slice(t, d, start, stop, step, out) })

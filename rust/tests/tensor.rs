@@ -79,6 +79,17 @@ fn views_and_copies() {
 }
 
 #[test]
+fn slice_bounds_clamp_as_pythons_do_so_extremes_stand_for_omitted_ones() {
+    let t = Tensor::from_vec((0..4).map(|i| i as i32).collect(), &[4]).unwrap();
+    let rev = t.slice(0, -1, i64::MIN, -1).unwrap().contiguous().unwrap(); // [::-1]
+    assert_eq!(rev.as_slice::<i32>().unwrap(), &[3, 2, 1, 0]);
+    let all = t.slice(0, i64::MIN, i64::MAX, 1).unwrap(); // [:]
+    assert_eq!(all.as_slice::<i32>().unwrap(), &[0, 1, 2, 3]);
+    let odd = t.slice(0, 1, i64::MAX, 2).unwrap().contiguous().unwrap(); // [1::2]
+    assert_eq!(odd.as_slice::<i32>().unwrap(), &[1, 3]);
+}
+
+#[test]
 fn negative_strides_follow_pythons_dlpack_rule() {
     let t = Tensor::from_vec((0..6).map(|i| i as f64).collect(), &[6]).unwrap();
     let rev = t.slice(0, 5, -7, -1).unwrap();

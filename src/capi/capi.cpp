@@ -378,10 +378,15 @@ tw_status tw_tensor_import_dlpack(DLManagedTensorVersioned* managed, const tw_im
     if (managed && managed->deleter) managed->deleter(managed);  // ownership was ours: contract 3
     return st;
   }
+  // Where the producer's first element is: a result elsewhere is tensorwire's own copy (copy=always, another
+  // device, a layout that needed one), made before the producer's memory was released, and the caller's alone.
+  // A producer's IS_COPIED is its word, not tensorwire's knowledge: that memory is not counted exclusive.
+  const uintptr_t origin =
+      managed ? reinterpret_cast<uintptr_t>(managed->dl_tensor.data) + uintptr_t(managed->dl_tensor.byte_offset) : 0;
   return guarded([&] {
-    // Never owned, even under copy=always: a producer that set IS_COPIED is trusted to have copied, and that is
-    // its word, not tensorwire's knowledge.
-    *out = wrap(tw::import_dlpack(managed, r), false);
+    tw::Tensor t = tw::import_dlpack(managed, r);
+    const bool copied_here = t.numel() > 0 && reinterpret_cast<uintptr_t>(t.data_ptr()) != origin;
+    *out = wrap(std::move(t), copied_here);
   });
 }
 
@@ -911,7 +916,8 @@ tw_status tw_subscriber_recv(tw_subscriber* s, int64_t timeout_ns, tw_tensor** o
     if (!got->single) {
       const size_t n = got->message.tensors.size();
       throw tw::Error(tw::ErrorCode::unsupported,
-                      "a message of " + std::to_string(n) + " tensors (sent as one dict, list or tuple) arrived on \"" +
+                      "a message of " + tw::detail::counted(int64_t(n), "tensor") +
+                          " (sent as one dict, list or tuple) arrived on \"" +
                           s->s.name() + "\"; the C ABI receives messages of one tensor, so it was skipped: "
                           "send the tensors one per message for C and Rust subscribers");
     }
@@ -921,11 +927,15 @@ tw_status tw_subscriber_recv(tw_subscriber* s, int64_t timeout_ns, tw_tensor** o
   if (!timed_out) {
     try {
       const std::string why = s->s.why_ended();
-      if (!why.empty()) return fail(TW_END_OF_STREAM, ("end of stream: " + why + ", and every message was received").c_str());
+      // (A subscriber closed here released what was queued: why says how many; the publisher's end comes after
+      // the last message.)
+      const bool closed_here = why.rfind("this subscriber was closed", 0) == 0;
+      if (!why.empty())
+        return fail(TW_END_OF_STREAM,
+                    ("end of stream: " + why + (closed_here ? "" : ", and every message was received")).c_str());
     } catch (...) {  // (no memory for the words: the generic text says enough)
     }
-    return fail(TW_END_OF_STREAM, "end of stream: the publisher closed or died (or this subscriber was closed) and "
-                                  "every message was received");
+    return fail(TW_END_OF_STREAM, "end of stream: the publisher closed or died, or this subscriber was closed");
   }
   return guarded([&] {
     const std::string why = s->s.waiting_for();

@@ -12,6 +12,23 @@ inline std::string counted(int64_t n, const char* noun) {
   return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
 }
 
+/// A size as a person reads it: "16 bytes", "12.5 KiB", "8.0 MiB", "2.5 GiB" (one decimal from KiB up).
+inline std::string bytes_text(uint64_t n) {
+  if (n < 1024) return counted(int64_t(n), "byte");
+  const char* unit = "KiB";
+  double v = double(n) / 1024.0;
+  if (n >= (uint64_t(1) << 30)) {
+    unit = "GiB";
+    v = double(n) / double(uint64_t(1) << 30);
+  } else if (n >= (uint64_t(1) << 20)) {
+    unit = "MiB";
+    v = double(n) / double(uint64_t(1) << 20);
+  }
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.1f %s", v, unit);
+  return buf;
+}
+
 /// A duration in nanoseconds as a person writes it: "0 s", "250 ms", "1.5 s", "20 us", "3 min 20 s".
 inline std::string duration_text(int64_t ns) {
   auto num = [](double v) {

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <string>
 
+#include "core/text.hpp"
 #include "tensorwire/error.hpp"
 
 namespace tw::cuda::detail {
@@ -19,11 +20,7 @@ size_t size_class(size_t n, size_t granularity) noexcept {
 
 namespace {
 
-std::string mib(size_t n) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(n) / double(1 << 20));
-  return buf;
-}
+std::string mib(size_t n) { return tw::detail::bytes_text(n); }
 
 // Blocks come back from Buffer destructors on any thread; a block whose event cannot be recorded (a driver error
 // at that point) is reused only after its stream is synchronized, or dropped when even that fails.

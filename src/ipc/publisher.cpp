@@ -83,11 +83,7 @@ class Backoff {
   int n_ = 0;
 };
 
-std::string mib(uint64_t bytes) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
-  return b;
-}
+std::string mib(uint64_t bytes) { return tw::detail::bytes_text(bytes); }
 
 // Callers' CUDA allocations (sent zero-copy) that subscribers of a closed publisher still read. The publisher is
 // gone, so nothing else watches their leases: one thread, running only while there is something to watch, lets each
@@ -1081,9 +1077,9 @@ class PublisherImpl {
     if (nbytes > opt_.pool_bytes)  // served only by an empty pool (a buffer larger than pool_bytes stands alone)
       m += ". This request alone (" + mib(nbytes) + ") is larger than pool_bytes: it is served once the pool holds "
            "no other buffer";
-    return m + ". A subscriber that keeps received tensors for long should keep copies (np.array(t)) so their "
-               "buffers return to the pool, and one that reads too slowly holds a buffer per unread message; or "
-               "raise max_buffers/pool_bytes";
+    return m + ". A subscriber that keeps received tensors for long should keep copies (np.array(t) in Python, "
+               "copy() in C++ and Rust, tw_tensor_clone in C) so their buffers return to the pool, and one that "
+               "reads too slowly holds a buffer per unread message; or raise max_buffers/pool_bytes";
   }
 
   // A free pool slot of at least `nbytes` (the pool reuses, creates or retires segments as its budget allows);

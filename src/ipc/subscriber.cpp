@@ -21,6 +21,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "core/text.hpp"
 #include "ipc/fork_internal.hpp"
 #include "net/net_internal.hpp"
 #include "ipc/ipc_internal.hpp"
@@ -179,8 +180,10 @@ class SubscriberImpl {
       // Tell the publisher to deliver nothing more; release what is queued. Leases of tensors still alive keep the
       // socket (and with it our claim on their buffers) open until they are gone.
       aref(chan_->ring.header().detached).store(1, std::memory_order_seq_cst);
-      for (int i = 0; i < (1 << 20); ++i)
+      for (int i = 0; i < (1 << 20); ++i) {
         if (chan_->ring.try_pop([&](CellHeader& c) { release_slot(c.msg.lease_slot); }) != Pop::popped) break;
+        ++discarded_;
+      }
       chan_->ring.signal_space();
       // Wake every thread asleep in recv(): they see the subscriber closed.
       aref(chan_->ring.header().futex_word).fetch_add(1, std::memory_order_seq_cst);
@@ -202,7 +205,10 @@ class SubscriberImpl {
     std::lock_guard lock(mu_);
     if (!closed_locked()) return "";
     const std::string pub = "the publisher (pid " + std::to_string(publisher_pid_) + ")";
-    if (user_closed_) return "this subscriber was closed";
+    if (user_closed_)
+      return discarded_ ? "this subscriber was closed with " + tw::detail::counted(int64_t(discarded_), "unread message") +
+                              " queued; close() discarded " + (discarded_ == 1 ? "it" : "them")
+                        : "this subscriber was closed";
     if (forked_) return "";  // (every use says whose it is)
     if (!refused_.empty()) return pub + " refused this subscriber: " + refused_;
     if (broken_) return pub + " broke the protocol";
@@ -560,14 +566,16 @@ class SubscriberImpl {
       }
       case ControlType::retire: segments_.erase(m.id); break;
       case ControlType::bye: peer_gone_ = bye_ = true; break;
-      case ControlType::refused:
+      case ControlType::refused: {
         peer_gone_ = true;
-        refused_ = m.id == static_cast<uint64_t>(RefuseReason::too_many_subscribers)
-                       ? "it already serves its max_subscribers"
-                       : "it is out of file descriptors or memory";
-        throw Error(ErrorCode::invalid_argument, "Subscriber('" + name_ + "'): the publisher (pid " +
-                                                     std::to_string(publisher_pid_) + ") refused this subscriber: " +
-                                                     refused_);
+        const bool full = m.id == static_cast<uint64_t>(RefuseReason::too_many_subscribers);
+        refused_ = full ? "it already serves its max_subscribers" : "it is out of file descriptors or memory";
+        // (max_subscribers is the caller's configuration: invalid_argument, a ValueError in Python; the other is
+        // a shortage on the publisher's side)
+        throw Error(full ? ErrorCode::invalid_argument : ErrorCode::out_of_memory,
+                    "Subscriber('" + name_ + "'): the publisher (pid " + std::to_string(publisher_pid_) +
+                        ") refused this subscriber: " + refused_);
+      }
     }
   }
 
@@ -792,6 +800,7 @@ class SubscriberImpl {
   std::unordered_map<uint64_t, SegmentRef> segments_;
   Clock::time_point last_peer_check_{};
   uint64_t dropped_ = 0;
+  uint64_t discarded_ = 0;  // queued messages close() released unread
   int32_t publisher_pid_ = 0;
   std::atomic<bool> user_closed_flag_{false};
   uint64_t received_ = 0;  // messages taken (for waiting_for)

@@ -252,6 +252,20 @@ TEST(CApi, ExclusivityFollowsEveryOtherOwner) {
   EXPECT_EQ(tw_tensor_is_exclusive(copy), 1);
   tw_tensor_free(imported);
   tw_tensor_free(copy);
+  // ... unless the import copied it: then the copy is tensorwire's own (it was never exclusive).
+  for (const tw_copy_mode mode : {TW_COPY_IF_NEEDED, TW_COPY_ALWAYS}) {
+    ASSERT_EQ(tw_tensor_zeros(1, shape, kF32, &z), TW_OK);
+    ASSERT_EQ(tw_tensor_to_dlpack(z, 1, 4, &m), TW_OK);
+    const void* producers = m->dl_tensor.data;
+    tw_import_options io;
+    tw_import_options_init(&io);
+    io.copy = mode;
+    ASSERT_EQ(tw_tensor_import_dlpack(m, &io, &imported), TW_OK) << tw_last_error();
+    EXPECT_EQ(tw_tensor_data_borrowed(imported) != producers, mode == TW_COPY_ALWAYS);
+    EXPECT_EQ(tw_tensor_is_exclusive(imported), mode == TW_COPY_ALWAYS ? 1 : 0) << mode;
+    tw_tensor_free(imported);
+    tw_tensor_free(z);
+  }
 
   // contiguous/reshape of borrowed memory: the same memory when no copy is needed (still not exclusive), new
   // memory of tensorwire's own when one is.
@@ -539,7 +553,7 @@ TEST(CApi, PublishSubscribeWithStatusCodes) {
   tw_tensor* last = nullptr;
   ASSERT_EQ(tw_subscriber_recv(s, 5'000'000'000, &last), TW_OK);
   tw_tensor_free(last);
-  EXPECT_FAILS(tw_subscriber_recv(s, 5'000'000'000, &last), TW_END_OF_STREAM, "end of stream");
+  EXPECT_FAILS(tw_subscriber_recv(s, 5'000'000'000, &last), TW_END_OF_STREAM, "closed the topic, and every message was received");
   EXPECT_EQ(last, nullptr);
   EXPECT_EQ(tw_subscriber_closed(s), 1);
   tw_subscriber_free(s);
@@ -567,6 +581,37 @@ TEST(CApi, AMessageOfSeveralTensorsIsSkippedWithAnErrorSayingWhy) {
   ASSERT_EQ(tw_subscriber_recv(s, 5'000'000'000, &got), TW_OK);  // the stream goes on
   EXPECT_EQ(tw_tensor_shape(got)[0], 4);
   tw_tensor_free(got);
+  tw_subscriber_free(s);
+}
+
+// Closing a subscriber discards what is queued for it: its end of stream says so, not "every message was
+// received" (which it said).
+TEST(CApi, ClosingASubscriberSaysHowManyQueuedMessagesItDiscarded) {
+  const std::string name = topic("closeq");
+  tw_subscriber* s = nullptr;
+  ASSERT_EQ(tw_subscriber_new(name.c_str(), nullptr, &s), TW_OK);
+  tw_publisher* p = nullptr;
+  ASSERT_EQ(tw_publisher_new(name.c_str(), nullptr, &p), TW_OK);
+  tw_tensor* got = nullptr;
+  EXPECT_EQ(tw_subscriber_recv(s, 1'000'000, &got), TW_ERR_TIMEOUT);  // completes the connection
+  const int64_t shape[1] = {4};
+  tw_tensor* x = nullptr;
+  ASSERT_EQ(tw_tensor_zeros(1, shape, kF32, &x), TW_OK);
+  size_t delivered = 0;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(tw_publisher_send(p, x, nullptr, -1, &delivered), TW_OK) << tw_last_error();
+    EXPECT_EQ(delivered, 1u);
+  }
+  ASSERT_EQ(tw_subscriber_recv(s, 5'000'000'000, &got), TW_OK);
+  tw_tensor_free(got);
+  got = nullptr;
+  tw_subscriber_close(s);
+  EXPECT_FAILS(tw_subscriber_recv(s, 1'000'000'000, &got), TW_END_OF_STREAM,
+               "end of stream: this subscriber was closed with 2 unread messages queued; close() discarded them");
+  EXPECT_EQ(std::string(tw_last_error()).find("every message was received"), std::string::npos) << tw_last_error();
+  EXPECT_EQ(got, nullptr);
+  tw_tensor_free(x);
+  tw_publisher_free(p);
   tw_subscriber_free(s);
 }
 
