@@ -601,7 +601,9 @@ class PublisherImpl {
         w.layout.byte_offset = 0;
         w.carry = Carry::span;
       } else {
-        if (!p.loan) w.carry = p.t->is_contiguous() ? Carry::span : Carry::packed;
+        // (a copy in the pool: C-contiguous when packed from a strided view, which the wire says; a dense layout of
+        // another order was copied as it is and crosses as a span with its strides)
+        if (!p.loan) w.carry = p.t->is_contiguous() || !l.is_contiguous() ? Carry::span : Carry::packed;
         else if (!l.may_overlap() && l.byte_span().size() == l.nbytes()) w.carry = Carry::span;  // dense, any signs
         else {
           const RunStats rs = l.is_packed_subbyte() || l.has_broadcast() || l.has_negative_stride() || l.may_overlap()
@@ -871,7 +873,13 @@ class PublisherImpl {
                     "crosses host memory without a copy); loan, fill and send it, or allow the copy");
       }
       p.packed = true;
-      p.layout = Layout{t.dtype(), t.shape(), Layout::contiguous_strides(t.shape()), 0, t.subbyte_padded()};
+      // A host tensor dense in another order (Fortran, channels_last, any permutation of C) keeps its strides:
+      // its bytes are one span, copied as they are (one memcpy, cheaper than packing). Anything else is packed
+      // C-contiguous (CUDA tensors too: remote subscribers are sent the pool's dense copy as it is).
+      const bool keeps_order = p.device < 0 && t.numel() > 0 && !t.is_contiguous() &&
+                               !t.layout().is_packed_subbyte() && t.layout().is_dense();
+      p.layout = Layout{t.dtype(), t.shape(), keeps_order ? t.strides() : Layout::contiguous_strides(t.shape()), 0,
+                        t.subbyte_padded()};
       size_t offset = 0;
       p.slot = acquire_slot(static_cast<size_t>(p.layout.nbytes()), deadline, lock, "send", p.device, &offset);
       Pool::Slot& s = pool_->slot(p.slot);
@@ -893,7 +901,7 @@ class PublisherImpl {
       }
       // The slot is ours until pushed (reserved, and send_mu_ orders every taker): pack without mu_.
       unlocked(lock, [&] {
-        if (t.numel() > 0 && t.is_contiguous()) {
+        if (t.numel() > 0 && (t.is_contiguous() || keeps_order)) {  // (dense: its lowest byte is element 0's)
           // One memcpy: tw::copy would plan (costly for small messages) and split large copies across its thread
           // pool, which competes with busy-polling peers for the same cores.
           std::memcpy(dst, t.data_ptr(), static_cast<size_t>(p.layout.nbytes()));

@@ -150,6 +150,7 @@ def layouts():
         "scalar": np.array(3.25),
         "empty": np.zeros((0, 4), np.int32),
         "fortran": np.asfortranarray(np.arange(20, dtype=np.int64).reshape(4, 5)),
+        "channels_last": np.arange(120, dtype=np.float32).reshape(2, 4, 5, 3).transpose(0, 3, 1, 2),  # NCHW
         "big": np.arange(1 << 20, dtype=np.uint8).reshape(1024, 1024)[::3, 5:900],
     }
 
@@ -511,6 +512,24 @@ def test_every_layout_arrives_identical():
         assert shape == a.shape and dtype == str(a.dtype)
         np.testing.assert_array_equal(vals, a)
         assert ro and not writeable
+        # A copy keeps a dense layout's order (Fortran, a transpose: it was packed C-contiguous, losing
+        # channels_last), and packs anything else C-contiguous. (Strides of extent-1 dimensions carry nothing.)
+        if a.size == 0:
+            continue  # (nothing laid out)
+        kept = _dense_in_some_order(a)
+        want = a.strides if kept else np.ascontiguousarray(a).strides
+        assert [s * a.itemsize for n, s in zip(a.shape, strides) if n > 1] == \
+            [s for n, s in zip(a.shape, want) if n > 1], (k, strides)
+
+
+def _dense_in_some_order(a: np.ndarray) -> bool:
+    dims = sorted((s, n) for n, s in zip(a.shape, a.strides) if n != 1)
+    expect = a.itemsize
+    for s, n in dims:
+        if s != expect:
+            return False
+        expect *= n
+    return True
 
 
 def test_every_dtype_arrives_identical():
