@@ -218,7 +218,9 @@ PyMethodDef dlpack_method = {
     METH_FASTCALL | METH_KEYWORDS,
     "__dlpack__($self, /, *, stream=None, max_version=None, dl_device=None, copy=None)\n--\n\n"
     "Export as a DLPack capsule ('dltensor_versioned' when max_version >= (1, 0), else legacy 'dltensor'). "
-    "Any strided layout is exported as is; copy=True exports a copy (flagged IS_COPIED)."};
+    "Strided layouts are exported as they are, except negative strides, which most consumers cannot take "
+    "(PyTorch): those are copied into a dense tensor (flagged IS_COPIED), or refused with tw.CopyError under "
+    "copy=False; copy=True always exports a copy (flagged IS_COPIED)."};
 
 // ---- the DLPack C exchange API (tw.Tensor.__dlpack_c_exchange_api__) -------------------------------------------
 // Consumers that know it skip __dlpack__'s method call, keyword parsing and capsule. Called with the GIL held;
