@@ -798,7 +798,14 @@ nb::object asarray(nb::handle obj_in, nb::handle device, nb::handle copy, nb::ha
     if (!t.defined()) (void)t.layout();  // a spent loan: raises, naming it (it was returned as it was)
     if (!tw::import_may_copy(req.policy, {}) && (!req.policy.device || *req.policy.device == t.device()))
       return nb::borrow(obj);
-    return wrap(finish(t, req, {}));
+    try {
+      return wrap(finish(t, req, {}));
+    } catch (const tw::Error& e) {  // (the caller called asarray, not the Tensor.to that moved it)
+      std::string m = e.what();
+      const size_t colon = m.find(": ");
+      if (colon != std::string::npos && m.find("::") < colon) m = m.substr(colon + 2);
+      throw tw::Error(e.code(), "tensorwire.asarray: " + m);
+    }
   }
   // The common case, a NumPy array with no device or copy request: NumPy memory is on the CPU and an ndarray has no
   // Arrow capsules, so go straight to __dlpack__ without probing the other protocols or asking __dlpack_device__
@@ -864,7 +871,7 @@ nb::object asarray(nb::handle obj_in, nb::handle device, nb::handle copy, nb::ha
     } catch (const Refused& r) {
       refusals.push_back({proto, r.reason, r.type});
     } catch (const tw::Error& e) {
-      refusals.push_back({proto, e.what(), exception_for(e.code())});
+      refusals.push_back({proto, python_message(e.what()), exception_for(e.code())});
     } catch (nb::python_error& e) {
       if (!e.matches(PyExc_Exception)) throw;  // KeyboardInterrupt, SystemExit...
       PyObject* type = e.type().ptr();

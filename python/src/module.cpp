@@ -66,10 +66,16 @@ std::string python_message(std::string m) {
   };
   static const Class classes[] = {
       {"Tensor", {"view", "reshape", "permute", "transpose", "expand", "select", "slice", "contiguous", "copy",
-                  "as_readonly", "is_contiguous"}},
+                  "as_readonly", "is_contiguous", "to", "pin"}},
       {"Publisher", {"send", "loan", "close"}},
       {"Subscriber", {"recv", "fileno", "close"}},
   };
+  // "Subscriber('x'): ..." (an object's own words, no method named) is the Python class's too.
+  for (std::string_view cls : {"Subscriber('", "Publisher('"}) {
+    if (m.rfind(cls, 0) != 0) continue;
+    const size_t close = m.find("')", cls.size());
+    if (close != std::string::npos && m.compare(close + 2, 2, "::") != 0) return "tensorwire." + m;
+  }
   const size_t sep = m.find("::");
   if (sep == std::string::npos || sep == 0 || m.find(' ') < sep) return m;  // no C++ prefix at the start
   size_t end = sep + 2;
@@ -515,13 +521,9 @@ namespace {
 
 nb::handle g_tensor_type;
 
-int64_t as_index(nb::handle h, const char* what) {
-  if (PyBool_Check(h.ptr()) || !PyIndex_Check(h.ptr()))
-    throw tw::Error(tw::ErrorCode::type_mismatch, std::string(what) + " must be an int, not " + Py_TYPE(h.ptr())->tp_name);
-  Py_ssize_t v = PyNumber_AsSsize_t(h.ptr(), PyExc_OverflowError);
-  if (v == -1 && PyErr_Occurred()) throw nb::python_error();
-  return v;
-}
+// (int64_arg: one past 64 bits names the value, where PyNumber_AsSsize_t said "cannot fit 'int' into an
+// index-sized integer")
+int64_t as_index(nb::handle h, const char* what) { return int64_arg(h, what); }
 
 // One integer, Python's or NumPy's (np.int64, a 0-d integer array: what np.prod(shape) gives), not a bool.
 bool index_scalar(nb::handle h) {
@@ -686,8 +688,10 @@ tw::Tensor index_tensor(const tw::Tensor& t, nb::handle index) {
       ++dim;
     } else if (PySlice_Check(x.ptr())) {
       Py_ssize_t start, stop, step;
-      if (PySlice_Unpack(x.ptr(), &start, &stop, &step) < 0) throw nb::python_error();
       PySliceObject* sl = reinterpret_cast<PySliceObject*>(x.ptr());
+      if (sl->step != Py_None && PyIndex_Check(sl->step) && PyObject_Not(sl->step) == 1)  // (named, as NumPy's)
+        throw tw::Error(tw::ErrorCode::invalid_argument, "slice step cannot be zero");
+      if (PySlice_Unpack(x.ptr(), &start, &stop, &step) < 0) throw nb::python_error();
       std::optional<int64_t> b = sl->start == Py_None ? std::nullopt : std::optional<int64_t>(start);
       std::optional<int64_t> e = sl->stop == Py_None ? std::nullopt : std::optional<int64_t>(stop);
       const bool reversed = step < 0 && r.shape()[static_cast<size_t>(dim)] > 1;
@@ -696,8 +700,15 @@ tw::Tensor index_tensor(const tw::Tensor& t, nb::handle index) {
       ++dim;
       ++src_dim;
     } else if (PyIndex_Check(x.ptr()) && !PyBool_Check(x.ptr()) && !is_array_index(x)) {
-      const int64_t i = as_index(x, "index");
       const int64_t n = r.shape()[static_cast<size_t>(dim)];
+      int64_t i = 0;
+      try {
+        i = as_index(x, "index");
+      } catch (const tw::Error& e) {  // beyond 64 bits: out of range for any dimension, an IndexError as NumPy's
+        if (e.code() != tw::ErrorCode::overflow) throw;
+        throw tw::Error(tw::ErrorCode::out_of_range, std::string(e.what()) + ": it is out of range for dimension " +
+                                                         std::to_string(src_dim) + " of size " + std::to_string(n));
+      }
       if (i < -n || i >= n)
         throw tw::Error(tw::ErrorCode::out_of_range, "index " + std::to_string(i) + " is out of range for dimension " +
                                                          std::to_string(src_dim) + " of size " + std::to_string(n));
@@ -803,11 +814,27 @@ NB_MODULE(_tensorwire, m) {
 
   // ---- Device -----------------------------------------------------------------------------------------------
   nb::class_<tw::Device>(m, "Device", "A DLPack device: (device_type, device_id); str() gives 'cpu' or 'cuda:0'.")
-      .def("__init__", [](tw::Device* self, nb::handle spec) {
-        auto d = parse_device(spec);
+      .def("__init__", [](tw::Device* self, nb::handle spec, nb::handle index) {
+        std::optional<tw::Device> d;
+        if (index.is_none()) {
+          d = parse_device(spec);
+        } else {  // Device('cuda', 1), as torch.device('cuda', 1)
+          if (!PyUnicode_Check(spec.ptr()))
+            throw tw::Error(tw::ErrorCode::type_mismatch,
+                            std::string("tensorwire.Device: with an index, the device type must be a str such as "
+                                        "'cuda', not ") + Py_TYPE(spec.ptr())->tp_name);
+          const std::string type = nb::cast<std::string>(spec);
+          if (type.find(':') != std::string::npos)
+            throw tw::Error(tw::ErrorCode::invalid_argument,
+                            "tensorwire.Device: '" + type + "' names an index already; pass the index once");
+          const int64_t i = int64_arg(index, "tensorwire.Device: index");
+          d = parse_device(nb::str((type + ":" + std::to_string(i)).c_str()));
+        }
         if (!d) throw tw::Error(tw::ErrorCode::invalid_argument, "Device(None) is not a device");
         new (self) tw::Device(*d);
-      }, "spec"_a, "A device from 'cpu', 'cuda', 'cuda:1', a tw.Device or a DLPack (device_type, device_id) tuple.")
+      }, "spec"_a.none(), "index"_a.none() = nb::none(),
+         "A device from 'cpu', 'cuda', 'cuda:1', ('cuda', 1) as torch.device takes it, a tw.Device or a DLPack "
+         "(device_type, device_id) tuple.")
       .def_prop_ro("type", [](const tw::Device& d) { return std::string(d.type_name()); }, "The device kind as a name ('cpu', 'cuda', 'cuda_host', ...).")
       .def_prop_ro("device_type", [](const tw::Device& d) { return static_cast<int>(d.type); }, "The DLPack device type code (1 cpu, 2 cuda, 3 cuda_host, ...).")
       .def_prop_ro("host_accessible", [](const tw::Device& d) { return d.is_host_accessible(); },
@@ -874,13 +901,13 @@ NB_MODULE(_tensorwire, m) {
       }, "This tensor when already C-contiguous (the same object); otherwise a C-contiguous copy.")
       .def("to", [](nb::handle self, nb::handle device, nb::handle stream, nb::handle copy) -> nb::object {
         const tw::Tensor& t = unwrap(self);
-        const std::optional<tw::Device> dev = parse_device(device);
-        if (!dev) throw tw::Error(tw::ErrorCode::invalid_argument, "Tensor.to: device must not be None");
-        const std::optional<intptr_t> s = parse_stream(stream);
+        const std::optional<tw::Device> dev = as_python("tensorwire.Tensor.to", [&] { return parse_device(device); });
+        if (!dev) throw tw::Error(tw::ErrorCode::invalid_argument, "tensorwire.Tensor.to: device must not be None");
+        const std::optional<intptr_t> s = as_python("tensorwire.Tensor.to", [&] { return parse_stream(stream); });
         std::optional<bool> c;
         if (!copy.is_none()) {
           if (!PyBool_Check(copy.ptr()))
-            throw tw::Error(tw::ErrorCode::type_mismatch, "Tensor.to: copy must be None, True or False");
+            throw tw::Error(tw::ErrorCode::type_mismatch, "tensorwire.Tensor.to: copy must be None, True or False");
           c = copy.ptr() == Py_True;
         }
         if (s && dev->type == kDLCPU && t.device().type == kDLCPU)

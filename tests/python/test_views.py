@@ -379,3 +379,28 @@ def test_view_of_a_dtype_says_tensorwire_does_not_reinterpret_and_shape_errors_n
         with pytest.raises(TypeError, match=text):
             call()
     assert t.view(4, 3).shape == (4, 3) and t.view([2, 6]).shape == (2, 6)
+
+
+def test_errors_name_the_python_call_and_an_index_past_64_bits_is_an_index_error():
+    t = tw.asarray(np.arange(12.0).reshape(3, 4))
+    for call, exc, text in [
+        (lambda: t.to("cpu", stream=-1), ValueError, r"^tensorwire.Tensor.to: stream -1 is not a stream"),
+        (lambda: t.to("cpu", stream="x"), TypeError, r"^tensorwire.Tensor.to: stream must be None"),
+        (lambda: t.to("vulkan"), BufferError, r"^tensorwire.Tensor.to: tensorwire moves tensors"),
+        (lambda: tw.asarray(t, device="vulkan"), BufferError, r"^tensorwire.asarray: tensorwire moves tensors"),
+        (lambda: t[:, ::0], ValueError, r"^tensorwire.Tensor.__getitem__: slice step cannot be zero"),
+        (lambda: t[2**70], IndexError, r"^tensorwire.Tensor.__getitem__: index 1180591620717411303424 does not fit "
+                                       r"in 64 bits: it is out of range for dimension 0 of size 3"),
+        (lambda: t[0, -(2**70)], IndexError, r"out of range for dimension 1 of size 4"),
+        (lambda: t.reshape(2**70), ValueError, r"^tensorwire.Tensor.reshape: shape 1180591620717411303424 does not fit"),
+    ]:
+        with pytest.raises(exc, match=text):
+            call()
+    # (PyTorch's spelling, torch.device("cuda", 1), was nanobind's "incompatible function arguments")
+    assert tw.Device("cuda", 1) == tw.Device("cuda:1") and tw.Device("cpu", 0) == tw.Device("cpu")
+    with pytest.raises(ValueError, match="'cuda:0' names an index already"):
+        tw.Device("cuda:0", 1)
+    with pytest.raises(TypeError, match="the device type must be a str"):
+        tw.Device(2, 1)
+    with pytest.raises(ValueError, match=r"Device\(None\) is not a device"):
+        tw.Device(None)
