@@ -80,7 +80,7 @@ fn views_and_copies() {
 
 #[test]
 fn slice_bounds_clamp_as_pythons_do_so_extremes_stand_for_omitted_ones() {
-    let t = Tensor::from_vec((0..4).map(|i| i as i32).collect(), &[4]).unwrap();
+    let t = Tensor::from_vec((0..4i32).collect(), &[4]).unwrap();
     let rev = t.slice(0, -1, i64::MIN, -1).unwrap().contiguous().unwrap(); // [::-1]
     assert_eq!(rev.as_slice::<i32>().unwrap(), &[3, 2, 1, 0]);
     let all = t.slice(0, i64::MIN, i64::MAX, 1).unwrap(); // [:]
