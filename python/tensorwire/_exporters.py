@@ -84,8 +84,12 @@ def _jax_zero_copy(j, t):
                         "forbids the copy")
 
 
+# The dtypes whose DLPack codes came with version 1.1 (float8, float6, float4).
+_DLPACK_1_1_FLOATS = ("float8", "float6", "float4")
+
+
 def torch_from_dlpack(t, what="tensorwire.to_torch"):
-    """torch.from_dlpack(t), and float8 too: torch.from_dlpack asks producers for DLPack 1.0 at most, which has no
+    """torch.from_dlpack(t), and float8 and float4 too: torch.from_dlpack asks producers for DLPack 1.0 at most, which has no
     float8 codes (tensorwire refuses to hand a code to a consumer that does not claim to know it), yet PyTorch reads
     them from a 1.1 capsule given directly. The capsule is made ready on torch's current stream, as from_dlpack
     would ask (DLPack: 1 for the legacy default stream). A dtype PyTorch cannot take is a BufferError naming it
@@ -93,7 +97,7 @@ def torch_from_dlpack(t, what="tensorwire.to_torch"):
     import torch
 
     try:
-        if not t.dtype.name.startswith("float8"):
+        if not t.dtype.name.startswith(_DLPACK_1_1_FLOATS):
             return torch.from_dlpack(t)
         stream = None
         if t.device.type == "cuda":

@@ -539,7 +539,14 @@ def _tree_map(obj: Any, leaf: Callable[[Any], Any], is_leaf: Callable[[Any], boo
         vals = [_tree_map(v, leaf, is_leaf) for v in obj]
         if hasattr(obj, "_fields"):  # namedtuple
             return type(obj)(*vals)
-        return tuple(vals) if type(obj) is tuple else type(obj)(vals)
+        if type(obj) is tuple:
+            return tuple(vals)
+        for build in (lambda: type(obj)(vals), lambda: type(obj)(*vals)):  # (a tuple subclass's own constructor)
+            try:
+                return build()
+            except TypeError:
+                pass
+        return vals  # neither: a list, as torch's default_collate falls back to
     if isinstance(obj, list):
         vals = [_tree_map(v, leaf, is_leaf) for v in obj]
         if type(obj) is list:
@@ -580,8 +587,9 @@ def _to_torch_one(t: Any, copy: bool | None) -> torch.Tensor:
         _readonly_warned = True
         warnings.warn(
             "tensorwire.torch.to_torch: the tensor is read-only (a received message, or a read-only producer) and "
-            "PyTorch has no read-only tensors; the result shares its memory, so do not write into it "
-            "(clone() it first, or pass copy=True). This warning is shown once.",
+            "PyTorch has no read-only tensors; the result shares its memory, so do not write into it: an in-place "
+            "op on a received tensor's read-only mapping is a segmentation fault (clone() it first, or pass "
+            "copy=True). This warning is shown once.",
             stacklevel=3,
         )
     x = _torch_from_dlpack(t, "tensorwire.torch.to_torch")
@@ -630,9 +638,21 @@ def to_torch(t: Any, *, copy: bool | None = None) -> Any:
     which PyTorch refuses, are copied, or refused with tw.CopyError under copy=False.
     """
     check_copy(copy, "to_torch")
-    if isinstance(t, (dict, list, tuple)) and not hasattr(t, "__dlpack__"):
+    # A list or tuple of numbers (nested or not) is array data, as tw.asarray and tw.to_torch take it; one holding
+    # tensors (or dicts) is a message, converted part by part.
+    if isinstance(t, (dict, list, tuple)) and not hasattr(t, "__dlpack__") and not _numbers_only(t):
         return _tree_map(t, lambda v: _to_torch_one(v, copy), lambda v: not isinstance(v, (dict, list, tuple)))
     return _to_torch_one(t, copy)
+
+
+def _numbers_only(x: Any, depth: int = 0) -> bool:
+    """Whether x is a non-empty list / tuple whose leaves are all numbers (Python's or NumPy's scalars)."""
+    if isinstance(x, (bool, int, float, complex)) or (type(x).__module__ == "numpy" and hasattr(x, "dtype")
+                                                      and getattr(x, "ndim", 1) == 0):
+        return depth > 0
+    if type(x) not in (list, tuple) or depth > 64:
+        return False
+    return (len(x) > 0 or depth > 0) and all(_numbers_only(e, depth + 1) for e in x)
 
 
 def from_torch(x: Any, *, copy: bool | None = None) -> Any:
@@ -785,14 +805,20 @@ def _torch_autodiff_only(x: torch.Tensor) -> bool:
     return _fw_ad._current_level >= 0 or _is_functorch_wrapped(x)
 
 
+def _needs_copy(x: torch.Tensor) -> bool:
+    """A strided tensor that is not C-contiguous (sparse layouts have no is_contiguous: they raise)."""
+    return x.layout == torch.strided and not x.is_contiguous()
+
+
 def contiguous(x: torch.Tensor) -> torch.Tensor:
     """x made C-contiguous by tensorwire's copy engine (x itself when it already is); differentiable, and a subclass
     keeps its type and attributes. CUDA tensors, and dtypes or layouts DLPack cannot carry (float8, quantized,
-    sparse, nested), are copied by PyTorch's x.contiguous(), and so is everything under forward-mode AD or a
-    torch.func transform (their tangents and wrappers are PyTorch's)."""
+    nested), are copied by PyTorch's x.contiguous(), and so is everything under forward-mode AD or a torch.func
+    transform (their tangents and wrappers are PyTorch's). A tensor that is not strided (sparse COO, CSR, CSC, BSR,
+    BSC) has no strides to make contiguous: it is returned as it is."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"contiguous: expects a torch.Tensor, got {type(x).__module__}.{type(x).__qualname__}")
-    if x.is_contiguous():
+    if not _needs_copy(x):
         return x
     if _torch_autodiff_only(x):
         return x.contiguous()
@@ -839,8 +865,8 @@ def contiguous_inputs(fn: Callable | None = None, *, mutates: tuple[str, ...] | 
 
     def fix(a: Any) -> Any:
         if isinstance(a, Tensor):
-            return a if a.is_contiguous() else contiguous(a)
-        if type(a) in (list, tuple) and any(isinstance(v, Tensor) and not v.is_contiguous() for v in a):
+            return contiguous(a) if _needs_copy(a) else a
+        if type(a) in (list, tuple) and any(isinstance(v, Tensor) and _needs_copy(v) for v in a):
             return type(a)(fix(v) for v in a)
         return a
 
@@ -894,7 +920,7 @@ def contiguous_inputs(fn: Callable | None = None, *, mutates: tuple[str, ...] | 
             return call_mutating(args, kwargs)
         for a in args:
             if isinstance(a, Tensor):
-                if not a.is_contiguous():
+                if _needs_copy(a):
                     break
             elif type(a) in (list, tuple):
                 break

@@ -1355,3 +1355,65 @@ def test_property_contiguous_and_round_trips_are_bit_exact(x, as_units):
     assert bits(y) == bits(x)
     col = twt.collate([x, x])
     assert type(col) is type(x) and torch.equal(plain(col), torch.stack([plain(x), plain(x)]))
+
+
+def test_contiguous_inputs_passes_sparse_tensors_through():
+    # (a sparse argument raised "unsupported memory format option Contiguous": sparse tensors have no strides)
+    @twt.contiguous_inputs
+    def spmm(a, x):
+        assert x.is_contiguous()
+        return torch.sparse.mm(a, x)
+
+    coo = torch.eye(3).to_sparse()
+    assert spmm(coo, torch.ones(2, 3).T).tolist() == [[1.0] * 2] * 3
+    assert twt.contiguous(coo) is coo and twt.contiguous(torch.eye(3).to_sparse_csr()).layout == torch.sparse_csr
+
+    @twt.contiguous_inputs(mutates=("out",))
+    def into(a, out):
+        out.copy_(torch.sparse.mm(a, torch.ones(3, 2)))
+
+    out = torch.zeros(2, 3).T
+    into(coo, out=out)
+    assert out.tolist() == [[1.0] * 2] * 3
+
+
+def test_to_torch_takes_a_list_of_numbers_as_array_data_as_tw_to_torch_does():
+    # (it was a list of 0-d tensors)
+    assert twt.to_torch([1, 2, 3]).tolist() == tw.to_torch([1, 2, 3]).tolist() == [1, 2, 3]
+    assert twt.to_torch([[1.5, 2], (3, np.float32(4))]).shape == (2, 2)
+    parts = twt.to_torch([tw.zeros(2), tw.zeros(3)])  # a message of tensors: part by part
+    assert isinstance(parts, list) and [p.shape for p in parts] == [(2,), (3,)]
+
+
+def test_float4_goes_back_to_torch_through_a_dlpack_1_1_capsule():
+    x = torch.arange(24, dtype=torch.uint8).reshape(2, 3, 4).view(torch.float4_e2m1fn_x2)
+    t = tw.asarray(x)
+    for y in (tw.to_torch(t), twt.to_torch(t)):
+        assert y.dtype == torch.float4_e2m1fn_x2 and y.data_ptr() == x.data_ptr()
+        assert torch.equal(y.view(torch.uint8), x.view(torch.uint8))
+
+
+class _Pair(tuple):
+    def __new__(cls, a, b):
+        return super().__new__(cls, (a, b))
+
+    def __reduce__(self):
+        return (_Pair, tuple(self))
+
+
+class _Three(tuple):
+    def __new__(cls, a, b, c):
+        return super().__new__(cls, (a, b))
+
+
+def test_a_tuple_subclass_keeps_its_type_when_its_constructor_takes_the_items():
+    # (twt.DataLoader raised "Pair.__new__() missing 1 required positional argument" where torch's loader works)
+    same = twt._tree_map(_Pair(torch.zeros(1), torch.ones(1)), lambda v: v + 1, lambda v: isinstance(v, torch.Tensor))
+    assert type(same) is _Pair and [v.tolist() for v in same] == [[1.0], [2.0]]
+    odd = twt._tree_map(_Three(torch.zeros(1), torch.ones(1), None), lambda v: v, lambda v: isinstance(v, torch.Tensor))
+    assert type(odd) is list and len(odd) == 2  # neither constructor fits: a list, as torch's default_collate
+    loader = twt.DataLoader(list(range(8)), batch_size=4, num_workers=1,
+                            collate_fn=lambda b: _Pair(torch.tensor(b), torch.tensor(b) * 2))
+    batches = list(loader)
+    assert [type(b) for b in batches] == [_Pair, _Pair]
+    assert [v.tolist() for v in batches[1]] == [[4, 5, 6, 7], [8, 10, 12, 14]]
