@@ -126,8 +126,15 @@ def _publisher(token: str, worker_id: int, depth: int) -> list:
 
 def _hand_over(batch: Any, token: str, worker_id: int, depth: int) -> Any:
     tensors: list = []
+    seen: dict[int, Any] = {}  # id -> what it became: a tensor in two places of a batch is sent once, as torch's
+    # pickling sends it (the main process then hands out one tensor in both places, as torch's loader does)
 
     def leaf(x: torch.Tensor) -> Any:
+        if id(x) not in seen:
+            seen[id(x)] = one(x)  # (x lives in the batch meanwhile: its id is not reused)
+        return seen[id(x)]
+
+    def one(x: torch.Tensor) -> Any:
         if x.device.type != "cpu" or x.requires_grad or not _twt._dlpack_carries(x):
             return x  # left to torch's own pickling (CUDA, sparse, autograd state, float8...)
         cls, state = _twt._state(x)
@@ -282,11 +289,16 @@ def _resolve(b: Any) -> Any:
     if len(received) != b.count:
         raise RuntimeError(f"tensorwire DataLoader: worker {b.worker_id} sent {len(received)} of {b.count} tensors")
 
+    made: dict[int, Any] = {}
+
     def leaf(r: _Ref) -> Any:
+        if r.index in made:  # one tensor in several places of the batch, as the worker had it
+            return made[r.index]
         x = received[r.index]
         if r.perm is not None:  # sent C-contiguous in the permuted order: the view back has the worker's strides
             x = x.permute(sorted(range(len(r.perm)), key=r.perm.__getitem__))
-        return _twt._rewrap(x, r.cls, r.state)
+        made[r.index] = y = _twt._rewrap(x, r.cls, r.state)
+        return y
 
     return _twt._tree_map(b.skeleton, leaf, lambda v: isinstance(v, _Ref))
 

@@ -1417,3 +1417,21 @@ def test_a_tuple_subclass_keeps_its_type_when_its_constructor_takes_the_items():
     batches = list(loader)
     assert [type(b) for b in batches] == [_Pair, _Pair]
     assert [v.tolist() for v in batches[1]] == [[4, 5, 6, 7], [8, 10, 12, 14]]
+
+
+class _Aliased(torch.utils.data.Dataset):
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, i):
+        x = torch.full((3,), float(i))
+        return {"a": x, "b": x, "c": [x, torch.zeros(2)]}
+
+
+def test_a_tensor_in_two_places_of_a_batch_arrives_as_one_tensor_as_with_torchs_loader():
+    # (each place got a copy of its own: a write through one did not show through the other, and it crossed twice)
+    for num_workers in (0, 1):
+        b = next(iter(twt.DataLoader(_Aliased(), batch_size=None, num_workers=num_workers)))
+        ref = next(iter(torch.utils.data.DataLoader(_Aliased(), batch_size=None, num_workers=num_workers)))
+        assert (b["a"] is b["b"] is b["c"][0]) and (ref["a"] is ref["b"])
+        assert b["c"][1] is not b["a"]
