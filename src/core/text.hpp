@@ -12,6 +12,13 @@ inline std::string counted(int64_t n, const char* noun) {
   return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
 }
 
+/// Why a subscriber's stream ended when its own close() ended it, saying what close() discarded unread.
+inline std::string closed_subscriber_text(uint64_t discarded) {
+  if (discarded == 0) return "this subscriber was closed";
+  return "this subscriber was closed with " + counted(int64_t(discarded), "unread message") +
+         " queued; close() discarded " + (discarded == 1 ? "it" : "them");
+}
+
 /// A size as a person reads it: "16 bytes", "12.5 KiB", "8.0 MiB", "2.5 GiB" (one decimal from KiB up).
 inline std::string bytes_text(uint64_t n) {
   if (n < 1024) return counted(int64_t(n), "byte");

@@ -181,8 +181,12 @@ class SubscriberImpl {
       // socket (and with it our claim on their buffers) open until they are gone.
       aref(chan_->ring.header().detached).store(1, std::memory_order_seq_cst);
       for (int i = 0; i < (1 << 20); ++i) {
-        if (chan_->ring.try_pop([&](CellHeader& c) { release_slot(c.msg.lease_slot); }) != Pop::popped) break;
-        ++discarded_;
+        // (a message of n tensors is a head cell and n part cells: one message)
+        const auto pop = chan_->ring.try_pop([&](CellHeader& c) {
+          if (!(c.msg.flags & kGroupPart)) ++discarded_;
+          release_slot(c.msg.lease_slot);
+        });
+        if (pop != Pop::popped) break;
       }
       chan_->ring.signal_space();
       // Wake every thread asleep in recv(): they see the subscriber closed.
@@ -205,10 +209,7 @@ class SubscriberImpl {
     std::lock_guard lock(mu_);
     if (!closed_locked()) return "";
     const std::string pub = "the publisher (pid " + std::to_string(publisher_pid_) + ")";
-    if (user_closed_)
-      return discarded_ ? "this subscriber was closed with " + tw::detail::counted(int64_t(discarded_), "unread message") +
-                              " queued; close() discarded " + (discarded_ == 1 ? "it" : "them")
-                        : "this subscriber was closed";
+    if (user_closed_) return tw::detail::closed_subscriber_text(discarded_);
     if (forked_) return "";  // (every use says whose it is)
     if (!refused_.empty()) return pub + " refused this subscriber: " + refused_;
     if (broken_) return pub + " broke the protocol";

@@ -20,6 +20,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/text.hpp"
 #include "net/engine.hpp"
 #include "net/net_internal.hpp"
 #include "net/sha256.hpp"
@@ -185,7 +186,7 @@ class ClientImpl final : public Client, public Session {
   }
   std::string why_ended() const override {
     std::lock_guard lock(mu_);
-    if (closed_) return "this subscriber was closed";
+    if (closed_) return tw::detail::closed_subscriber_text(discarded_);
     return why_ended_;
   }
   bool connected() const noexcept override { return connected_.load(std::memory_order_acquire); }
@@ -208,6 +209,7 @@ class ClientImpl final : public Client, public Session {
   void close() noexcept override {
     {
       std::lock_guard lock(mu_);
+      if (!closed_) discarded_ = queue_.size();  // (one entry per message)
       closed_ = true;
       queue_.clear();
       signal_locked();
@@ -793,6 +795,7 @@ class ClientImpl final : public Client, public Session {
   std::deque<Delivered> queue_;
   Policy on_full_ = Policy::block;
   bool ended_ = false, closed_ = false;
+  uint64_t discarded_ = 0;  // messages close() found queued and discarded unread
   std::string fatal_;
   std::string attempt_;  // why the last connection attempt failed
   std::string why_ended_;  // why the stream ended (under mu_)

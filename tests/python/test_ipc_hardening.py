@@ -510,13 +510,34 @@ def test_timeouts_of_the_wrong_type_are_type_errors():
                 sub.recv(timeout=bad)
 
 
-@pytest.mark.parametrize("option,says", [("max_subscribers", "max_subscribers must be at least 1"),
+@pytest.mark.parametrize("option,says", [("depth", "depth must be between 1 and 1048576"),
+                                          ("max_subscribers", "max_subscribers must be at least 1"),
                                           ("max_buffers", "max_buffers must be between 1 and 65536"),
                                           ("pool_bytes", "pool_bytes must be at least 1")])
 def test_a_publisher_limit_of_zero_is_refused_naming_it(option, says):
     # (pool_bytes=0 was accepted and served one buffer at a time, where the other two limits were refused)
     with pytest.raises(ValueError, match=says):
         tw.Publisher(topic("zero"), **{option: 0})
+    with pytest.raises(ValueError, match=f"{says}, not -1"):  # (-1 was told "must be >= 0")
+        tw.Publisher(topic("zero"), **{option: -1})
+
+
+def test_closing_a_subscriber_says_how_many_queued_messages_it_discarded():
+    # (a message of several tensors is several ring cells: it was counted once per cell, "6 unread messages" for 2)
+    name = topic("closeq")
+    with tw.Publisher(name) as pub:
+        sub = tw.Subscriber(name)
+        deadline = time.monotonic() + 30
+        while not (sub.connected and pub.subscribers == 1):  # (connected takes the handshake a step each time)
+            assert time.monotonic() < deadline, "never connected"
+            time.sleep(0.001)
+        pub.send({"a": np.zeros(3), "b": np.ones(3)})
+        pub.send([np.zeros(2), np.ones(2), np.ones(1)])
+        pub.send(np.arange(4))
+        sub.close()
+        with pytest.raises(EOFError, match=r"this subscriber was closed with 3 unread messages queued; close\(\) "
+                                           r"discarded them$"):
+            sub.recv(timeout=1)
 
 
 def test_too_many_subscribers_are_refused_with_a_clear_error():

@@ -1706,3 +1706,16 @@ def test_a_remote_end_of_stream_says_why():
     finally:
         pr.kill()
         pr.wait()
+
+
+def test_closing_a_remote_subscriber_says_how_many_queued_messages_it_discarded():
+    # (a local subscriber said so; a remote one said only "this subscriber was closed")
+    with Pair("closeq") as p:
+        for i in range(3):
+            assert p.pub.send({"a": np.zeros(3), "b": np.full(2, i)}, timeout=TIMEOUT) == 1
+        p.pub.close()  # its BYE comes after the three messages: once it is in, they are all queued here
+        wait_until(lambda: not p.sub.connected, what="the publisher's close")
+        p.sub.close()
+        with pytest.raises(EOFError, match=r"this subscriber was closed with 3 unread messages queued; close\(\) "
+                                           r"discarded them$"):
+            p.sub.recv(timeout=1)
