@@ -105,6 +105,8 @@ def torch_from_dlpack(t, what="tensorwire.to_torch"):
             stream = 1 if s == 0 else s
         return torch.from_dlpack(t.__dlpack__(max_version=(1, 1), stream=stream))
     except BufferError as e:
+        if "Unsupported" not in str(e) and "needs DLPack" not in str(e):
+            raise  # (not about the dtype: tensorwire's own words already say what)
         name = t.dtype.name
         raise BufferError(f"{what}: PyTorch {torch.__version__.split('+')[0]} cannot take {name} tensors ({e}); "
                           f"tw.to_numpy(t) gives it to NumPy (through ml_dtypes)") from None
@@ -142,7 +144,9 @@ def to_numpy(x, *, copy=None):
         if copy is False:
             raise CopyError(f"NumPy cannot take a packed {t.dtype.name} tensor (it stores one element per byte) and "
                             "copy=False forbids the copy")
-        return unpacked(t)
+        a = unpacked(t)
+        a.flags.writeable = bool(copy)  # (a write into an unasked-for copy would not reach t: read-only says so)
+        return a
     a = ndarray_view(t)
     return a.copy() if copy else a
 

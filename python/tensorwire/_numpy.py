@@ -89,13 +89,20 @@ def unpacked(t) -> np.ndarray:
 
 def tensor_array(self, dtype=None, copy=None):
     """ndarray protocol: zero-copy unless copy=True or a dtype conversion is asked for (or the tensor is a packed
-    sub-byte one, which NumPy can only hold unpacked: a copy, refused with copy=False)."""
+    sub-byte one, which NumPy can only hold unpacked: a copy, refused with copy=False, and read-only unless
+    copy=True, since writes into it would not reach the tensor)."""
     if is_packed(self):
         if copy is False:
             raise ValueError(f"a packed {self.dtype.name} tensor needs a copy to become an ndarray (NumPy stores one "
                              "element per byte), but copy=False")
         a = unpacked(self)
-        return a.astype(dtype) if dtype is not None and np.dtype(dtype) != a.dtype else a
+        a = a.astype(dtype) if dtype is not None and np.dtype(dtype) != a.dtype else a
+        if not copy:
+            # np.asarray(t) of a packed tensor is a copy where a view was asked for: a write into it would never
+            # reach t (a loan filled that way sent stale pool bytes, silently). Read-only says so; np.array(t)
+            # (copy=True) is the writable copy.
+            a.flags.writeable = False
+        return a
     a = ndarray_view(self)
     if dtype is not None and np.dtype(dtype) != a.dtype:
         if copy is False:

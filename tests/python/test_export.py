@@ -356,9 +356,12 @@ def test_packed_sub_byte_tensors_unpack_bit_exactly_into_numpy_copies(name):
         t = tw.asarray(_pack_little(codes, bits))._from_bytes(name, shape, False) if n else tw.zeros(shape, name)
         assert not t.subbyte_padded
         want = np.array(codes, np.uint8).reshape(shape)
-        for out in (np.asarray(t), np.array(t), np.array(t, copy=True), tw.to_numpy(t)):
-            assert out.dtype == mld and out.shape == tuple(shape) and out.flags.writeable
+        for out in (np.asarray(t), np.array(t), np.array(t, copy=True), tw.to_numpy(t), tw.to_numpy(t, copy=True)):
+            assert out.dtype == mld and out.shape == tuple(shape)
             assert out.view(np.uint8).tolist() == want.tolist()
+        # A copy asked for is writable; one made where a view was asked for is read-only (writes would be lost)
+        assert np.array(t).flags.writeable and tw.to_numpy(t, copy=True).flags.writeable
+        assert not np.asarray(t).flags.writeable and not tw.to_numpy(t).flags.writeable
         if "float" not in name:  # (float codes include NaNs, which compare unequal)
             assert t.tolist() == want.view(mld).tolist()
         with pytest.raises(ValueError, match=f"packed {name} .* copy=False"):

@@ -555,3 +555,22 @@ def test_a_0d_tensor_formats_as_its_value_as_numpy_and_torch_do():
     assert f"{t}" == str(t)
     with pytest.raises(TypeError, match=r"format spec '.2f' applies to a 0-d tensor's value; this tensor has shape \(3,\)"):
         f"{t:.2f}"
+
+
+def test_a_packed_tensors_unpacked_copy_is_read_only_unless_a_copy_was_asked_for():
+    # (np.asarray(loan)[...] = data on an int4 loan wrote into a throwaway copy: the loan went out with stale pool
+    # bytes, silently)
+    import ml_dtypes
+
+    t = tw.zeros((4,), "int4")
+    for a in (np.asarray(t), tw.to_numpy(t)):
+        assert not a.flags.writeable
+        with pytest.raises(ValueError, match="read-only"):
+            a[:] = ml_dtypes.int4(3)
+    for a in (np.array(t), tw.to_numpy(t, copy=True), np.asarray(t, copy=True)):
+        assert a.flags.writeable and a.tolist() == [0, 0, 0, 0]
+    name = f"pytest/{os.getpid()}/int4loan"
+    with tw.Publisher(name) as pub:
+        loan = pub.loan((6,), "int4")
+        with pytest.raises(ValueError, match="read-only"):
+            np.asarray(loan)[:] = ml_dtypes.int4(1)
