@@ -1,6 +1,7 @@
 // tensorwire/ipc.hpp — publish/subscribe of tensors between processes on one machine, through shared memory.
 // For dataflow pipelines, data loaders and model servers: a tensor in a loaned pool buffer crosses with no copy,
-// any other tensor with exactly one (the copy engine packs it), and dtype, layout and metadata arrive as sent.
+// any other tensor with exactly one (a dense layout of any order copied as it is, anything else packed C-contiguous),
+// and dtype, shape, values and metadata arrive as sent.
 //
 // The protocol, step by step (see src/ipc/ipc_internal.hpp for the wire format):
 //  1. A Publisher listens on the abstract Unix socket "tw/<uid>/<name>" (SOCK_SEQPACKET; nothing is created in the
@@ -216,7 +217,9 @@ class Publisher {
 
   /// Delivers `t` to every current subscriber, or to none: with t.metadata() merged with `extra` (extra wins). A
   /// tensor that is a view of a pool buffer (from loan()) crosses with no copy, keeping its strides and offset;
-  /// any other host tensor is packed into a pool buffer with one tw::copy (received tensors say "shm" or
+  /// any other host tensor is copied into a pool buffer once: a dense layout of any order (Fortran, channels_last)
+  /// as it is, with its strides, anything else packed C-contiguous (a receiver that reads the memory as C order
+  /// checks is_contiguous() first). (Received tensors say "shm" or
   /// "shm-copy" in Buffer::transport; CUDA tensors "cuda-vmm", "cuda-ipc" or "cuda-copy"). A loan someone could still write after
   /// this call (this overload keeps the caller's handle) becomes read-only in this process until loaned again, so
   /// a stale write faults instead of changing what subscribers hold (PublisherOptions::protect_sent_loans).

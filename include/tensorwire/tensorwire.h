@@ -118,7 +118,8 @@ tw_status tw_tensor_export_dlpack(const tw_tensor* t, const tw_export_options* o
 /* The legacy (unversioned) struct, for pre-1.0 consumers: a read-only tensor is refused (TW_ERR_UNSUPPORTED). */
 tw_status tw_tensor_export_dlpack_legacy(const tw_tensor* t, const tw_export_options* options, DLManagedTensor** out);
 /* Imports under `options` (NULL: defaults); takes ownership of `managed` as tw_tensor_from_dlpack does. A copy
-   tensorwire makes (TW_COPY_ALWAYS, another device) is the caller's alone: tw_tensor_is_exclusive says 1. */
+   tensorwire makes of a non-empty tensor (TW_COPY_ALWAYS, another device) is the caller's alone:
+   tw_tensor_is_exclusive says 1. */
 tw_status tw_tensor_import_dlpack(DLManagedTensorVersioned* managed, const tw_import_options* options,
                                   tw_tensor** out);
 /* A read-only view of t (a new handle). */
@@ -350,7 +351,9 @@ tw_status tw_publisher_loan(tw_publisher* p, int32_t ndim, const int64_t* shape,
 tw_status tw_publisher_loan_on(tw_publisher* p, int32_t ndim, const int64_t* shape, DLDataType dtype, DLDevice device,
                                int64_t timeout_ns, tw_tensor** out);
 /* Delivers `t` to every current subscriber or to none, with its metadata merged with `extra` (a dict or NULL;
-   extra wins). A loan crosses with no copy, any other host tensor is packed with one copy. The caller keeps `t`:
+   extra wins). A loan crosses with no copy, any other host tensor with one copy: a dense layout of any order
+   (Fortran, a transpose) as it is, with its strides, anything else packed C-contiguous, so a receiver that reads
+   the data as C order checks tw_tensor_is_contiguous (or takes tw_tensor_contiguous). The caller keeps `t`:
    a loan that could still be written is made read-only here (protect_sent_loans), and once a subscriber got it
    the handle never reports tw_tensor_is_exclusive again. *delivered (may be NULL): the number of subscribers
    that got it. TW_ERR_WOULD_BLOCK / TW_ERR_TIMEOUT: nobody got it, and the loan is as it was. */

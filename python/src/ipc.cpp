@@ -368,9 +368,12 @@ size_t send_message(tw::Publisher& p, nb::handle obj, nb::handle metadata, nb::h
 
 // A size or count argument: an int >= 0, or a ValueError/TypeError naming it (nanobind's own answer to -1 for a
 // size_t was "incompatible function arguments").
-size_t count_arg(nb::handle h, const char* what) {
+// `rule`: what the option takes, in the words the library uses for 0 (so that -1 and 0 are told the same thing).
+size_t count_arg(nb::handle h, const char* what, const char* rule = ">= 0") {
   const int64_t v = int64_arg(h, what);
-  if (v < 0) throw tw::Error(tw::ErrorCode::invalid_argument, std::string(what) + " must be >= 0, not " + std::to_string(v));
+  if (v < 0)
+    throw tw::Error(tw::ErrorCode::invalid_argument,
+                    std::string(what) + " must be " + rule + ", not " + std::to_string(v));
   return static_cast<size_t>(v);
 }
 
@@ -486,12 +489,12 @@ void register_ipc(nb::module_& m) {
               nb::handle keepalive) {
              const std::string name = str_arg(name_h, "tensorwire.Publisher: the topic name");
              tw::PublisherOptions o;
-             o.depth = count_arg(depth, "depth");
+             o.depth = count_arg(depth, "depth", "between 1 and 1048576");
              o.on_full = tw::on_full_from_string(str_arg(on_full, "on_full"));
              o.max_metadata_bytes = count_arg(max_metadata_bytes, "max_metadata_bytes");
-             o.max_buffers = count_arg(max_buffers, "max_buffers");
-             o.pool_bytes = count_arg(pool_bytes, "pool_bytes");
-             o.max_subscribers = count_arg(max_subscribers, "max_subscribers");
+             o.max_buffers = count_arg(max_buffers, "max_buffers", "between 1 and 65536");
+             o.pool_bytes = count_arg(pool_bytes, "pool_bytes", "at least 1");
+             o.max_subscribers = count_arg(max_subscribers, "max_subscribers", "at least 1");
              o.protect_sent_loans = bool_arg(protect_sent_loans, "protect_sent_loans");
              o.listen = address_from(listen, "listen");
              o.token = token_from(token);

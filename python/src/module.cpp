@@ -621,7 +621,8 @@ constexpr const char* kSubclassKey = "tensorwire.torch";
 
 // A view that reorders or reverses dimensions no longer shows what a subclass description in its metadata
 // describes (a square box tensor's .T still has the recorded shape). tensorwire.torch.to_torch sees that from the
-// view's layout, but a copy of the view does not (a send packs it in C order): the view drops the description.
+// view's layout, but a copy of the view does not (copy() packs it in C order, and so does a send of a view that
+// is not dense): the view drops the description.
 tw::Tensor without_subclass(tw::Tensor v) {
   if (v.metadata().contains(kSubclassKey)) v.metadata().erase(kSubclassKey);
   return v;
@@ -689,8 +690,11 @@ tw::Tensor index_tensor(const tw::Tensor& t, nb::handle index) {
     } else if (PySlice_Check(x.ptr())) {
       Py_ssize_t start, stop, step;
       PySliceObject* sl = reinterpret_cast<PySliceObject*>(x.ptr());
-      if (sl->step != Py_None && PyIndex_Check(sl->step) && PyObject_Not(sl->step) == 1)  // (named, as NumPy's)
-        throw tw::Error(tw::ErrorCode::invalid_argument, "slice step cannot be zero");
+      if (sl->step != Py_None && PyIndex_Check(sl->step)) {  // a zero step, named (PySlice_Unpack's words are not)
+        const int zero = PyObject_Not(sl->step);
+        if (zero < 0) throw nb::python_error();
+        if (zero) throw tw::Error(tw::ErrorCode::invalid_argument, "slice step cannot be zero");
+      }
       if (PySlice_Unpack(x.ptr(), &start, &stop, &step) < 0) throw nb::python_error();
       std::optional<int64_t> b = sl->start == Py_None ? std::nullopt : std::optional<int64_t>(start);
       std::optional<int64_t> e = sl->stop == Py_None ? std::nullopt : std::optional<int64_t>(stop);

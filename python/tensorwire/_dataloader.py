@@ -61,8 +61,9 @@ class _Ref:
 
 def _dense_order(x: torch.Tensor) -> tuple[int, ...] | None:
     """The permutation that makes x C-contiguous when x is dense in another order (channels_last), else None.
-    A publisher packs every tensor in C order: x is sent as x.permute(perm), a free view, and the receiver permutes
-    back, so the batch keeps the worker's layout (as torch's loader, which shares storages, keeps it)."""
+    x is sent as x.permute(perm), a free C-contiguous view, and the receiver permutes back, so the batch keeps the
+    worker's layout (as torch's loader, which shares storages, keeps it) whatever the transport does with other
+    orders (a publisher copies a dense layout as it is today; it packed every copy in C order before)."""
     if x.ndim < 2 or x.numel() == 0 or x.is_contiguous():
         return None
     perm = tuple(sorted(range(x.ndim), key=lambda d: -x.stride(d)))  # stable: ties keep their order
@@ -126,13 +127,14 @@ def _publisher(token: str, worker_id: int, depth: int) -> list:
 
 def _hand_over(batch: Any, token: str, worker_id: int, depth: int) -> Any:
     tensors: list = []
-    seen: dict[int, Any] = {}  # id -> what it became: a tensor in two places of a batch is sent once, as torch's
-    # pickling sends it (the main process then hands out one tensor in both places, as torch's loader does)
+    # id -> (the tensor, what it became): a tensor in two places of a batch is sent once, as torch's pickling sends
+    # it (the main process then hands out one tensor in both places, as torch's loader does)
+    seen: dict[int, tuple[Any, Any]] = {}
 
     def leaf(x: torch.Tensor) -> Any:
         if id(x) not in seen:
-            seen[id(x)] = one(x)  # (x lives in the batch meanwhile: its id is not reused)
-        return seen[id(x)]
+            seen[id(x)] = (x, one(x))  # (x kept: a leaf made afresh on each access must not free its id for another)
+        return seen[id(x)][1]
 
     def one(x: torch.Tensor) -> Any:
         if x.device.type != "cpu" or x.requires_grad or not _twt._dlpack_carries(x):
@@ -167,9 +169,9 @@ _transports_lock = threading.Lock()
 
 
 def _own_copy(t: Any) -> torch.Tensor:
-    """A received tensor copied into memory of our own, in the order its dense layout has (a publisher packs C order
-    today, and the worker sends a channels_last tensor as its C-order permutation: see _dense_order); the copy ends
-    the lease on the worker's pool buffer."""
+    """A received tensor copied into memory of our own, in the order its dense layout has (the worker sends a
+    channels_last tensor as its C-order permutation: see _dense_order); the copy ends the lease on the worker's
+    pool buffer."""
     return torch.from_dlpack(t.copy(order="any"))
 
 

@@ -543,9 +543,12 @@ def _tree_map(obj: Any, leaf: Callable[[Any], Any], is_leaf: Callable[[Any], boo
             return tuple(vals)
         for build in (lambda: type(obj)(vals), lambda: type(obj)(*vals)):  # (a tuple subclass's own constructor)
             try:
-                return build()
+                new = build()
             except TypeError:
-                pass
+                continue
+            # (a constructor taking *items accepts the list too, as one item: only the items themselves will do)
+            if len(new) == len(vals) and all(a is b for a, b in zip(new, vals)):
+                return new
         return vals  # neither: a list, as torch's default_collate falls back to
     if isinstance(obj, list):
         vals = [_tree_map(v, leaf, is_leaf) for v in obj]

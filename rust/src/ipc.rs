@@ -422,7 +422,9 @@ impl Publisher {
     }
 
     /// Delivers a message to every current subscriber, or to none; returns how many got it. A `Loan` (moved in)
-    /// crosses with no copy; any other host tensor is packed into the pool with one copy. Waits while a ring is
+    /// crosses with no copy; any other host tensor with one copy into the pool: a dense layout of any order (a
+    /// transpose) as it is, with its strides, anything else packed C-contiguous (`as_slice` on the receiving side
+    /// needs C order: `contiguous()` first when unsure). Waits while a ring is
     /// full (`OnFull::Block`). On failure nobody received it (and a moved loan goes back to the pool; use
     /// `try_send_with` to keep it).
     pub fn send<M: Outgoing>(&self, message: M) -> Result<usize> {

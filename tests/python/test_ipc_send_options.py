@@ -116,7 +116,9 @@ def test_bad_devices_are_named():
 def test_publisher_sizes_that_are_not_counts_are_named(kw):
     # (nanobind's own answer to -1 for a size was "incompatible function arguments", naming nothing)
     name = f"tw-test-sizes-{uuid.uuid4().hex[:8]}"
-    with pytest.raises(ValueError, match=f"{kw} must be >= 0, not -1"):
+    rule = {"depth": "between 1 and 1048576", "max_buffers": "between 1 and 65536", "pool_bytes": "at least 1",
+            "max_subscribers": "at least 1"}.get(kw, ">= 0")  # (the words 0 gets, where 0 is refused too)
+    with pytest.raises(ValueError, match=f"{kw} must be {rule}, not -1"):
         tw.Publisher(name, **{kw: -1})
     with pytest.raises(ValueError, match=f"{kw} .* does not fit in 64 bits"):
         tw.Publisher(name, **{kw: 2**70})

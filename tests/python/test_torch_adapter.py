@@ -475,7 +475,7 @@ def test_a_transposed_or_reversed_view_of_the_same_shape_converts_to_a_plain_ten
     assert twt.METADATA_KEY in t.metadata  # (the source keeps it)
     name = f"tposed-{os.getpid()}"
     with tw.Publisher(name) as pub, tw.Subscriber(name) as sub:
-        pub.send(t.T)  # packed into C order on the way
+        pub.send(t.T)  # (a dense transpose: it arrives transposed, but the view dropped the description)
         assert type(twt.to_torch(sub.recv(timeout=5))) is torch.Tensor
         pub.send(t)
         assert type(twt.to_torch(sub.recv(timeout=5))) is tv_tensors.BoundingBoxes
@@ -1406,12 +1406,19 @@ class _Three(tuple):
         return super().__new__(cls, (a, b))
 
 
+class _Star(tuple):
+    def __new__(cls, *items):
+        return super().__new__(cls, items)
+
+
 def test_a_tuple_subclass_keeps_its_type_when_its_constructor_takes_the_items():
     # (twt.DataLoader raised "Pair.__new__() missing 1 required positional argument" where torch's loader works)
     same = twt._tree_map(_Pair(torch.zeros(1), torch.ones(1)), lambda v: v + 1, lambda v: isinstance(v, torch.Tensor))
     assert type(same) is _Pair and [v.tolist() for v in same] == [[1.0], [2.0]]
     odd = twt._tree_map(_Three(torch.zeros(1), torch.ones(1), None), lambda v: v, lambda v: isinstance(v, torch.Tensor))
     assert type(odd) is list and len(odd) == 2  # neither constructor fits: a list, as torch's default_collate
+    star = twt._tree_map(_Star(torch.zeros(1), torch.ones(2)), lambda v: v, lambda v: isinstance(v, torch.Tensor))
+    assert type(star) is _Star and [v.shape for v in star] == [(1,), (2,)]  # (not a 1-tuple holding a list)
     loader = twt.DataLoader(list(range(8)), batch_size=4, num_workers=1,
                             collate_fn=lambda b: _Pair(torch.tensor(b), torch.tensor(b) * 2))
     batches = list(loader)
