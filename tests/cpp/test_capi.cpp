@@ -584,16 +584,22 @@ TEST(CApi, AMessageOfSeveralTensorsIsSkippedWithAnErrorSayingWhy) {
   tw_subscriber_free(s);
 }
 
+// A subscriber, then a publisher, of `name` with default options, connected (the subscriber's first recv times out
+// and completes the handshake).
+void connect_pair(const std::string& name, tw_subscriber** s, tw_publisher** p) {
+  ASSERT_EQ(tw_subscriber_new(name.c_str(), nullptr, s), TW_OK);
+  ASSERT_EQ(tw_publisher_new(name.c_str(), nullptr, p), TW_OK);
+  tw_tensor* got = nullptr;
+  EXPECT_EQ(tw_subscriber_recv(*s, 1'000'000, &got), TW_ERR_TIMEOUT);
+}
+
 // Closing a subscriber discards what is queued for it: its end of stream says so, not "every message was
 // received" (which it said).
 TEST(CApi, ClosingASubscriberSaysHowManyQueuedMessagesItDiscarded) {
-  const std::string name = topic("closeq");
   tw_subscriber* s = nullptr;
-  ASSERT_EQ(tw_subscriber_new(name.c_str(), nullptr, &s), TW_OK);
   tw_publisher* p = nullptr;
-  ASSERT_EQ(tw_publisher_new(name.c_str(), nullptr, &p), TW_OK);
+  ASSERT_NO_FATAL_FAILURE(connect_pair(topic("closeq"), &s, &p));
   tw_tensor* got = nullptr;
-  EXPECT_EQ(tw_subscriber_recv(s, 1'000'000, &got), TW_ERR_TIMEOUT);  // completes the connection
   const int64_t shape[1] = {4};
   tw_tensor* x = nullptr;
   ASSERT_EQ(tw_tensor_zeros(1, shape, kF32, &x), TW_OK);
@@ -696,13 +702,10 @@ TEST(CApi, SendOptionsAndLoansOnADevice) {
   EXPECT_EQ(so.extra, nullptr);
   EXPECT_EQ(so.stream, 0);
 
-  const std::string name = topic("sendwith");
   tw_subscriber* s = nullptr;
-  ASSERT_EQ(tw_subscriber_new(name.c_str(), nullptr, &s), TW_OK);
   tw_publisher* p = nullptr;
-  ASSERT_EQ(tw_publisher_new(name.c_str(), nullptr, &p), TW_OK);
+  ASSERT_NO_FATAL_FAILURE(connect_pair(topic("sendwith"), &s, &p));
   tw_tensor* got = nullptr;
-  EXPECT_EQ(tw_subscriber_recv(s, 1'000'000, &got), TW_ERR_TIMEOUT);  // completes the connection
 
   // A host tensor that is not a loan has no zero-copy way: TW_COPY_NEVER refuses it, naming why; nothing is sent.
   const int64_t shape[2] = {3, 4};
