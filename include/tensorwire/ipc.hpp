@@ -12,7 +12,8 @@
 //     descriptors and a lease counter per pool buffer — and an eventfd, and sends both with SCM_RIGHTS (WELCOME).
 //     Each pool segment (a sealed, pre-faulted memfd) crosses once, before the first message that names it
 //     (SEGMENT); a segment leaving the pool is announced (RETIRE) so subscribers drop their cached mapping.
-//  3. send(): the tensor lives in a pool buffer (loaned, or packed there with one tw::copy). A descriptor — segment
+//  3. send(): the tensor lives in a pool buffer (loaned, or copied there once: a dense layout as it is, anything
+//     else packed by tw::copy). A descriptor — segment
 //     id, allocation offset, dtype, shape, strides, byte offset, metadata — goes into every subscriber's ring, and
 //     the buffer's lease count for that subscriber goes up. A full ring follows the publisher's OnFull policy.
 //  4. recv(): the subscriber spins briefly, then sleeps on a futex. It maps a segment read-only once and caches the

@@ -691,9 +691,9 @@ tw::Tensor index_tensor(const tw::Tensor& t, nb::handle index) {
       Py_ssize_t start, stop, step;
       PySliceObject* sl = reinterpret_cast<PySliceObject*>(x.ptr());
       if (sl->step != Py_None && PyIndex_Check(sl->step)) {  // a zero step, named (PySlice_Unpack's words are not)
-        const int zero = PyObject_Not(sl->step);
-        if (zero < 0) throw nb::python_error();
-        if (zero) throw tw::Error(tw::ErrorCode::invalid_argument, "slice step cannot be zero");
+        const Py_ssize_t st = PyNumber_AsSsize_t(sl->step, nullptr);  // (its __index__, clamped)
+        if (st == -1 && PyErr_Occurred()) throw nb::python_error();
+        if (st == 0) throw tw::Error(tw::ErrorCode::invalid_argument, "slice step cannot be zero");
       }
       if (PySlice_Unpack(x.ptr(), &start, &stop, &step) < 0) throw nb::python_error();
       std::optional<int64_t> b = sl->start == Py_None ? std::nullopt : std::optional<int64_t>(start);

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import time
 import uuid
 
 import numpy as np
@@ -38,7 +39,10 @@ def rows(rows, row) -> None:
         b = np.arange(100.0, 112.0, dtype=np.float32).reshape(3, 4)
         x = torch.arange(24.0).reshape(4, 6).T if torch is not None else np.arange(24.0).reshape(4, 6).T
         with tw.Publisher(name) as pub:
+            deadline = time.monotonic() + 60
             while pub.subscribers < 1:
+                if time.monotonic() > deadline or not child.is_alive():
+                    raise RuntimeError("the receiving process never subscribed")
                 child.join(0.001)
             # The stack is built in a loaned shared-memory buffer; its second plane is a view half-way into it.
             buf = pub.loan((2, 3, 4), "float32")
@@ -54,8 +58,8 @@ def rows(rows, row) -> None:
             f"byte_offset={got_plane[2]}, values match={np.array_equal(got_plane[0], b)}")
         want = x.numpy() if torch is not None else x
         ok = np.array_equal(got_t[0], want) and got_t[3] == {"what": "transposed"}
-        row(rows, "transposed tensor sent to another process", "packed once by the copy engine", ok,
-            f"shape={got_t[0].shape}, values match={np.array_equal(got_t[0], want)}")
+        row(rows, "transposed tensor sent to another process", "one copy, its strides kept (a dense layout)", ok,
+            f"shape={got_t[0].shape}, strides={got_t[1]}, values match={np.array_equal(got_t[0], want)}")
     except Exception as e:  # a demo row, not a crash
         row(rows, "tensors sent to another process", "tw.Publisher / tw.Subscriber", False, f"{type(e).__name__}: {e}")
     finally:

@@ -13,15 +13,17 @@ def check_copy(copy, who: str) -> None:
         raise TypeError(f"{who}: copy must be True, False or None, not {type(copy).__name__}")
 
 
-def _prepare(t, copy, consumer: str, reason):
+def _prepare(t, copy, consumer: str, reason, order="C"):
+    """t, or a copy of it in `order` ("any": a dense layout's own order, never a negative stride) when copy=True or
+    the consumer cannot take t (`reason` says why)."""
     if copy is True:
-        return t.copy(), True
+        return t.copy(order=order), True
     why = reason(t)
     if why is None:
         return t, False
     if copy is False:
         raise CopyError(f"{consumer} cannot take this layout ({why}) and copy=False forbids the copy")
-    return t.copy(), True
+    return t.copy(order=order), True
 
 
 def _negative(t):
@@ -162,7 +164,8 @@ def to_torch(x, *, copy=None):
 
     t = asarray(x, copy=_import_copy(copy))
     check_torch_device(t, "to_torch")
-    t, _ = _prepare(t, copy, "PyTorch", _torch_cannot)
+    # (PyTorch takes any strides: a copy keeps a dense layout's order, as torch's clone() keeps a memory format)
+    t, _ = _prepare(t, copy, "PyTorch", _torch_cannot, order="any")
     return torch_from_dlpack(t)
 
 

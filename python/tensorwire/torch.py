@@ -546,8 +546,8 @@ def _tree_map(obj: Any, leaf: Callable[[Any], Any], is_leaf: Callable[[Any], boo
                 new = build()
             except TypeError:
                 continue
-            # (a constructor taking *items accepts the list too, as one item: only the items themselves will do)
-            if len(new) == len(vals) and all(a is b for a, b in zip(new, vals)):
+            # (a constructor taking *items accepts the list too, as its one item: that is not the tuple)
+            if len(new) == len(vals) and not (len(new) == 1 and new[0] is vals):
                 return new
         return vals  # neither: a list, as torch's default_collate falls back to
     if isinstance(obj, list):
@@ -585,7 +585,7 @@ def _to_torch_one(t: Any, copy: bool | None) -> torch.Tensor:
     if copy is True or needs is not None:
         if copy is False:
             raise CopyError(f"to_torch: PyTorch cannot take this layout ({needs}) and copy=False forbids the copy")
-        t = t.copy()
+        t = t.copy(order="any")  # (a dense layout's order kept, as torch's clone() keeps a memory format)
     elif t.readonly and not _readonly_warned:
         _readonly_warned = True
         warnings.warn(

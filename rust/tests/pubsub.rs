@@ -107,7 +107,7 @@ fn send_options_loans_on_a_device_and_how_each_tensor_came() {
     let e = p.send_options(&mine.transpose(0, 1).unwrap(), &never).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::CopyRequired, "{e}");
     assert!(sub.try_recv().unwrap().is_none());
-    // Allowed, it is packed with one copy and says so, its layout kept.
+    // Allowed, it crosses with one copy and says so, its layout kept (a dense transpose is copied as it is).
     let once = SendOptions { copy: CopyMode::Always, ..Default::default() };
     assert_eq!(p.send_options(&mine.transpose(0, 1).unwrap(), &once).unwrap(), 1);
     let got = sub.recv(SECS).unwrap();

@@ -173,6 +173,15 @@ class SubscriberImpl {
   void close() noexcept {
     std::lock_guard lock(mu_);
     if (user_closed_) return;
+    // A publisher that already counted us (its sends returned 1) while we never polled: finish the handshake
+    // (accept, then the welcome, when they are waiting) so that what it queued is released and counted below.
+    for (int i = 0; i < 2 && !welcomed_ && !peer_gone_ && !forked_ && !eos_ && os::current_pid() == pid_; ++i) {
+      try {
+        wait_for_publisher(0);
+      } catch (...) {  // (a refusal or a broken protocol: nothing of ours to release)
+        break;
+      }
+    }
     user_closed_ = true;
     user_closed_flag_.store(true, std::memory_order_release);
     if (chan_ && welcomed_ && !forked_) {

@@ -882,3 +882,18 @@ def test_end_of_stream_says_why_it_ended():
     sub.close()
     with pytest.raises(EOFError, match=r"end of stream: this subscriber was closed$"):
         sub.recv(timeout=1)
+
+
+def test_closing_a_subscriber_that_never_polled_still_counts_what_its_publisher_sent_it():
+    # (the handshake was never finished on our side: close() said only "this subscriber was closed")
+    name = topic("closeearly")
+    sub = tw.Subscriber(name)
+    with tw.Publisher(name) as pub:
+        deadline = time.monotonic() + 30
+        while pub.subscribers < 1:
+            assert time.monotonic() < deadline, "never counted"
+            time.sleep(0.001)
+        assert pub.send(np.zeros(3)) == 1 and pub.send(np.ones(3)) == 1
+        sub.close()
+        with pytest.raises(EOFError, match=r"closed with 2 unread messages queued; close\(\) discarded them$"):
+            sub.recv(timeout=1)

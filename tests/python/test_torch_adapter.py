@@ -1442,3 +1442,26 @@ def test_a_tensor_in_two_places_of_a_batch_arrives_as_one_tensor_as_with_torchs_
         ref = next(iter(torch.utils.data.DataLoader(_Aliased(), batch_size=None, num_workers=num_workers)))
         assert (b["a"] is b["b"] is b["c"][0]) and (ref["a"] is ref["b"])
         assert b["c"][1] is not b["a"]
+
+
+def test_a_copy_for_pytorch_keeps_a_dense_layouts_order_as_clone_does():
+    # (a received channels_last tensor is read-only, so to_torch copies it: the copy was C order, undoing the order
+    # the transport kept)
+    c = torch.arange(120.0).reshape(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)
+    r = tw.asarray(c).as_readonly()
+    for y in (tw.to_torch(r), twt.to_torch(r, copy=True), tw.to_torch(c, copy=True)):
+        assert y.is_contiguous(memory_format=torch.channels_last) and torch.equal(y, c) and y.data_ptr() != c.data_ptr()
+    rev = tw.asarray(np.arange(6.0)[::-1])  # negative strides: PyTorch refuses them, the copy is dense and forward
+    assert tw.to_torch(rev).stride() == (1,) and tw.to_torch(rev).tolist() == [5.0, 4.0, 3.0, 2.0, 1.0, 0.0]
+
+
+def test_a_one_item_tuple_subclass_taking_items_keeps_its_item():
+    one = twt._tree_map(_Star(torch.zeros(1)), lambda v: v + 1, lambda v: isinstance(v, torch.Tensor))
+    assert type(one) is _Star and len(one) == 1 and one[0].tolist() == [1.0]
+
+    class Cloning(tuple):  # a constructor that makes new items from the iterable it is given
+        def __new__(cls, items):
+            return super().__new__(cls, [x.clone() for x in items])
+
+    made = twt._tree_map(Cloning([torch.zeros(1), torch.ones(1)]), lambda v: v, lambda v: isinstance(v, torch.Tensor))
+    assert type(made) is Cloning and [v.tolist() for v in made] == [[0.0], [1.0]]

@@ -404,3 +404,20 @@ def test_errors_name_the_python_call_and_an_index_past_64_bits_is_an_index_error
         tw.Device(2, 1)
     with pytest.raises(ValueError, match=r"Device\(None\) is not a device"):
         tw.Device(None)
+
+
+def test_a_zero_step_given_by_index_is_named_and_a_step_without_truth_works():
+    class Step:
+        def __init__(self, v):
+            self.v = v
+
+        def __index__(self):
+            return self.v
+
+        def __bool__(self):
+            raise RuntimeError("no truth value")
+
+    t = tw.asarray(np.arange(6.0))
+    assert np.asarray(t[:: Step(2)]).tolist() == np.arange(6.0)[:: Step(2)].tolist() == [0.0, 2.0, 4.0]
+    with pytest.raises(ValueError, match=r"^tensorwire.Tensor.__getitem__: slice step cannot be zero"):
+        t[:: Step(0)]
