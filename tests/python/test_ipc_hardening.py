@@ -127,7 +127,9 @@ def test_getters_send_and_close_never_deadlock_against_a_blocked_send():
         try:
             pub.send(t, timeout=0.2)
         except TimeoutError as e:
-            assert "unread messages" in str(e), e
+            # (behind the blocked send, which says why it waits once it has reached its wait: under ASan on a
+            # loaded machine it may still be on its way there)
+            assert "unread messages" in str(e) or "behind another send" in str(e), e
         else:
             raise SystemExit("a send into a full ring did not time out")
         pub.close()
